@@ -1,0 +1,96 @@
+"""`switchboard`: serve, and build the tiny local model (and a LoRA adapter for it).
+
+`serve` takes Switchboard's own flags (one per `Settings` field, generated from it) and
+hands every other flag to vLLM's engine-argument parser. vLLM starts its engine core with
+`spawn`, which re-imports `__main__`; the guard at the bottom is load-bearing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any, get_args
+
+from app.config import Settings
+
+
+def _settings_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="switchboard serve",
+        add_help=False,
+        epilog="Every other flag is a vLLM engine flag, as `vllm serve` names it.",
+    )
+    parser.add_argument("-h", "--help", action="store_true")
+    for name, field in Settings.model_fields.items():
+        if name == "engine_args":
+            continue
+        flag = "--" + name.replace("_", "-")
+        annotation = field.annotation
+        if annotation is list[str]:
+            parser.add_argument(flag, nargs="+", dest=name, help=field.description)
+            continue
+        kinds = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
+        kind: Any = kinds[0]
+        parser.add_argument(
+            flag, type=kind if kind in (int, float) else str, dest=name, help=field.description
+        )
+    return parser
+
+
+def _serve(argv: list[str]) -> None:
+    import uvicorn
+
+    from app.engine.cli_args import parse_engine_args
+    from app.main import create_app
+
+    parser = _settings_parser()
+    known, rest = parser.parse_known_args(argv)
+    if known.help:
+        parser.print_help()
+        return
+    given = {k: v for k, v in vars(known).items() if v is not None and k != "help"}
+    settings = Settings(**given, engine_args=parse_engine_args(rest))
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="switchboard")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser(
+        "serve", help="serve a model (see `switchboard serve --help`)", add_help=False
+    )
+    tiny = commands.add_parser("make-tiny-model", help="build the tiny local test model")
+    tiny.add_argument("dir", type=Path)
+    tiny.add_argument("--max-position-embeddings", type=int, default=1024)
+    lora = commands.add_parser("make-tiny-lora", help="build a random LoRA adapter for it")
+    lora.add_argument("model_dir", type=Path)
+    lora.add_argument("dir", type=Path)
+    lora.add_argument("--seed", type=int, default=1)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "serve":
+        _serve(rest)
+        return
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    from app.tiny_model import build_tiny_lora, build_tiny_model
+
+    if args.command == "make-tiny-model":
+        build_tiny_model(args.dir, max_position_embeddings=args.max_position_embeddings)
+    else:
+        build_tiny_lora(args.model_dir, args.dir, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Settings: one pydantic-settings class, built once (by the CLI or a test) and passed in.
+
+Every field is described; `app.cli` turns each field into a `--flag` of
+`switchboard serve`, and environment variables with the prefix `SWITCHBOARD_` fill the
+same fields. vLLM's own engine flags are not repeated here: they are parsed by vLLM's
+parser (so they keep the names `vllm serve` gives them) and carried in `engine_args`.
+There is no module-level settings object.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SWITCHBOARD_", extra="forbid")
+
+    model: str = Field(description="Model directory (or hub name already in the local cache).")
+    served_model_name: str | None = Field(
+        default=None, description="Name clients pass as `model`; defaults to --model."
+    )
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8000, description="Port to listen on.")
+    api_key: str | None = Field(
+        default=None,
+        description="Shared secret; when set every route but /health, /version and /metrics "
+        "needs `Authorization: Bearer <key>` (websockets may pass `?token=`).",
+    )
+    lora_modules: list[str] = Field(
+        default_factory=list,
+        description="Static LoRA adapters as name=path, selected by the `model` field.",
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="vLLM engine arguments (AsyncEngineArgs field names), passed through.",
+    )
+    log_level: str = Field(default="info", description="uvicorn log level.")
+
+    # GraphPipe
+    graphpipe_max_request_bytes: int = Field(
+        default=64 * 1024 * 1024, description="Largest GraphPipe request body accepted."
+    )
+
+    # Salience
+    salience_session_ttl_s: float = Field(
+        default=30 * 60, description="Idle time after which a Salience session expires."
+    )
+    salience_max_sessions: int = Field(default=1024, description="Salience sessions per server.")
+    salience_max_session_tokens: int = Field(
+        default=1_000_000, description="Tokens per Salience session (also bounded by context)."
+    )
+    readout_concepts: Path | None = Field(
+        default=None, description="safetensors file of concept directions for Salience readouts."
+    )
+
+    # Evergreen
+    evergreen_max_nodes: int = Field(default=10_000, description="Nodes per Evergreen session.")
+    evergreen_max_bytes: int = Field(
+        default=64 * 1024 * 1024, description="Chunk bytes held per Evergreen session."
+    )
+    evergreen_max_pending_actions: int = Field(
+        default=64, description="Actions waiting on inputs per Evergreen session."
+    )
+    evergreen_max_depth: int = Field(default=64, description="Deepest node nesting accepted.")
+    evergreen_file_root: Path | None = Field(
+        default=None,
+        description="Directory that `file://` refs may read under; unset: file refs rejected.",
+    )
+
+    @field_validator("lora_modules")
+    @classmethod
+    def _check_lora_modules(cls, value: list[str]) -> list[str]:
+        for item in value:
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"LoRA module {item!r} is not name=path")
+        return value
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def lora_pairs(self) -> list[tuple[str, str]]:
+        return [tuple(item.split("=", 1)) for item in self.lora_modules]  # type: ignore[misc]

@@ -1,0 +1,150 @@
+"""The engine seam: what every protocol core and route may know about the engine.
+
+Neutral types only. Nothing here knows a wire format (no SSE, protobuf or flatbuffers),
+and nothing here imports vLLM: `app.engine.vllm` implements `Engine` on top of it, and
+unit tests implement it with a deterministic fake.
+
+Invariants:
+- `Engine.generate` yields `TokenEvent`s whose `token_ids`, `text` and `logprobs` are
+  deltas (only what is new since the previous event); exactly one event, the last, has
+  `finish_reason` set.
+- Closing the iterator returned by `generate` (the consumer stopped, the client went
+  away) aborts the engine request. No request outlives its consumer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """Sampling parameters, already validated and with defaults applied."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means all tokens (vLLM's -1)
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None  # top-k logprobs per sampled token (0: sampled only)
+    prompt_logprobs: int | None = None  # top-k logprobs per prompt token
+    skip_special_tokens: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One engine request: a prompt (text or token ids) and how to continue it."""
+
+    request_id: str
+    prompt_token_ids: Sequence[int] | None = None
+    prompt_text: str | None = None
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    lora_name: str | None = None  # None: the base model
+    priority: int = 0  # lower runs first (vLLM's priority scheduler)
+    # Positions of the prompt+output (absolute) at which readouts are wanted; the empty
+    # tuple costs nothing. Ranges are [start, end).
+    readout_ranges: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The logprob of one token, with the top-k alternatives at that position."""
+
+    token_id: int
+    logprob: float
+    rank: int | None
+    top: Mapping[int, float]  # token id -> logprob, best first
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """What the engine produced since the previous event of the same request."""
+
+    token_ids: Sequence[int]
+    text: str
+    logprobs: Sequence[TokenLogprob] | None = None  # one per token in `token_ids`
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or token id that matched
+    # Set on the first event only:
+    prompt_token_ids: Sequence[int] | None = None
+    # One per prompt token; the first is None (nothing predicts the first token).
+    prompt_logprobs: Sequence[TokenLogprob | None] | None = None
+    num_cached_tokens: int = 0
+    # Readouts keyed by absolute position: flat float32 bytes [n_layers * n_concepts].
+    readouts: Mapping[int, bytes] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    name: str
+    path: str
+    int_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """Static facts about the served model."""
+
+    model_name: str  # the name clients use in `model`
+    model_path: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    has_chat_template: bool
+    max_loras: int
+    engine_version: str = ""
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+    ) -> list[int]: ...
+    def token_to_str(self, token_id: int) -> str: ...
+
+
+class Engine(Protocol):
+    """The one engine of the process, shared by every route."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        """Run one request; raises `app.errors` classes (ModelNotFound, InvalidRequest,
+        ContextLengthExceeded, EngineError) before the first event or from the iterator."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def loras(self) -> Sequence[LoraAdapter]: ...
+
+    async def load_lora(self, name: str, path: str) -> LoraAdapter: ...
+
+    async def unload_lora(self, name: str) -> None: ...
+
+    def has_model(self, name: str) -> bool:
+        """True for the base model's name and every loaded adapter's."""
+        ...
+
+    def num_running_requests(self) -> int:
+        """Requests this process has handed to the engine and not yet seen finish."""
+        ...
+
+    async def check_health(self) -> None: ...

@@ -1,0 +1,391 @@
+"""`VllmEngine`: the one in-process vLLM `AsyncLLM` of the server, behind `Engine`.
+
+The only module that imports vLLM (with `app.engine.cli_args`). It turns neutral
+`GenerationRequest`s into vLLM calls (always token-id prompts, so every protocol shares
+one tokenisation and vLLM's prefix cache sees identical prefixes) and vLLM's
+`RequestOutput`s into neutral `TokenEvent` deltas. vLLM's exceptions are translated into
+`app.errors` in one place, `map_engine_errors`.
+
+Invariants:
+- A request whose consumer stops (closes the iterator, or its task is cancelled) is
+  aborted in the engine before `generate`'s iterator finishes closing.
+- `num_running_requests()` counts requests between submission and their final event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any
+
+from vllm import AsyncEngineArgs, SamplingParams
+from vllm import __version__ as vllm_version
+from vllm.exceptions import VLLMClientError, VLLMNotFoundError, VLLMValidationError
+from vllm.inputs import TokensPrompt
+from vllm.lora.request import LoRARequest
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+from app.config import Settings
+from app.engine.base import (
+    EngineInfo,
+    FinishReason,
+    GenerationRequest,
+    LoraAdapter,
+    SamplingOptions,
+    TokenEvent,
+    TokenLogprob,
+)
+from app.errors import (
+    ContextLengthExceeded,
+    EngineDead,
+    EngineError,
+    InvalidRequest,
+    ModelNotFound,
+    NotFound,
+    SwitchboardError,
+)
+
+logger = logging.getLogger(__name__)
+
+# Defaults that differ from vLLM's own: prefix caching always on (sessions depend on it)
+# and the priority scheduler, which with every priority at 0 is first-come-first-served.
+ENGINE_DEFAULTS: dict[str, Any] = {
+    "enable_prefix_caching": True,
+    "scheduling_policy": "priority",
+}
+
+
+@contextmanager
+def map_engine_errors() -> Iterator[None]:
+    """Translate vLLM's exceptions into `app.errors`, most specific first."""
+    try:
+        yield
+    except SwitchboardError:
+        raise
+    except EngineDeadError as exc:
+        raise EngineDead(f"The engine is not running: {exc}") from exc
+    except VLLMNotFoundError as exc:
+        raise NotFound(str(exc)) from exc
+    except VLLMValidationError as exc:
+        message = str(exc)
+        if "context length" in message or "max_model_len" in message:
+            raise ContextLengthExceeded(message, param=exc.parameter) from exc
+        raise InvalidRequest(message, param=exc.parameter) from exc
+    except (VLLMClientError, ValueError, TypeError) as exc:
+        raise InvalidRequest(str(exc)) from exc
+    except EngineGenerateError as exc:
+        raise EngineError(f"The engine failed the request: {exc.__cause__!r}") from exc
+
+
+def sampling_params(options: SamplingOptions) -> SamplingParams:
+    """Neutral options -> vLLM's SamplingParams (streamed as deltas)."""
+    with map_engine_errors():
+        return SamplingParams(
+            n=1,
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            top_k=options.top_k,
+            min_p=options.min_p,
+            seed=options.seed,
+            presence_penalty=options.presence_penalty,
+            frequency_penalty=options.frequency_penalty,
+            repetition_penalty=options.repetition_penalty,
+            stop=list(options.stop) or None,
+            stop_token_ids=list(options.stop_token_ids) or None,
+            include_stop_str_in_output=options.include_stop_str_in_output,
+            ignore_eos=options.ignore_eos,
+            min_tokens=options.min_tokens,
+            logprobs=options.logprobs,
+            prompt_logprobs=options.prompt_logprobs,
+            skip_special_tokens=options.skip_special_tokens,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+
+def _token_logprob(token_id: int, position: Mapping[int, Any], k: int) -> TokenLogprob:
+    chosen = position.get(token_id)
+    top = {
+        tid: lp.logprob
+        for tid, lp in sorted(position.items(), key=lambda item: item[1].rank or 0)
+        if lp.rank is not None and lp.rank <= k
+    }
+    return TokenLogprob(
+        token_id=token_id,
+        logprob=chosen.logprob if chosen is not None else float("-inf"),
+        rank=chosen.rank if chosen is not None else None,
+        top=top,
+    )
+
+
+class HfTokenizer:
+    """The engine's own tokenizer, behind the neutral `Tokenizer` protocol."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self.token_to_str = lru_cache(maxsize=1 << 16)(self._token_to_str)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return getattr(self._tok, "chat_template", None) is not None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        if not self.has_chat_template:
+            raise InvalidRequest("This model has no chat template", param="messages")
+        try:
+            text = self._tok.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except Exception as exc:  # a jinja template error is the client's input
+            raise InvalidRequest(f"Could not apply the chat template: {exc}") from exc
+        # The template writes its own special tokens; adding BOS again would double it.
+        return self.encode(str(text), add_special_tokens=False)
+
+    def _token_to_str(self, token_id: int) -> str:
+        return str(self._tok.decode([token_id], skip_special_tokens=False))
+
+
+class VllmEngine:
+    """One `AsyncLLM` for the whole process."""
+
+    def __init__(self, llm: AsyncLLM, info: EngineInfo, tokenizer: HfTokenizer) -> None:
+        self._llm = llm
+        self._info = info
+        self._tokenizer = tokenizer
+        self._loras: dict[str, LoraAdapter] = {}
+        self._next_lora_id = 1
+        self._running: set[str] = set()
+
+    @classmethod
+    async def start(cls, settings: Settings) -> VllmEngine:
+        args = {**ENGINE_DEFAULTS, **settings.engine_args, "model": settings.model}
+        if settings.lora_modules:
+            args.setdefault("enable_lora", True)
+        if args.get("enable_lora"):
+            # Runtime loading through /v1/load_lora_adapter, as vLLM's server gates it.
+            os.environ.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
+        with map_engine_errors():
+            engine_args = AsyncEngineArgs(**args)
+        llm = AsyncLLM.from_engine_args(engine_args)
+        tokenizer = HfTokenizer(llm.get_tokenizer())
+        model_config = llm.model_config
+        eos = getattr(tokenizer._tok, "eos_token_id", None)
+        lora_config = llm.vllm_config.lora_config
+        info = EngineInfo(
+            model_name=settings.model_name,
+            model_path=settings.model,
+            max_model_len=int(model_config.max_model_len),
+            vocab_size=int(model_config.get_vocab_size()),
+            eos_token_ids=(int(eos),) if eos is not None else (),
+            has_chat_template=tokenizer.has_chat_template,
+            max_loras=int(lora_config.max_loras) if lora_config is not None else 0,
+            engine_version=f"vllm {vllm_version}",
+        )
+        engine = cls(llm, info, tokenizer)
+        for name, path in settings.lora_pairs():
+            await engine.load_lora(name, path)
+        return engine
+
+    def shutdown(self) -> None:
+        self._llm.shutdown()
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def tokenizer(self) -> HfTokenizer:
+        return self._tokenizer
+
+    # -- models and adapters -------------------------------------------------------
+
+    def has_model(self, name: str) -> bool:
+        return name == self._info.model_name or name in self._loras
+
+    def loras(self) -> Sequence[LoraAdapter]:
+        return list(self._loras.values())
+
+    async def load_lora(self, name: str, path: str) -> LoraAdapter:
+        if self._info.max_loras == 0:
+            raise InvalidRequest("LoRA is not enabled; start the server with --enable-lora")
+        if name == self._info.model_name or name in self._loras:
+            raise InvalidRequest(f"The model {name!r} is already loaded", param="lora_name")
+        if not os.path.isdir(path):
+            raise InvalidRequest(f"No LoRA adapter directory at {path!r}", param="lora_path")
+        adapter = LoraAdapter(name=name, path=path, int_id=self._next_lora_id)
+        self._next_lora_id += 1
+        request = LoRARequest(lora_name=name, lora_int_id=adapter.int_id, lora_path=path)
+        try:
+            with map_engine_errors():
+                await self._llm.add_lora(request)
+        except EngineDead:
+            raise
+        except SwitchboardError as exc:
+            raise InvalidRequest(f"Could not load LoRA adapter {name!r}: {exc.message}") from exc
+        except Exception as exc:  # vLLM reports a bad adapter with assorted errors
+            raise InvalidRequest(f"Could not load LoRA adapter {name!r}: {exc}") from exc
+        self._loras[name] = adapter
+        return adapter
+
+    async def unload_lora(self, name: str) -> None:
+        adapter = self._loras.pop(name, None)
+        if adapter is None:
+            raise NotFound(f"The LoRA adapter {name!r} is not loaded", param="lora_name")
+        with map_engine_errors():
+            await self._llm.remove_lora(adapter.int_id)
+
+    def _lora_request(self, name: str | None) -> LoRARequest | None:
+        if name is None or name == self._info.model_name:
+            return None
+        adapter = self._loras.get(name)
+        if adapter is None:
+            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        return LoRARequest(lora_name=name, lora_int_id=adapter.int_id, lora_path=adapter.path)
+
+    # -- requests ------------------------------------------------------------------
+
+    def num_running_requests(self) -> int:
+        return len(self._running)
+
+    async def check_health(self) -> None:
+        with map_engine_errors():
+            await self._llm.check_health()
+
+    async def abort(self, request_id: str) -> None:
+        with map_engine_errors():
+            await self._llm.abort(request_id)
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            ids = list(request.prompt_token_ids)
+            vocab = self._info.vocab_size
+            if any(t < 0 or t >= vocab for t in ids):
+                raise InvalidRequest(f"Token ids must be in [0, {vocab})", param="prompt_token_ids")
+            return ids
+        return self._tokenizer.encode(request.prompt_text or "")
+
+    def _check_length(self, prompt_len: int, max_tokens: int) -> None:
+        limit = self._info.max_model_len
+        if prompt_len == 0:
+            raise InvalidRequest("The prompt is empty", param="prompt")
+        if prompt_len + max_tokens > limit:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
+                f"{max_tokens} for the completion). Please reduce the length of the prompt "
+                "or the completion.",
+                param="max_tokens" if prompt_len < limit else "prompt",
+                code="context_length_exceeded",
+            )
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        prompt_ids = self._prompt_ids(request)
+        options = request.sampling
+        # vLLM always samples at least one token: a prefill-only request (scoring) samples
+        # one and drops it.
+        prefill_only = options.max_tokens == 0
+        if prefill_only:
+            options = replace(options, max_tokens=1, logprobs=None)
+        self._check_length(len(prompt_ids), options.max_tokens)
+        lora = self._lora_request(request.lora_name)
+        params = sampling_params(options)
+        stream = self._llm.generate(
+            TokensPrompt(prompt_token_ids=prompt_ids),
+            params,
+            request.request_id,
+            lora_request=lora,
+            priority=request.priority,
+        )
+        converter = _EventConverter(prompt_ids, options)
+        self._running.add(request.request_id)
+        try:
+            with map_engine_errors():
+                async for output in stream:
+                    event = converter.convert(output)
+                    if event is None:
+                        continue
+                    if prefill_only:
+                        yield replace(
+                            event,
+                            token_ids=[],
+                            text="",
+                            logprobs=None,
+                            finish_reason="length",
+                            stop_reason=None,
+                        )
+                        return
+                    yield event
+        finally:
+            self._running.discard(request.request_id)
+            # Closing vLLM's generator aborts the request if it has not finished; shield
+            # it so a cancelled consumer still completes the abort.
+            await asyncio.shield(stream.aclose())
+
+
+class _EventConverter:
+    """Turns one request's `RequestOutput` deltas into `TokenEvent`s."""
+
+    def __init__(self, prompt_ids: list[int], options: SamplingOptions) -> None:
+        self._prompt_ids = prompt_ids
+        self._k = options.logprobs
+        self._prompt_k = options.prompt_logprobs
+        self._first = True
+        self._pending_prompt_logprobs: list[TokenLogprob | None] = []
+
+    def _prompt_logprobs(self, output: RequestOutput) -> None:
+        if output.prompt_logprobs is None or self._prompt_k is None:
+            return
+        start = len(self._pending_prompt_logprobs)
+        for offset, position in enumerate(output.prompt_logprobs):
+            if position is None:
+                self._pending_prompt_logprobs.append(None)
+                continue
+            token_id = self._prompt_ids[start + offset]
+            self._pending_prompt_logprobs.append(_token_logprob(token_id, position, self._prompt_k))
+
+    def convert(self, output: RequestOutput) -> TokenEvent | None:
+        self._prompt_logprobs(output)
+        completion = output.outputs[0]
+        token_ids = list(completion.token_ids)
+        if not token_ids and not output.finished:
+            return None  # a prefill chunk: hold its prompt logprobs for the first event
+        logprobs = None
+        if self._k is not None and completion.logprobs is not None:
+            logprobs = [
+                _token_logprob(tid, position, self._k)
+                for tid, position in zip(token_ids, completion.logprobs, strict=False)
+            ]
+        first = self._first
+        self._first = False
+        finish: FinishReason | None = None
+        if output.finished:
+            reason = completion.finish_reason
+            finish = reason if reason in ("stop", "length") else "abort"
+        return TokenEvent(
+            token_ids=token_ids,
+            text=completion.text,
+            logprobs=logprobs,
+            finish_reason=finish,
+            stop_reason=completion.stop_reason if output.finished else None,
+            prompt_token_ids=self._prompt_ids if first else None,
+            prompt_logprobs=(
+                self._pending_prompt_logprobs if first and self._prompt_k is not None else None
+            ),
+            num_cached_tokens=int(output.num_cached_tokens or 0) if first else 0,
+        )

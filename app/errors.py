@@ -1,0 +1,136 @@
+"""The one error hierarchy of Switchboard.
+
+Errors are raised where they are detected, as one of the classes below, and rendered by
+each transport adapter in its protocol's own shape. Every class carries what each
+protocol needs to say about it, so no adapter keeps its own mapping table:
+
+    SwitchboardError                 500  server_error         INTERNAL
+    ├── InvalidRequest               400  invalid_request_error INVALID_ARGUMENT
+    │   └── ContextLengthExceeded    400  invalid_request_error RESOURCE_EXHAUSTED
+    ├── Unauthenticated              401  authentication_error UNAUTHENTICATED
+    ├── NotFound                     404  not_found_error       NOT_FOUND
+    │   └── ModelNotFound            404  not_found_error       NOT_FOUND
+    ├── FailedPrecondition           409  invalid_request_error FAILED_PRECONDITION
+    ├── ResourceExhausted            429  rate_limit_error      RESOURCE_EXHAUSTED
+    ├── Aborted                      409  conflict_error        ABORTED
+    └── EngineError                  500  server_error          INTERNAL
+        └── EngineDead               503  server_error          UNAVAILABLE
+
+The columns: HTTP status, OpenAI error `type`, Salience/gRPC status name. GraphPipe's
+numeric error code is the HTTP status (GraphPipe leaves codes to the server), and an
+Evergreen abort carries `evergreen_reason`, a short upper-case reason, plus the message.
+
+Exceptions coming from vLLM are translated into this tree in one place:
+`app.engine.vllm.map_engine_errors`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class SwitchboardError(Exception):
+    """Base of every error Switchboard reports to a client."""
+
+    http_status: ClassVar[int] = 500
+    openai_type: ClassVar[str] = "server_error"
+    grpc_status: ClassVar[str] = "INTERNAL"
+    evergreen_reason: ClassVar[str] = "INTERNAL"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+    @property
+    def graphpipe_code(self) -> int:
+        return self.http_status
+
+    def openai_body(self) -> dict[str, object]:
+        """The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.openai_type,
+                "param": self.param,
+                "code": self.code if self.code is not None else self.http_status,
+            }
+        }
+
+
+class InvalidRequest(SwitchboardError):
+    """The client sent something malformed or out of range."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+    grpc_status = "INVALID_ARGUMENT"
+    evergreen_reason = "INVALID_ARGUMENT"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt (plus requested output) does not fit in the model's context."""
+
+    grpc_status = "RESOURCE_EXHAUSTED"
+    evergreen_reason = "RESOURCE_EXHAUSTED"
+
+
+class Unauthenticated(SwitchboardError):
+    """A credential is configured and the client's is missing or wrong."""
+
+    http_status = 401
+    openai_type = "authentication_error"
+    grpc_status = "UNAUTHENTICATED"
+    evergreen_reason = "UNAUTHENTICATED"
+
+
+class NotFound(SwitchboardError):
+    """A named thing (session, node, adapter) does not exist."""
+
+    http_status = 404
+    openai_type = "not_found_error"
+    grpc_status = "NOT_FOUND"
+    evergreen_reason = "NOT_FOUND"
+
+
+class ModelNotFound(NotFound):
+    """The `model` (base model or LoRA adapter name) is not served here."""
+
+
+class FailedPrecondition(SwitchboardError):
+    """The request is well formed but the state it assumes is not the server's."""
+
+    http_status = 409
+    openai_type = "invalid_request_error"
+    grpc_status = "FAILED_PRECONDITION"
+    evergreen_reason = "FAILED_PRECONDITION"
+
+
+class ResourceExhausted(SwitchboardError):
+    """A configured limit (sessions, tokens, nodes, bytes) would be exceeded."""
+
+    http_status = 429
+    openai_type = "rate_limit_error"
+    grpc_status = "RESOURCE_EXHAUSTED"
+    evergreen_reason = "RESOURCE_EXHAUSTED"
+
+
+class Aborted(SwitchboardError):
+    """The operation collided with another one (e.g. a busy session)."""
+
+    http_status = 409
+    openai_type = "conflict_error"
+    grpc_status = "ABORTED"
+    evergreen_reason = "ABORTED"
+
+
+class EngineError(SwitchboardError):
+    """The engine failed while serving a valid request."""
+
+
+class EngineDead(EngineError):
+    """The engine process is gone; nothing can be served until restart."""
+
+    http_status = 503
+    grpc_status = "UNAVAILABLE"
+    evergreen_reason = "UNAVAILABLE"

@@ -1,0 +1,75 @@
+"""The application: `create_app(settings, engine=None)` builds the FastAPI app.
+
+The lifespan owns the engine: with no engine given it starts the one vLLM engine of the
+process from the settings and shuts it down on exit; tests may pass a ready engine (real
+or fake), which the app then uses but does not stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import ORJSONResponse, Response
+
+from app.config import Settings
+from app.engine.base import Engine
+from app.errors import InvalidRequest, SwitchboardError
+from app.metrics import install_metrics
+from app.routes import evergreen, graphpipe, openai, salience
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "Invalid request", None
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query")]
+    param = ".".join(loc) or None
+    message = "; ".join(
+        f"{'.'.join(str(p) for p in e.get('loc', ()) if p not in ('body', 'query'))}: {e['msg']}"
+        for e in errors
+    )
+    return message, param
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(SwitchboardError)
+    async def _switchboard_error(request: Request, exc: SwitchboardError) -> Response:
+        return ORJSONResponse(exc.openai_body(), status_code=exc.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        message, param = _validation_message(exc)
+        body = InvalidRequest(message, param=param).openai_body()
+        return Response(orjson.dumps(body), status_code=400, media_type="application/json")
+
+
+def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if engine is not None:
+            app.state.engine = engine
+            yield
+            return
+        from app.engine.vllm import VllmEngine
+
+        started = await VllmEngine.start(settings)
+        app.state.engine = started
+        try:
+            yield
+        finally:
+            started.shutdown()
+
+    app = FastAPI(title="Switchboard", lifespan=lifespan, default_response_class=ORJSONResponse)
+    app.state.settings = settings
+    if engine is not None:
+        app.state.engine = engine
+    _install_error_handlers(app)
+    for module in (openai, graphpipe, salience, evergreen):
+        app.include_router(module.router)
+    install_metrics(app)
+    return app

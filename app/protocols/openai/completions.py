@@ -1,0 +1,141 @@
+"""POST /v1/completions: prompts (text, token ids, or batches of either) -> engine requests
+-> `text_completion` bodies and chunks.
+
+`echo` prepends the prompt (and, with `logprobs`, the prompt's logprobs, the first being
+None) to each choice; `max_tokens: 0` with `echo` scores a prompt without generating.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
+from app.errors import InvalidRequest
+from app.protocols.openai.choices import ChoicesCore, check_context, check_prompt_ids
+from app.protocols.openai.logprobs import CompletionLogprobs
+from app.protocols.openai.sampling import reject_unsupported, sampling_options
+from schemas.openai import CompletionRequest
+
+
+def _prompts(body: CompletionRequest, tokenizer: Tokenizer) -> list[tuple[list[int], str | None]]:
+    """Each prompt as token ids, with its text when the client sent text."""
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return [(tokenizer.encode(prompt, body.add_special_tokens), prompt)]
+    if not prompt:
+        raise InvalidRequest("The prompt is empty", param="prompt")
+    if all(isinstance(p, str) for p in prompt):
+        return [(tokenizer.encode(p, body.add_special_tokens), p) for p in prompt]
+    if all(isinstance(p, int) for p in prompt):
+        return [(list(prompt), None)]
+    if all(isinstance(p, list) for p in prompt):
+        return [(list(p), None) for p in prompt]
+    raise InvalidRequest("prompt mixes text and token ids", param="prompt")
+
+
+class CompletionCore(ChoicesCore):
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def __init__(
+        self,
+        body: CompletionRequest,
+        info: EngineInfo,
+        tokenizer: Tokenizer,
+        *,
+        response_id: str,
+        created: int,
+        model: str,
+    ) -> None:
+        super().__init__(
+            body, info, tokenizer, response_id=response_id, created=created, model=model
+        )
+        self.completion = body
+        reject_unsupported(body)
+        if body.suffix:
+            raise InvalidRequest("suffix is not supported", param="suffix")
+        if body.max_tokens == 0 and not body.echo:
+            raise InvalidRequest("max_tokens must be at least 1 without echo", param="max_tokens")
+        prompt_logprobs = body.prompt_logprobs
+        if body.echo and body.logprobs is not None:
+            prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
+        self._prompt_texts: list[str] = []
+        self._logprobs: list[CompletionLogprobs | None] = []
+        self._merged: dict[int, dict[str, list[Any]]] = {}  # non-streamed logprobs per choice
+        for prompt_index, (ids, text) in enumerate(_prompts(body, tokenizer)):
+            check_prompt_ids(ids, info, "prompt")
+            max_tokens = (
+                body.max_tokens if body.max_tokens is not None else info.max_model_len - len(ids)
+            )
+            check_context(len(ids), max_tokens, info)
+            self._prompt_texts.append(text if text is not None else tokenizer.decode(ids))
+            for choice in range(body.n):
+                options = sampling_options(
+                    body,
+                    info,
+                    max_tokens=max_tokens,
+                    logprobs=body.logprobs,
+                    prompt_logprobs=prompt_logprobs,
+                    choice=choice,
+                )
+                request = GenerationRequest(
+                    request_id=f"{response_id}-{prompt_index}-{choice}",
+                    prompt_token_ids=ids,
+                    sampling=options,
+                    lora_name=self.lora_name,
+                    priority=body.priority,
+                )
+                self._add_plan(prompt_index, request)
+                self._logprobs.append(
+                    CompletionLogprobs(tokenizer.token_to_str)
+                    if body.logprobs is not None
+                    else None
+                )
+
+    def _delta(self, index: int, event: TokenEvent) -> tuple[str, dict[str, Any] | None]:
+        state = self._account(index, event)
+        text = event.text
+        logprobs = self._logprobs[index]
+        if not state.started:
+            state.started = True
+            if self.completion.echo:
+                text = self._prompt_texts[self.plans[index].prompt_index] + text
+                if logprobs is not None and event.prompt_token_ids is not None:
+                    logprobs.add_all(event.prompt_token_ids, event.prompt_logprobs)
+        if logprobs is not None:
+            logprobs.add_all(event.token_ids, event.logprobs)
+        return text, logprobs.take() if logprobs is not None else None
+
+    def chunks(self, index: int, event: TokenEvent) -> list[dict[str, Any]]:
+        text, logprobs = self._delta(index, event)
+        state = self.states[index]
+        choice = {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": state.finish_reason,
+            "stop_reason": state.stop_reason,
+        }
+        return [self._envelope([choice], chunk=True)]
+
+    def feed(self, index: int, event: TokenEvent) -> None:
+        text, logprobs = self._delta(index, event)
+        state = self.states[index]
+        state.text.append(text)
+        if logprobs is not None:
+            merged = self._merged.setdefault(index, {k: [] for k in logprobs})
+            for key, values in logprobs.items():
+                merged[key].extend(values)
+
+    def response(self) -> dict[str, Any]:
+        choices = [
+            {
+                "index": i,
+                "text": "".join(state.text),
+                "logprobs": self._merged.get(i) if self._logprobs[i] is not None else None,
+                "finish_reason": state.finish_reason,
+                "stop_reason": state.stop_reason,
+            }
+            for i, state in enumerate(self.states)
+        ]
+        return self._envelope(choices, chunk=False)

@@ -1,0 +1,52 @@
+"""Typed dependencies shared by the route modules: the engine, the settings, auth.
+
+The engine and settings live on `app.state` (set by `app.main.create_app`); routes take
+them through `EngineDep` / `SettingsDep` and never reach for a global.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Request
+from starlette.requests import HTTPConnection
+
+from app.config import Settings
+from app.engine.base import Engine
+from app.errors import Unauthenticated
+
+
+def get_engine(conn: HTTPConnection) -> Engine:
+    engine: Engine = conn.app.state.engine
+    return engine
+
+
+def get_settings(conn: HTTPConnection) -> Settings:
+    settings: Settings = conn.app.state.settings
+    return settings
+
+
+EngineDep = Annotated[Engine, Depends(get_engine)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def check_credentials(conn: HTTPConnection) -> None:
+    """Raise `Unauthenticated` unless the connection carries the configured key, as
+    `Authorization: Bearer <key>` or (for browsers' websockets) a `token` query parameter."""
+    expected = get_settings(conn).api_key
+    if expected is None:
+        return
+    header = conn.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    offered = value.strip() if scheme.lower() == "bearer" else conn.query_params.get("token")
+    if offered is None or not hmac.compare_digest(offered.encode(), expected.encode()):
+        raise Unauthenticated("Missing or invalid API key", code="invalid_api_key")
+
+
+def require_api_key(request: Request) -> None:
+    """HTTP dependency form of `check_credentials`."""
+    check_credentials(request)
+
+
+AuthDep = Depends(require_api_key)

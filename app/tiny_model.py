@@ -1,0 +1,166 @@
+"""Builders for the tiny local model (and a LoRA adapter for it) that tests and the README
+default run on; nothing is downloaded.
+
+The model is a random-weight Llama (2 layers, hidden 128) with a byte-level BPE tokenizer
+trained here on a fixed list of the Python standard library's sources, and a ChatML chat
+template. The same seed and the same sources give the same files.
+
+torch and transformers come with vLLM; they are imported inside the builders so that
+importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+VOCAB_SIZE = 2048
+# Stable, sizeable modules present in every CPython 3.11 install.
+_CORPUS_MODULES = [
+    "argparse.py",
+    "ast.py",
+    "base64.py",
+    "calendar.py",
+    "collections/__init__.py",
+    "configparser.py",
+    "csv.py",
+    "dataclasses.py",
+    "datetime.py",
+    "decimal.py",
+    "difflib.py",
+    "email/message.py",
+    "enum.py",
+    "fractions.py",
+    "functools.py",
+    "inspect.py",
+    "json/decoder.py",
+    "json/encoder.py",
+    "logging/__init__.py",
+    "pathlib.py",
+    "pickle.py",
+    "random.py",
+    "shutil.py",
+    "statistics.py",
+    "string.py",
+    "subprocess.py",
+    "tarfile.py",
+    "textwrap.py",
+    "threading.py",
+    "typing.py",
+    "zipfile.py",
+]
+
+
+def _corpus_files() -> list[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = [str(stdlib / name) for name in _CORPUS_MODULES if (stdlib / name).is_file()]
+    if not files:
+        raise RuntimeError(f"no Python sources found under {stdlib} to train a tokenizer on")
+    return files
+
+
+def build_tokenizer(out_dir: Path) -> int:
+    """Train the BPE tokenizer, save it with its chat template; return the vocab size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train(_corpus_files(), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<unk>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        model_max_length=1024,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+    return int(tok.get_vocab_size())
+
+
+def build_tiny_model(out_dir: Path, *, seed: int = 0, max_position_embeddings: int = 1024) -> Path:
+    """Write a tiny random Llama with its tokenizer into `out_dir`; return the directory."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vocab_size = build_tokenizer(out_dir)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        # Wider than the usual 0.02 so the next-token distribution is peaked: greedy
+        # decoding then does not hinge on float noise between batch shapes.
+        initializer_range=0.2,
+        bos_token_id=SPECIAL_TOKENS.index("<s>"),
+        eos_token_id=SPECIAL_TOKENS.index("</s>"),
+        pad_token_id=SPECIAL_TOKENS.index("<unk>"),
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    return out_dir
+
+
+def build_tiny_lora(
+    model_dir: Path, out_dir: Path, *, rank: int = 8, seed: int = 1, scale: float = 0.5
+) -> Path:
+    """Write a random PEFT-format LoRA adapter on q/v projections of the model in
+    `model_dir`. B is non-zero (unlike a fresh PEFT adapter) so outputs change."""
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((model_dir / "config.json").read_text())
+    hidden = int(config["hidden_size"])
+    head_dim = hidden // int(config["num_attention_heads"])
+    kv_out = head_dim * int(config["num_key_value_heads"])
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for layer in range(int(config["num_hidden_layers"])):
+        for proj, out_features in (("q_proj", hidden), ("v_proj", kv_out)):
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, hidden, generator=gen) * scale
+            tensors[f"{prefix}.lora_B.weight"] = (
+                torch.randn(out_features, rank, generator=gen) * scale
+            )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "adapter_model.safetensors"))
+    adapter_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(model_dir),
+        "r": rank,
+        "lora_alpha": rank * 2,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": ["q_proj", "v_proj"],
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "modules_to_save": None,
+    }
+    (out_dir / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+    return out_dir

@@ -1,0 +1,164 @@
+"""Shared fixtures: the tiny model, and ONE live server with real vLLM for the session.
+
+Two CPU engines alive at once slow each other badly (ENGINE-NOTES), so the whole suite
+shares one: `live_server` runs uvicorn with `create_app(settings)` (whose lifespan starts
+the vLLM engine) on its own event loop in a background thread. Tests talk to it over
+real sockets; engine-level tests run coroutines on the server's loop with `.call()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("SWITCHBOARD_TEST_CACHE", ROOT / ".cache"))
+T = TypeVar("T")
+
+
+def tiny_model_path() -> Path:
+    """The tiny model under .cache/, built on first use (seconds, no download)."""
+    from app.tiny_model import build_tiny_model
+
+    model = CACHE / "tiny-model"
+    if not (model / "config.json").is_file():
+        build_tiny_model(model)
+    return model
+
+
+def tiny_lora_path(name: str = "tiny-lora", seed: int = 1) -> Path:
+    from app.tiny_model import build_tiny_lora
+
+    lora = CACHE / name
+    if not (lora / "adapter_config.json").is_file():
+        build_tiny_lora(tiny_model_path(), lora, seed=seed)
+    return lora
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    return tiny_model_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_dir() -> Path:
+    return tiny_lora_path()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    base_url: str
+    ws_url: str
+    model: str
+    lora: str
+    loop: asyncio.AbstractEventLoop
+    app: Any
+
+    @property
+    def engine(self) -> Any:
+        return self.app.state.engine
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
+        """Run `coro` on the server's event loop (where the engine lives)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def running_requests(self) -> int:
+        async def count() -> int:
+            return int(self.engine.num_running_requests())
+
+        return self.call(count())
+
+    def wait_idle(self, timeout: float = 10) -> int:
+        """Poll until no engine request runs; return the last count seen."""
+        deadline = time.monotonic() + timeout
+        count = self.running_requests()
+        while count and time.monotonic() < deadline:
+            time.sleep(0.05)
+            count = self.running_requests()
+        return count
+
+
+LIVE_MODEL = "tiny"
+LIVE_LORA = "tiny-lora"
+
+
+@pytest.fixture(scope="session")
+def live_server() -> Iterator[LiveServer]:
+    import uvicorn
+
+    from app.config import Settings
+    from app.main import create_app
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    settings = Settings(
+        model=str(tiny_model_path()),
+        served_model_name=LIVE_MODEL,
+        lora_modules=[f"{LIVE_LORA}={tiny_lora_path()}"],
+        engine_args={
+            "dtype": "float32",
+            "max_model_len": 1024,
+            "enable_lora": True,
+            "max_loras": 2,
+            "max_lora_rank": 8,
+        },
+    )
+    app = create_app(settings)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    loop = asyncio.new_event_loop()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(server.serve())
+        except BaseException as exc:  # surfaced to the waiting fixture below
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="live-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 600
+    while not server.started:
+        if failure or not thread.is_alive():
+            raise RuntimeError(f"live server failed to start: {failure!r}")
+        if time.monotonic() > deadline:
+            raise TimeoutError("live server did not start in 600 s")
+        time.sleep(0.2)
+    live = LiveServer(
+        base_url=f"http://127.0.0.1:{port}",
+        ws_url=f"ws://127.0.0.1:{port}",
+        model=LIVE_MODEL,
+        lora=LIVE_LORA,
+        loop=loop,
+        app=app,
+    )
+    _warm_up(live)
+    yield live
+    server.should_exit = True
+    thread.join(timeout=60)
+
+
+def _warm_up(live: LiveServer) -> None:
+    """The first request on a fresh CPU engine takes ~20 s; pay it here, not in a test."""
+    import httpx
+
+    body = {"model": live.model, "prompt": "warm up", "max_tokens": 2}
+    response = httpx.post(f"{live.base_url}/v1/completions", json=body, timeout=300)
+    response.raise_for_status()

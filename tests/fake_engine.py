@@ -1,0 +1,156 @@
+"""A deterministic fake of `app.engine.base.Engine`, for fast unit tests of routes and
+cores. Never the only proof: every surface also has engine and e2e tests on real vLLM.
+
+The fake "tokenizer" maps each character to its code point (ids < 256) and the model
+continues a prompt with ids (last + 1) % 256, one per step, yielding control between
+tokens so that cancellation and concurrency behave as with the real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncGenerator, Mapping, Sequence
+
+from app.engine.base import (
+    EngineInfo,
+    GenerationRequest,
+    LoraAdapter,
+    TokenEvent,
+    TokenLogprob,
+)
+from app.errors import ContextLengthExceeded, ModelNotFound, NotFound
+
+EOS = 0
+
+
+class FakeTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [min(ord(c), 255) for c in text]
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(t) for t in token_ids if not (skip_special_tokens and t == EOS))
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        text = "".join(f"[{m['role']}]{m['content']}\n" for m in messages)
+        if add_generation_prompt:
+            text += "[assistant]"
+        return self.encode(text)
+
+    def token_to_str(self, token_id: int) -> str:
+        return chr(token_id)
+
+
+def _logprob(token_id: int, k: int) -> TokenLogprob:
+    top = {(token_id + i) % 256: -math.log(2.0) * (i + 1) for i in range(k)}
+    return TokenLogprob(token_id=token_id, logprob=-math.log(2.0), rank=1, top=top)
+
+
+class FakeEngine:
+    def __init__(self, max_model_len: int = 512, step_delay: float = 0.0) -> None:
+        self._info = EngineInfo(
+            model_name="fake",
+            model_path="/nonexistent/fake",
+            max_model_len=max_model_len,
+            vocab_size=256,
+            eos_token_ids=(EOS,),
+            has_chat_template=True,
+            max_loras=2,
+        )
+        self._tokenizer = FakeTokenizer()
+        self._loras: dict[str, LoraAdapter] = {}
+        self.running: set[str] = set()
+        self.aborted: list[str] = []
+        self.requests: list[GenerationRequest] = []
+        self.step_delay = step_delay
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def tokenizer(self) -> FakeTokenizer:
+        return self._tokenizer
+
+    def has_model(self, name: str) -> bool:
+        return name == self._info.model_name or name in self._loras
+
+    def loras(self) -> Sequence[LoraAdapter]:
+        return list(self._loras.values())
+
+    async def load_lora(self, name: str, path: str) -> LoraAdapter:
+        adapter = LoraAdapter(name=name, path=path, int_id=len(self._loras) + 1)
+        self._loras[name] = adapter
+        return adapter
+
+    async def unload_lora(self, name: str) -> None:
+        if self._loras.pop(name, None) is None:
+            raise NotFound(f"LoRA adapter {name!r} is not loaded")
+
+    def num_running_requests(self) -> int:
+        return len(self.running)
+
+    async def check_health(self) -> None:
+        return None
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self.running.discard(request_id)
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        if request.lora_name is not None and request.lora_name not in self._loras:
+            raise ModelNotFound(f"The model `{request.lora_name}` does not exist.")
+        prompt = list(
+            request.prompt_token_ids
+            if request.prompt_token_ids is not None
+            else self._tokenizer.encode(request.prompt_text or "")
+        )
+        sampling = request.sampling
+        if len(prompt) + sampling.max_tokens > self._info.max_model_len:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self._info.max_model_len} tokens"
+            )
+        self.requests.append(request)
+        self.running.add(request.request_id)
+        k = sampling.logprobs
+        pk = sampling.prompt_logprobs
+        try:
+            first = True
+            last = prompt[-1] if prompt else 1
+            if sampling.max_tokens == 0:
+                yield TokenEvent(
+                    token_ids=[],
+                    text="",
+                    finish_reason="length",
+                    prompt_token_ids=prompt,
+                    prompt_logprobs=self._prompt_logprobs(prompt, pk),
+                )
+                return
+            for i in range(sampling.max_tokens):
+                await asyncio.sleep(self.step_delay)
+                token = (last + 1) % 256
+                last = token
+                done = i == sampling.max_tokens - 1 or token in sampling.stop_token_ids
+                reason = "stop" if token in sampling.stop_token_ids else "length"
+                yield TokenEvent(
+                    token_ids=[token],
+                    text=self._tokenizer.decode([token]),
+                    logprobs=[_logprob(token, k)] if k is not None else None,
+                    finish_reason=reason if done else None,  # type: ignore[arg-type]
+                    stop_reason=token if reason == "stop" and done else None,
+                    prompt_token_ids=prompt if first else None,
+                    prompt_logprobs=self._prompt_logprobs(prompt, pk) if first else None,
+                )
+                first = False
+                if done:
+                    return
+        finally:
+            self.running.discard(request.request_id)
+
+    @staticmethod
+    def _prompt_logprobs(prompt: list[int], k: int | None) -> list[TokenLogprob | None] | None:
+        if k is None:
+            return None
+        return [None] + [_logprob(t, k) for t in prompt[1:]]
