@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 from app.config import Settings
 
@@ -27,7 +27,7 @@ def _settings_parser() -> argparse.ArgumentParser:
             continue
         flag = "--" + name.replace("_", "-")
         annotation = field.annotation
-        if annotation is list[str]:
+        if get_origin(annotation) is list:
             parser.add_argument(flag, nargs="+", dest=name, help=field.description)
             continue
         kinds = [a for a in get_args(annotation) if a is not type(None)] or [annotation]

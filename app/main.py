@@ -10,16 +10,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse, Response
+from fastapi.responses import Response
 
 from app.config import Settings
 from app.engine.base import Engine
 from app.errors import InvalidRequest, SwitchboardError
 from app.metrics import install_metrics
 from app.routes import evergreen, graphpipe, openai, salience
+from app.routes.responses import OrjsonResponse
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -39,13 +39,12 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SwitchboardError)
     async def _switchboard_error(request: Request, exc: SwitchboardError) -> Response:
-        return ORJSONResponse(exc.openai_body(), status_code=exc.http_status)
+        return OrjsonResponse(exc.openai_body(), status_code=exc.http_status)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
         message, param = _validation_message(exc)
-        body = InvalidRequest(message, param=param).openai_body()
-        return Response(orjson.dumps(body), status_code=400, media_type="application/json")
+        return OrjsonResponse(InvalidRequest(message, param=param).openai_body(), status_code=400)
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
@@ -64,7 +63,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         finally:
             started.shutdown()
 
-    app = FastAPI(title="Switchboard", lifespan=lifespan, default_response_class=ORJSONResponse)
+    app = FastAPI(title="Switchboard", lifespan=lifespan, default_response_class=OrjsonResponse)
     app.state.settings = settings
     if engine is not None:
         app.state.engine = engine

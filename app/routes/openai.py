@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import ORJSONResponse, PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response
 from sse_starlette import EventSourceResponse
 
 from app import __version__
@@ -26,6 +26,7 @@ from app.protocols.openai.chat import ChatCore
 from app.protocols.openai.completions import CompletionCore
 from app.routes.deps import AuthDep, EngineDep
 from app.routes.fanout import merge_generations
+from app.routes.responses import OrjsonResponse
 from schemas.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -102,7 +103,7 @@ async def _serve(request: Request, engine: Engine, core: Core, stream: bool) -> 
     except asyncio.CancelledError:
         # The client is gone; nobody reads this, but the handler must return.
         return Response(status_code=499)
-    return ORJSONResponse(body)
+    return OrjsonResponse(body)
 
 
 def _core_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]:
