@@ -1,0 +1,158 @@
+"""Raw HTTP against the live server: SSE framing, disconnects, /metrics, small routes."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} missing from /metrics"
+    return float(match.group(1))
+
+
+def _running(base_url: str) -> float:
+    return _metric(httpx.get(f"{base_url}/metrics").text, "vllm:num_requests_running")
+
+
+def test_sse_framing(live_server) -> None:  # type: ignore[no-untyped-def]
+    body = {
+        "model": live_server.model,
+        "prompt": "def f():",
+        "max_tokens": 5,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", f"{live_server.base_url}/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = response.read().decode()
+    events = [e for e in raw.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events), raw
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]) == 1
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+
+
+def test_stream_disconnect_aborts_engine_request(live_server) -> None:  # type: ignore[no-untyped-def]
+    body = {
+        "model": live_server.model,
+        "prompt": "while True:",
+        "max_tokens": 1000,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    with httpx.stream("POST", f"{live_server.base_url}/v1/completions", json=body) as response:
+        lines = (line for line in response.iter_lines() if line)
+        for _ in range(3):
+            assert next(lines).startswith("data: ")
+        assert live_server.running_requests() == 1
+        assert _running(live_server.base_url) == 1
+    # Leaving the block closed the connection mid-stream.
+    assert live_server.wait_idle() == 0
+    deadline = time.monotonic() + 10
+    while _running(live_server.base_url) != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _running(live_server.base_url) == 0
+
+
+def test_non_stream_disconnect_aborts_engine_request(live_server) -> None:  # type: ignore[no-untyped-def]
+    body = {
+        "model": live_server.model,
+        "prompt": "for x in y:",
+        "max_tokens": 1000,
+        "ignore_eos": True,
+    }
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{live_server.base_url}/v1/completions", json=body, timeout=0.5)
+    assert live_server.wait_idle() == 0
+
+
+def test_metrics_for_the_endpoint_picker(live_server) -> None:  # type: ignore[no-untyped-def]
+    httpx.post(
+        f"{live_server.base_url}/v1/completions",
+        json={"model": live_server.model, "prompt": "a", "max_tokens": 2},
+    ).raise_for_status()
+    response = httpx.get(f"{live_server.base_url}/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running"):
+        assert _metric(text, name) >= 0
+    usage = _metric(text, "vllm:kv_cache_usage_perc")
+    assert _metric(text, "vllm:gpu_cache_usage_perc") == usage
+    lora = re.search(r"^vllm:lora_requests_info\{([^}]*)\} (\S+)$", text, re.MULTILINE)
+    assert lora, "vllm:lora_requests_info missing"
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', lora.group(1)))
+    assert labels["max_lora"] == "2"
+    assert {"running_lora_adapters", "waiting_lora_adapters"} <= labels.keys()
+    assert float(lora.group(2)) > 1e9  # a timestamp
+    assert "http_requests_total" in text or "http_request_duration" in text
+
+
+def test_lora_shows_in_running_adapters(live_server) -> None:  # type: ignore[no-untyped-def]
+    body = {
+        "model": live_server.lora,
+        "prompt": "x",
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    seen = set()
+    with httpx.stream("POST", f"{live_server.base_url}/v1/completions", json=body) as response:
+        lines = (line for line in response.iter_lines() if line)
+        for _ in range(5):
+            next(lines)
+        text = httpx.get(f"{live_server.base_url}/metrics").text
+        for line in text.splitlines():
+            if line.startswith("vllm:lora_requests_info{"):
+                seen.add(re.search(r'running_lora_adapters="([^"]*)"', line).group(1))  # type: ignore[union-attr]
+    assert any(live_server.lora in s for s in seen), seen
+    assert live_server.wait_idle() == 0
+
+
+def test_error_shapes(live_server) -> None:  # type: ignore[no-untyped-def]
+    url = f"{live_server.base_url}/v1/completions"
+    response = httpx.post(url, json={"model": live_server.model, "max_tokens": 2})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == "prompt"
+    response = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "error" in response.json()
+    response = httpx.post(url, json={"model": "nope", "prompt": "a"})
+    assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
+    # A streaming request that is invalid fails before the stream: a 400, not an SSE body.
+    response = httpx.post(
+        url, json={"model": live_server.model, "prompt": "a " * 2000, "stream": True}
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_small_routes(live_server) -> None:  # type: ignore[no-untyped-def]
+    base = live_server.base_url
+    assert httpx.get(f"{base}/health").status_code == 200
+    version = httpx.get(f"{base}/version").json()
+    assert version["engine"].startswith("vllm 0.32")
+    tokens = httpx.post(f"{base}/tokenize", json={"prompt": "import sys"}).json()
+    assert tokens["count"] == len(tokens["tokens"]) > 0
+    assert tokens["max_model_len"] == 1024
+    text = httpx.post(f"{base}/detokenize", json={"tokens": tokens["tokens"]}).json()
+    assert text["prompt"] == "import sys"
+    chat = httpx.post(
+        f"{base}/tokenize",
+        json={"messages": [{"role": "user", "content": "hi"}], "return_token_strs": True},
+    ).json()
+    assert "".join(chat["token_strs"]).startswith("<|im_start|>user\nhi<|im_end|>")
+    bad = httpx.post(f"{base}/detokenize", json={"tokens": [10**7]})
+    assert bad.status_code == 400
