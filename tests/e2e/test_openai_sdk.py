@@ -23,7 +23,10 @@ def aclient(live_server):  # type: ignore[no-untyped-def]
 
 def test_completion_usage_and_length(client, live_server) -> None:  # type: ignore[no-untyped-def]
     result = client.completions.create(
-        model=live_server.model, prompt="def main():", max_tokens=7, temperature=0,
+        model=live_server.model,
+        prompt="def main():",
+        max_tokens=7,
+        temperature=0,
         extra_body={"ignore_eos": True},
     )
     choice = result.choices[0]
@@ -43,13 +46,23 @@ def test_greedy_is_deterministic_and_n_choices(client, live_server) -> None:  # 
     second = client.completions.create(**kwargs).choices[0].text
     assert first == second
     many = client.completions.create(
-        model=live_server.model, prompt="x = ", max_tokens=5, n=3, seed=7, temperature=1.0,
+        model=live_server.model,
+        prompt="x = ",
+        max_tokens=5,
+        n=3,
+        seed=7,
+        temperature=1.0,
         extra_body={"ignore_eos": True},
     )
     assert sorted(c.index for c in many.choices) == [0, 1, 2]
     assert many.usage.completion_tokens == 15
     again = client.completions.create(
-        model=live_server.model, prompt="x = ", max_tokens=5, n=3, seed=7, temperature=1.0,
+        model=live_server.model,
+        prompt="x = ",
+        max_tokens=5,
+        n=3,
+        seed=7,
+        temperature=1.0,
         extra_body={"ignore_eos": True},
     )
     assert [c.text for c in many.choices] == [c.text for c in again.choices]
@@ -58,8 +71,13 @@ def test_greedy_is_deterministic_and_n_choices(client, live_server) -> None:  # 
 def test_completion_logprobs_and_echo(client, live_server) -> None:  # type: ignore[no-untyped-def]
     prompt = "class Foo:"
     result = client.completions.create(
-        model=live_server.model, prompt=prompt, max_tokens=3, logprobs=2, echo=True,
-        temperature=0, extra_body={"ignore_eos": True},
+        model=live_server.model,
+        prompt=prompt,
+        max_tokens=3,
+        logprobs=2,
+        echo=True,
+        temperature=0,
+        extra_body={"ignore_eos": True},
     )
     choice = result.choices[0]
     assert choice.text.startswith(prompt)
@@ -126,21 +144,35 @@ def test_chat_stream_with_usage(client, live_server) -> None:  # type: ignore[no
     assert chunks[-1].choices == []
     assert chunks[-1].usage.completion_tokens == 8
     whole = client.chat.completions.create(
-        model=live_server.model, messages=[{"role": "user", "content": "count"}],
-        max_tokens=8, temperature=0, extra_body={"ignore_eos": True},
+        model=live_server.model,
+        messages=[{"role": "user", "content": "count"}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
     )
     assert text == whole.choices[0].message.content
 
 
 def test_stop_string(client, live_server) -> None:  # type: ignore[no-untyped-def]
-    free = client.completions.create(
-        model=live_server.model, prompt="def f(x):", max_tokens=20, temperature=0,
-        extra_body={"ignore_eos": True},
-    ).choices[0].text
+    free = (
+        client.completions.create(
+            model=live_server.model,
+            prompt="def f(x):",
+            max_tokens=20,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        .choices[0]
+        .text
+    )
     stop = free[3:6]
     assert stop.strip(), free
     stopped = client.completions.create(
-        model=live_server.model, prompt="def f(x):", max_tokens=20, temperature=0, stop=[stop],
+        model=live_server.model,
+        prompt="def f(x):",
+        max_tokens=20,
+        temperature=0,
+        stop=[stop],
         extra_body={"ignore_eos": True},
     ).choices[0]
     assert stopped.finish_reason == "stop"
@@ -153,7 +185,9 @@ async def test_async_concurrent(aclient, live_server) -> None:  # type: ignore[n
     results = await asyncio.gather(
         *[
             aclient.completions.create(
-                model=live_server.model, prompt=f"n = {i}", max_tokens=4,
+                model=live_server.model,
+                prompt=f"n = {i}",
+                max_tokens=4,
                 extra_body={"ignore_eos": True},
             )
             for i in range(6)
@@ -165,8 +199,9 @@ async def test_async_concurrent(aclient, live_server) -> None:  # type: ignore[n
 def test_lora_by_model_name(client, live_server) -> None:  # type: ignore[no-untyped-def]
     ids = [m.id for m in client.models.list().data]
     assert ids[0] == live_server.model and live_server.lora in ids
-    kwargs = dict(prompt="for i in range(", max_tokens=10, temperature=0,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        prompt="for i in range(", max_tokens=10, temperature=0, extra_body={"ignore_eos": True}
+    )
     base = client.completions.create(model=live_server.model, **kwargs).choices[0].text
     lora = client.completions.create(model=live_server.lora, **kwargs)
     assert lora.model == live_server.lora
@@ -177,8 +212,9 @@ def test_runtime_lora_load_and_unload(client, live_server) -> None:  # type: ign
     from tests.conftest import tiny_lora_path
 
     path = tiny_lora_path("tiny-lora-2", seed=2)
-    client.post("/load_lora_adapter", body={"lora_name": "extra", "lora_path": str(path)},
-                cast_to=str)
+    client.post(
+        "/load_lora_adapter", body={"lora_name": "extra", "lora_path": str(path)}, cast_to=str
+    )
     assert "extra" in [m.id for m in client.models.list().data]
     out = client.completions.create(model="extra", prompt="a", max_tokens=2)
     assert out.model == "extra"
@@ -196,8 +232,7 @@ def test_errors(client, live_server) -> None:  # type: ignore[no-untyped-def]
         client.completions.create(model=live_server.model, prompt="x " * 2000, max_tokens=5)
     assert too_long.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError):
-        client.completions.create(model=live_server.model, prompt="a", max_tokens=2,
-                                  temperature=5)
+        client.completions.create(model=live_server.model, prompt="a", max_tokens=2, temperature=5)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=live_server.model, messages=[], max_tokens=2)
     with pytest.raises(openai.BadRequestError):

@@ -1,0 +1,113 @@
+"""OpenAI routes over the deterministic fake engine: auth, error shapes, in-stream errors,
+fan-out of `n`. The same behaviour on real vLLM is in tests/e2e."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+
+import httpx
+import pytest
+
+from app.config import Settings
+from app.engine.base import GenerationRequest, TokenEvent
+from app.errors import EngineError
+from app.main import create_app
+from app.routes.fanout import merge_generations
+from tests.fake_engine import FakeEngine
+
+
+def client(engine: FakeEngine, **settings: object) -> httpx.AsyncClient:
+    app = create_app(Settings(model="fake", **settings), engine=engine)  # type: ignore[arg-type]
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+
+
+class FailingEngine(FakeEngine):
+    """Fails after its second token, as an engine dying mid-stream would."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        inner = super().generate(request)
+        try:
+            count = 0
+            async for event in inner:
+                if count == 2:
+                    raise EngineError("the engine fell over")
+                count += 1
+                yield event
+        finally:
+            await inner.aclose()
+
+
+async def test_api_key_guards_v1_but_not_health() -> None:
+    async with client(FakeEngine(), api_key="sesame") as c:
+        response = await c.post("/v1/completions", json={"prompt": "a", "max_tokens": 1})
+        assert response.status_code == 401
+        assert response.json()["error"]["type"] == "authentication_error"
+        wrong = await c.get("/v1/models", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        ok = await c.get("/v1/models", headers={"Authorization": "Bearer sesame"})
+        assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "fake"
+        assert (await c.get("/health")).status_code == 200
+
+
+async def test_validation_errors_are_openai_shaped() -> None:
+    async with client(FakeEngine()) as c:
+        response = await c.post("/v1/chat/completions", json={"messages": "nope"})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] == "messages"
+        response = await c.post("/v1/completions", json={"prompt": "a", "n": 0})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "n"
+
+
+async def test_error_after_stream_start_goes_in_band() -> None:
+    async with client(FailingEngine()) as c:
+        response = await c.post(
+            "/v1/completions", json={"prompt": "a", "max_tokens": 10, "stream": True}
+        )
+    assert response.status_code == 200
+    events = [e[len("data: ") :] for e in response.text.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["message"] == "the engine fell over"
+    assert len(events) == 4  # two chunks, the error, [DONE]
+
+
+async def test_n_choices_are_merged_and_accounted() -> None:
+    async with client(FakeEngine()) as c:
+        response = await c.post("/v1/completions", json={"prompt": "ab", "max_tokens": 3, "n": 3})
+    body = response.json()
+    assert [c["text"] for c in body["choices"]] == ["cde"] * 3
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 9, "total_tokens": 11}
+
+
+async def test_merge_closes_every_branch_when_one_fails() -> None:
+    engine = FailingEngine(step_delay=0.001)
+    requests = [GenerationRequest(request_id=f"r{i}", prompt_text="a") for i in range(3)]
+    with pytest.raises(EngineError):
+        async for _ in merge_generations(engine, requests):
+            pass
+    assert engine.running == set()
+
+
+async def test_merge_closes_branches_when_consumer_stops_early() -> None:
+    engine = FakeEngine(step_delay=0.001)
+    requests = [GenerationRequest(request_id=f"r{i}", prompt_text="a") for i in range(2)]
+    stream = merge_generations(engine, requests)
+    await stream.__anext__()
+    assert engine.running == {"r0", "r1"}
+    await stream.aclose()
+    assert engine.running == set()
+
+
+async def test_lora_admin_routes() -> None:
+    async with client(FakeEngine()) as c:
+        response = await c.post(
+            "/v1/load_lora_adapter", json={"lora_name": "a1", "lora_path": "/x"}
+        )
+        assert response.status_code == 200
+        assert [m["id"] for m in (await c.get("/v1/models")).json()["data"]] == ["fake", "a1"]
+        missing = await c.post("/v1/unload_lora_adapter", json={"lora_name": "zz"})
+        assert missing.status_code == 404
+        assert (
+            await c.post("/v1/unload_lora_adapter", json={"lora_name": "a1"})
+        ).status_code == 200
