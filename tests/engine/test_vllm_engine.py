@@ -1,0 +1,158 @@
+"""The engine layer on real vLLM (the live server's engine, driven on its own loop)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from app.engine.base import GenerationRequest, SamplingOptions, TokenEvent
+from app.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+
+pytestmark = pytest.mark.engine
+
+
+async def _run(engine: Any, request: GenerationRequest) -> list[TokenEvent]:
+    return [event async for event in engine.generate(request)]
+
+
+def greedy(max_tokens: int, **kw: Any) -> SamplingOptions:
+    return SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
+
+
+def test_events_are_deltas_with_one_final(live_server) -> None:  # type: ignore[no-untyped-def]
+    engine = live_server.engine
+    request = GenerationRequest("eng-delta", prompt_text="import json", sampling=greedy(6))
+    events = live_server.call(_run(engine, request))
+    assert sum(len(e.token_ids) for e in events) == 6
+    assert [e.finish_reason for e in events][-1] == "length"
+    assert all(e.finish_reason is None for e in events[:-1])
+    assert events[0].prompt_token_ids == engine.tokenizer.encode("import json")
+    assert all(e.prompt_token_ids is None for e in events[1:])
+    ids = [t for e in events for t in e.token_ids]
+    assert "".join(e.text for e in events) == engine.tokenizer.decode(ids)
+
+
+def test_prompt_and_sampled_logprobs(live_server) -> None:  # type: ignore[no-untyped-def]
+    engine = live_server.engine
+    prompt = engine.tokenizer.encode("def add(a, b):")
+    request = GenerationRequest(
+        "eng-lp", prompt_token_ids=prompt, sampling=greedy(3, logprobs=3, prompt_logprobs=2)
+    )
+    events = live_server.call(_run(engine, request))
+    first = events[0]
+    assert first.prompt_logprobs is not None and len(first.prompt_logprobs) == len(prompt)
+    assert first.prompt_logprobs[0] is None
+    for token, entry in zip(prompt[1:], first.prompt_logprobs[1:], strict=True):
+        assert entry is not None and entry.token_id == token and entry.logprob <= 0
+        assert len(entry.top) == 2
+    for event in events:
+        for token, entry in zip(event.token_ids, event.logprobs or [], strict=True):
+            assert entry.rank == 1  # greedy picks the best
+            assert next(iter(entry.top)) == token and len(entry.top) == 3
+
+
+def test_prefill_only_scores_without_output(live_server) -> None:  # type: ignore[no-untyped-def]
+    engine = live_server.engine
+    prompt = engine.tokenizer.encode("return x + y")
+    events = live_server.call(
+        _run(
+            engine,
+            GenerationRequest(
+                "eng-prefill",
+                prompt_token_ids=prompt,
+                sampling=SamplingOptions(max_tokens=0, prompt_logprobs=0),
+            ),
+        )
+    )
+    assert len(events) == 1
+    assert events[0].token_ids == [] and events[0].finish_reason == "length"
+    assert len(events[0].prompt_logprobs or []) == len(prompt)
+
+
+def test_prefix_cache_is_used(live_server) -> None:  # type: ignore[no-untyped-def]
+    engine = live_server.engine
+    prompt = engine.tokenizer.encode("class Cache:\n    " * 40)
+    for i in range(2):
+        events = live_server.call(
+            _run(
+                engine,
+                GenerationRequest(f"eng-pc-{i}", prompt_token_ids=prompt, sampling=greedy(1)),
+            )
+        )
+    assert events[0].num_cached_tokens >= len(prompt) // 2
+
+
+def test_closing_the_iterator_aborts(live_server) -> None:  # type: ignore[no-untyped-def]
+    engine = live_server.engine
+
+    async def take_two_then_stop() -> int:
+        stream = engine.generate(
+            GenerationRequest("eng-abort", prompt_text="x", sampling=greedy(900))
+        )
+        await stream.__anext__()
+        await stream.__anext__()
+        running = engine.num_running_requests()
+        await stream.aclose()
+        return int(running)
+
+    assert live_server.call(take_two_then_stop()) == 1
+    assert live_server.wait_idle() == 0
+
+
+def test_cancelling_the_consumer_aborts(live_server) -> None:  # type: ignore[no-untyped-def]
+    engine = live_server.engine
+
+    async def cancel_midway() -> None:
+        async def consume() -> None:
+            async for _ in engine.generate(
+                GenerationRequest("eng-cancel", prompt_text="y", sampling=greedy(900))
+            ):
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    live_server.call(cancel_midway())
+    assert live_server.wait_idle() == 0
+
+
+def test_priority_and_lora_requests(live_server) -> None:  # type: ignore[no-untyped-def]
+    engine = live_server.engine
+    base = live_server.call(
+        _run(
+            engine, GenerationRequest("eng-p", prompt_text="a = [", sampling=greedy(8), priority=-5)
+        )
+    )
+    lora = live_server.call(
+        _run(
+            engine,
+            GenerationRequest(
+                "eng-l", prompt_text="a = [", sampling=greedy(8), lora_name=live_server.lora
+            ),
+        )
+    )
+    assert [t for e in base for t in e.token_ids] != [t for e in lora for t in e.token_ids]
+
+
+@pytest.mark.parametrize(
+    ("request_", "error"),
+    [
+        (GenerationRequest("bad-1", prompt_text="a", lora_name="nope"), ModelNotFound),
+        (GenerationRequest("bad-2", prompt_token_ids=[1, 5000]), InvalidRequest),
+        (GenerationRequest("bad-3", prompt_text="a b " * 600), ContextLengthExceeded),
+        (GenerationRequest("bad-4", prompt_token_ids=[]), InvalidRequest),
+        (
+            GenerationRequest("bad-5", prompt_text="a", sampling=SamplingOptions(temperature=-1.0)),
+            InvalidRequest,
+        ),
+    ],
+)
+def test_bad_requests_raise_app_errors(live_server, request_, error) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(error):
+        live_server.call(_run(live_server.engine, request_))
+    assert live_server.running_requests() == 0
