@@ -65,7 +65,7 @@ def server_command(target: str, port: int) -> list[str]:
                 "--served-model-name", "tiny", "--port", str(port), "--log-level", "warning",
                 *ENGINE_FLAGS]
     return [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL),
-            "--served-model-name", "tiny", "--port", str(port), "--disable-log-requests",
+            "--served-model-name", "tiny", "--port", str(port), "--disable-uvicorn-access-log",
             "--uvicorn-log-level", "warning", *ENGINE_FLAGS]
 
 
