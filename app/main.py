@@ -16,24 +16,11 @@ from fastapi.responses import Response
 
 from app.config import Settings
 from app.engine.base import Engine
-from app.errors import InvalidRequest, SwitchboardError
+from app.errors import SwitchboardError
 from app.metrics import install_metrics
 from app.routes import evergreen, graphpipe, openai, salience
+from app.routes.bodies import describe_errors
 from app.routes.responses import OrjsonResponse
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    if not errors:
-        return "Invalid request", None
-    first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query")]
-    param = ".".join(loc) or None
-    message = "; ".join(
-        f"{'.'.join(str(p) for p in e.get('loc', ()) if p not in ('body', 'query'))}: {e['msg']}"
-        for e in errors
-    )
-    return message, param
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -43,8 +30,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-        message, param = _validation_message(exc)
-        return OrjsonResponse(InvalidRequest(message, param=param).openai_body(), status_code=400)
+        return OrjsonResponse(describe_errors(exc.errors()).openai_body(), status_code=400)
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:

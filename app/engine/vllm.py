@@ -174,7 +174,13 @@ class VllmEngine:
 
     @classmethod
     async def start(cls, settings: Settings) -> VllmEngine:
-        args = {**ENGINE_DEFAULTS, **settings.engine_args, "model": settings.model}
+        args = {
+            **ENGINE_DEFAULTS,
+            **settings.engine_args,
+            "model": settings.model,
+            # vLLM labels its metrics with this name; the picker matches it to `model`.
+            "served_model_name": settings.model_name,
+        }
         if settings.lora_modules:
             args.setdefault("enable_lora", True)
         if args.get("enable_lora"):

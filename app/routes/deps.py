@@ -27,8 +27,18 @@ def get_settings(conn: HTTPConnection) -> Settings:
     return settings
 
 
-EngineDep = Annotated[Engine, Depends(get_engine)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+# Dependencies are `async def` on purpose: FastAPI runs a plain `def` dependency in its
+# thread pool, a thread hop on every request.
+async def _engine_dependency(conn: HTTPConnection) -> Engine:
+    return get_engine(conn)
+
+
+async def _settings_dependency(conn: HTTPConnection) -> Settings:
+    return get_settings(conn)
+
+
+EngineDep = Annotated[Engine, Depends(_engine_dependency)]
+SettingsDep = Annotated[Settings, Depends(_settings_dependency)]
 
 
 def check_credentials(conn: HTTPConnection) -> None:
@@ -44,7 +54,7 @@ def check_credentials(conn: HTTPConnection) -> None:
         raise Unauthenticated("Missing or invalid API key", code="invalid_api_key")
 
 
-def require_api_key(request: Request) -> None:
+async def require_api_key(request: Request) -> None:
     """HTTP dependency form of `check_credentials`."""
     check_credentials(request)
 

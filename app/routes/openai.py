@@ -9,6 +9,7 @@ are cancelled by sse-starlette, non-streamed calls by `_cancel_on_disconnect`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -21,9 +22,10 @@ from sse_starlette import EventSourceResponse
 
 from app import __version__
 from app.engine.base import Engine
-from app.errors import InvalidRequest, ModelNotFound, SwitchboardError
+from app.errors import EngineError, InvalidRequest, ModelNotFound, SwitchboardError
 from app.protocols.openai.chat import ChatCore
 from app.protocols.openai.completions import CompletionCore
+from app.routes.bodies import parse_json, read_body, validate
 from app.routes.deps import AuthDep, EngineDep
 from app.routes.fanout import merge_generations
 from app.routes.responses import OrjsonResponse
@@ -37,6 +39,7 @@ from schemas.openai import (
     UnloadLoraRequest,
 )
 
+logger = logging.getLogger(__name__)
 router = APIRouter()
 v1 = APIRouter(dependencies=[AuthDep])
 
@@ -66,6 +69,9 @@ async def _stream(engine: Engine, core: Core) -> AsyncIterator[bytes]:
             yield _sse(usage)
     except SwitchboardError as exc:
         yield _sse(exc.openai_body())
+    except Exception as exc:  # a bug must still end the stream in OpenAI's shape
+        logger.exception("stream %s failed", core.response_id)
+        yield _sse(EngineError(f"Internal error: {exc!r}").openai_body())
     yield _DONE
 
 
@@ -115,7 +121,8 @@ def _core_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]
 
 
 @v1.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request, engine: EngineDep) -> Response:
+async def completions(request: Request, engine: EngineDep) -> Response:
+    body = await read_body(request, CompletionRequest)
     core = CompletionCore(
         body, engine.info, engine.tokenizer, **_core_args(engine, "cmpl", body.model)
     )
@@ -123,9 +130,8 @@ async def completions(body: CompletionRequest, request: Request, engine: EngineD
 
 
 @v1.post("/v1/chat/completions")
-async def chat_completions(
-    body: ChatCompletionRequest, request: Request, engine: EngineDep
-) -> Response:
+async def chat_completions(request: Request, engine: EngineDep) -> Response:
+    body = await read_body(request, ChatCompletionRequest)
     core = ChatCore(
         body, engine.info, engine.tokenizer, **_core_args(engine, "chatcmpl", body.model)
     )
@@ -166,9 +172,10 @@ async def unload_lora_adapter(body: UnloadLoraRequest, engine: EngineDep) -> Res
 
 
 @v1.post("/tokenize")
-async def tokenize(
-    body: TokenizeCompletionRequest | TokenizeChatRequest, engine: EngineDep
-) -> dict[str, Any]:
+async def tokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
+    data = parse_json(await request.body())
+    chat = isinstance(data, dict) and "messages" in data
+    body = validate(TokenizeChatRequest if chat else TokenizeCompletionRequest, data)
     _model(engine, body.model)
     tokenizer = engine.tokenizer
     if isinstance(body, TokenizeChatRequest):
