@@ -61,18 +61,47 @@ def machine() -> dict[str, Any]:
 
 def server_command(target: str, port: int) -> list[str]:
     if target == "switchboard":
-        return [PY, "-m", "app.cli", "serve", "--model", str(MODEL),
-                "--served-model-name", "tiny", "--port", str(port), "--log-level", "warning",
-                *ENGINE_FLAGS]
-    return [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL),
-            "--served-model-name", "tiny", "--port", str(port), "--disable-uvicorn-access-log",
-            "--uvicorn-log-level", "warning", *ENGINE_FLAGS]
+        return [
+            PY,
+            "-m",
+            "app.cli",
+            "serve",
+            "--model",
+            str(MODEL),
+            "--served-model-name",
+            "tiny",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *ENGINE_FLAGS,
+        ]
+    return [
+        PY,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(MODEL),
+        "--served-model-name",
+        "tiny",
+        "--port",
+        str(port),
+        "--disable-uvicorn-access-log",
+        "--uvicorn-log-level",
+        "warning",
+        *ENGINE_FLAGS,
+    ]
 
 
 def start_server(target: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(server_command(target, port), cwd=ROOT, env=ENV,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        server_command(target, port),
+        cwd=ROOT,
+        env=ENV,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -86,8 +115,11 @@ def start_server(target: str, port: int, log: Path) -> subprocess.Popen[bytes]:
     else:
         raise TimeoutError(f"{target} did not start")
     # The first request of a fresh CPU engine pays its warm-up; keep it out of the figures.
-    httpx.post(f"http://127.0.0.1:{port}/v1/completions",
-               json={"model": "tiny", "prompt": "warm up", "max_tokens": 8}, timeout=300)
+    httpx.post(
+        f"http://127.0.0.1:{port}/v1/completions",
+        json={"model": "tiny", "prompt": "warm up", "max_tokens": 8},
+        timeout=300,
+    )
     return proc
 
 
@@ -106,14 +138,36 @@ def bench_serve(port: int, concurrency: int, prompts: int) -> dict[str, float]:
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    args = parser.parse_args([
-        "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--model", "tiny",
-        "--tokenizer", str(MODEL), "--dataset-name", "random",
-        "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-        "--ignore-eos", "--max-concurrency", str(concurrency), "--num-prompts", str(prompts),
-        "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99",
-        "--seed", "0", "--disable-tqdm",
-    ])
+    args = parser.parse_args(
+        [
+            "--backend",
+            "vllm",
+            "--base-url",
+            f"http://127.0.0.1:{port}",
+            "--model",
+            "tiny",
+            "--tokenizer",
+            str(MODEL),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(INPUT_LEN),
+            "--random-output-len",
+            str(OUTPUT_LEN),
+            "--ignore-eos",
+            "--max-concurrency",
+            str(concurrency),
+            "--num-prompts",
+            str(prompts),
+            "--percentile-metrics",
+            "ttft,itl",
+            "--metric-percentiles",
+            "50,99",
+            "--seed",
+            "0",
+            "--disable-tqdm",
+        ]
+    )
     result = asyncio.run(main_async(args))
     return {
         "output_tok_s": result["output_throughput"],
@@ -124,13 +178,19 @@ def bench_serve(port: int, concurrency: int, prompts: int) -> dict[str, float]:
 
 
 def bare_engine_round(log: Path) -> dict[int, dict[str, float]]:
-    out = subprocess.run([PY, __file__, "--bare-engine-child"], cwd=ROOT, env=ENV,
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [PY, __file__, "--bare-engine-child"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     log.write_text(out.stdout + out.stderr)
     if out.returncode != 0:
         raise RuntimeError(f"bare engine run failed; see {log}")
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return {int(k): v for k, v in json.loads(line[len("RESULT "):]).items()}
+    return {int(k): v for k, v in json.loads(line[len("RESULT ") :]).items()}
 
 
 async def _bare_engine() -> dict[int, dict[str, float]]:
@@ -141,12 +201,16 @@ async def _bare_engine() -> dict[int, dict[str, float]]:
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=str(MODEL), dtype="float32", max_model_len=1024, enable_prefix_caching=True))
+    llm = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=str(MODEL), dtype="float32", max_model_len=1024, enable_prefix_caching=True
+        )
+    )
     vocab = llm.model_config.get_vocab_size()
     rng = np.random.default_rng(0)
-    params = SamplingParams(max_tokens=OUTPUT_LEN, ignore_eos=True, temperature=1.0,
-                            output_kind=RequestOutputKind.DELTA)
+    params = SamplingParams(
+        max_tokens=OUTPUT_LEN, ignore_eos=True, temperature=1.0, output_kind=RequestOutputKind.DELTA
+    )
 
     async def one(rid: str, ttfts: list[float], itls: list[float]) -> int:
         prompt = rng.integers(10, vocab, INPUT_LEN).tolist()
@@ -169,12 +233,18 @@ async def _bare_engine() -> dict[int, dict[str, float]]:
         itls: list[float] = []
         gate = asyncio.Semaphore(concurrency)
 
-        async def gated(i: int) -> int:
+        async def gated(
+            rid: str, gate: asyncio.Semaphore, ttfts: list[float], itls: list[float]
+        ) -> int:
             async with gate:
-                return await one(f"c{concurrency}-{i}", ttfts, itls)
+                return await one(rid, ttfts, itls)
 
         start = time.perf_counter()
-        tokens = sum(await asyncio.gather(*[gated(i) for i in range(prompts)]))
+        tokens = sum(
+            await asyncio.gather(
+                *[gated(f"c{concurrency}-{i}", gate, ttfts, itls) for i in range(prompts)]
+            )
+        )
         elapsed = time.perf_counter() - start
         results[concurrency] = {
             "output_tok_s": tokens / elapsed,
@@ -253,10 +323,20 @@ def main() -> None:
                 stop_server(proc)
     summary = {t: median_of(raw[t]) for t in TARGETS}
     md = table(summary, args.rounds)
-    (RESULTS / "openai.json").write_text(json.dumps(
-        {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "rounds": args.rounds,
-         "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "median": summary, "raw": raw},
-        indent=2))
+    (RESULTS / "openai.json").write_text(
+        json.dumps(
+            {
+                "machine": machine(),
+                "date": time.strftime("%Y-%m-%d"),
+                "rounds": args.rounds,
+                "input_len": INPUT_LEN,
+                "output_len": OUTPUT_LEN,
+                "median": summary,
+                "raw": raw,
+            },
+            indent=2,
+        )
+    )
     update_readme(md)
     print(md)
 

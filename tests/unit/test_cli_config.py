@@ -25,8 +25,19 @@ def test_every_setting_has_a_flag_and_a_description() -> None:
 
 def test_flags_parse_into_settings_and_leave_engine_flags() -> None:
     known, rest = _settings_parser().parse_known_args(
-        ["--model", "m", "--port", "9001", "--lora-modules", "a=/x", "b=/y",
-         "--max-model-len", "512", "--api-key", "k"]
+        [
+            "--model",
+            "m",
+            "--port",
+            "9001",
+            "--lora-modules",
+            "a=/x",
+            "b=/y",
+            "--max-model-len",
+            "512",
+            "--api-key",
+            "k",
+        ]
     )
     given = {k: v for k, v in vars(known).items() if v is not None and k != "help"}
     settings = Settings(**given)
