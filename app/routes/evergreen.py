@@ -1,0 +1,5 @@
+"""evergreen transport adapter (being written)."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

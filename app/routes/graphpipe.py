@@ -1,0 +1,5 @@
+"""graphpipe transport adapter (being written)."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

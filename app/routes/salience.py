@@ -1,0 +1,5 @@
+"""salience transport adapter (being written)."""
+
+from fastapi import APIRouter
+
+router = APIRouter()
