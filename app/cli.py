@@ -78,6 +78,13 @@ def main(argv: list[str] | None = None) -> None:
     lora.add_argument("model_dir", type=Path)
     lora.add_argument("dir", type=Path)
     lora.add_argument("--seed", type=int, default=1)
+    concepts = commands.add_parser(
+        "make-concepts", help="write a random concept file (Salience readouts) for a model"
+    )
+    concepts.add_argument("model_dir", type=Path)
+    concepts.add_argument("out", type=Path)
+    concepts.add_argument("--concepts", type=int, default=4)
+    concepts.add_argument("--seed", type=int, default=0)
     args, rest = parser.parse_known_args(argv)
     if args.command == "serve":
         _serve(rest)
@@ -86,7 +93,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from app.tiny_model import build_tiny_lora, build_tiny_model
 
-    if args.command == "make-tiny-model":
+    if args.command == "make-concepts":
+        from app.engine.concepts import make_random_concepts
+
+        make_random_concepts(args.model_dir, args.out, n_concepts=args.concepts, seed=args.seed)
+    elif args.command == "make-tiny-model":
         build_tiny_model(args.dir, max_position_embeddings=args.max_position_embeddings)
     else:
         build_tiny_lora(args.model_dir, args.dir, seed=args.seed)

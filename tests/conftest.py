@@ -44,6 +44,16 @@ def tiny_lora_path(name: str = "tiny-lora", seed: int = 1) -> Path:
     return lora
 
 
+def concepts_path() -> Path:
+    """Random concept directions for the tiny model (Salience readouts)."""
+    from app.engine.concepts import make_random_concepts
+
+    path = CACHE / "tiny-concepts.safetensors"
+    if not path.is_file():
+        make_random_concepts(tiny_model_path(), path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     return tiny_model_path()
@@ -109,6 +119,7 @@ def live_server() -> Iterator[LiveServer]:
         model=str(tiny_model_path()),
         served_model_name=LIVE_MODEL,
         lora_modules=[f"{LIVE_LORA}={tiny_lora_path()}"],
+        readout_concepts=concepts_path(),
         engine_args={
             "dtype": "float32",
             "max_model_len": 1024,

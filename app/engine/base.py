@@ -83,7 +83,10 @@ class TokenEvent:
     # One per prompt token; the first is None (nothing predicts the first token).
     prompt_logprobs: Sequence[TokenLogprob | None] | None = None
     num_cached_tokens: int = 0
-    # Readouts keyed by absolute position: flat float32 bytes [n_layers * n_concepts].
+    # Readouts captured since the previous event, keyed by absolute position: float32
+    # bytes [n_layers * n_concepts]. A position's hidden state exists once the engine has
+    # fed that token in: prompt positions come with the first event, a decoded token's
+    # one event after it, and the last decoded token (never fed back) has none.
     readouts: Mapping[int, bytes] | None = None
 
 
@@ -92,6 +95,16 @@ class LoraAdapter:
     name: str
     path: str
     int_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadoutManifest:
+    """What a readout holds: float32 [len(layers)][len(concepts)] per position."""
+
+    concepts: tuple[str, ...]
+    layers: tuple[int, ...]
+    hidden_size: int
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +119,7 @@ class EngineInfo:
     has_chat_template: bool
     max_loras: int
     engine_version: str = ""
+    readout: ReadoutManifest | None = None  # None: readouts are not configured
 
 
 class Tokenizer(Protocol):

@@ -21,6 +21,7 @@ from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from vllm import AsyncEngineArgs, SamplingParams
@@ -39,10 +40,13 @@ from app.engine.base import (
     FinishReason,
     GenerationRequest,
     LoraAdapter,
+    ReadoutManifest,
     SamplingOptions,
     TokenEvent,
     TokenLogprob,
 )
+from app.engine.concepts import load_concepts
+from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY, ReadoutWorkerExtension
 from app.errors import (
     ContextLengthExceeded,
     EngineDead,
@@ -54,6 +58,8 @@ from app.errors import (
 )
 
 logger = logging.getLogger(__name__)
+
+READOUT_EXTENSION = f"{ReadoutWorkerExtension.__module__}.{ReadoutWorkerExtension.__name__}"
 
 # Defaults that differ from vLLM's own: prefix caching always on (sessions depend on it)
 # and the priority scheduler, which with every priority at 0 is first-come-first-served.
@@ -85,7 +91,9 @@ def map_engine_errors() -> Iterator[None]:
         raise EngineError(f"The engine failed the request: {exc.__cause__!r}") from exc
 
 
-def sampling_params(options: SamplingOptions) -> SamplingParams:
+def sampling_params(
+    options: SamplingOptions, extra_args: dict[str, Any] | None = None
+) -> SamplingParams:
     """Neutral options -> vLLM's SamplingParams (streamed as deltas)."""
     with map_engine_errors():
         return SamplingParams(
@@ -108,6 +116,7 @@ def sampling_params(options: SamplingOptions) -> SamplingParams:
             prompt_logprobs=options.prompt_logprobs,
             skip_special_tokens=options.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,
+            extra_args=extra_args,
         )
 
 
@@ -161,6 +170,15 @@ class HfTokenizer:
         return str(self._tok.decode([token_id], skip_special_tokens=False))
 
 
+async def _setup_readouts(llm: AsyncLLM, path: Path) -> ReadoutManifest:
+    concepts = load_concepts(path)
+    with map_engine_errors():
+        await llm.collective_rpc("readout_setup", args=(str(path),))
+    return ReadoutManifest(
+        concepts=concepts.names, layers=concepts.layers, hidden_size=concepts.hidden_size
+    )
+
+
 class VllmEngine:
     """One `AsyncLLM` for the whole process."""
 
@@ -183,6 +201,10 @@ class VllmEngine:
         }
         if settings.lora_modules:
             args.setdefault("enable_lora", True)
+        if settings.readout_concepts is not None:
+            args["worker_extension_cls"] = READOUT_EXTENSION
+            # Forward hooks do not fire inside a compiled graph.
+            args.setdefault("enforce_eager", True)
         if args.get("enable_lora"):
             # Runtime loading through /v1/load_lora_adapter, as vLLM's server gates it.
             os.environ.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
@@ -203,6 +225,8 @@ class VllmEngine:
             max_loras=int(lora_config.max_loras) if lora_config is not None else 0,
             engine_version=f"vllm {vllm_version}",
         )
+        if settings.readout_concepts is not None:
+            info = replace(info, readout=await _setup_readouts(llm, settings.readout_concepts))
         engine = cls(llm, info, tokenizer)
         for name, path in settings.lora_pairs():
             await engine.load_lora(name, path)
@@ -310,7 +334,8 @@ class VllmEngine:
             options = replace(options, max_tokens=1, logprobs=None)
         self._check_length(len(prompt_ids), options.max_tokens)
         lora = self._lora_request(request.lora_name)
-        params = sampling_params(options)
+        readouts = self._readout_args(request)
+        params = sampling_params(options, readouts)
         stream = self._llm.generate(
             TokensPrompt(prompt_token_ids=prompt_ids),
             params,
@@ -326,6 +351,8 @@ class VllmEngine:
                     event = converter.convert(output)
                     if event is None:
                         continue
+                    if readouts is not None:
+                        event = replace(event, readouts=await self._take_readouts(request))
                     if prefill_only:
                         yield replace(
                             event,
@@ -334,6 +361,7 @@ class VllmEngine:
                             logprobs=None,
                             finish_reason="length",
                             stop_reason=None,
+                            readouts=_prompt_only(event.readouts, len(prompt_ids)),
                         )
                         return
                     yield event
@@ -342,6 +370,37 @@ class VllmEngine:
             # Closing vLLM's generator aborts the request if it has not finished; shield
             # it so a cancelled consumer still completes the abort.
             await asyncio.shield(stream.aclose())
+            if readouts is not None:
+                await asyncio.shield(
+                    self._llm.collective_rpc("readout_drop", args=(request.request_id,))
+                )
+
+    def _readout_args(self, request: GenerationRequest) -> dict[str, Any] | None:
+        if not request.readout_ranges:
+            return None
+        if self._info.readout is None:
+            raise InvalidRequest(
+                "Readouts are not configured on this server (--readout-concepts)",
+                param="readout_ranges",
+            )
+        ranges = [[int(start), int(end)] for start, end in request.readout_ranges]
+        if any(start < 0 or end < start for start, end in ranges):
+            raise InvalidRequest("readout ranges must be [start, end)", param="readout_ranges")
+        return {READOUT_KEY: ranges, READOUT_ID_KEY: request.request_id}
+
+    async def _take_readouts(self, request: GenerationRequest) -> dict[int, bytes]:
+        with map_engine_errors():
+            per_worker = await self._llm.collective_rpc("readout_take", args=(request.request_id,))
+        # Every tensor-parallel rank computes the same residual stream; rank 0's suffices.
+        return {int(position): bytes(data) for position, data in per_worker[0]}
+
+
+def _prompt_only(readouts: Mapping[int, bytes] | None, length: int) -> dict[int, bytes] | None:
+    """A prefill-only request sampled one token it will not return: keep the prompt's
+    positions only."""
+    if readouts is None:
+        return None
+    return {p: v for p, v in readouts.items() if p < length}
 
 
 class _EventConverter:
