@@ -1,5 +1,192 @@
-"""graphpipe transport adapter (being written)."""
+"""GraphPipe over HTTP: `POST /graphpipe` (base model) and `POST /graphpipe/{model}` (a LoRA
+adapter) take exactly one flatbuffer `Request` and answer an `InferResponse` or a
+`MetadataResponse` flatbuffer; `GET` on the same paths answers the metadata as JSON with
+a description of how to call them.
 
-from fastapi import APIRouter
+Thin adapter: body (at most `settings.graphpipe_max_request_bytes`) -> core (decode,
+validate, plan) -> engine, one generation per prompt, all at once -> core (encode).
+Every failure of a POST, authentication included, answers an `InferResponse` carrying
+one `Error` whose code is also the HTTP status: never FastAPI's JSON error body, never a
+bare 500. A prompt that fails, or a client that disconnects, closes every generation of
+its batch, and closing a generation aborts its engine request.
+"""
 
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
+
+from app import __version__
+from app.engine.base import Engine
+from app.errors import EngineError, ModelNotFound, SwitchboardError
+from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_request
+from app.protocols.graphpipe.encode import encode_errors, encode_infer_response, encode_metadata
+from app.protocols.graphpipe.inference import InferCore
+from app.protocols.graphpipe.model import describe
+from app.routes.deps import EngineDep, SettingsDep, check_credentials
+from app.routes.responses import OrjsonResponse
+
+logger = logging.getLogger(__name__)
 router = APIRouter()
+
+_OCTET = "application/octet-stream"
+# Not an HTTP status anyone reads: the client that would read it is gone.
+_CLIENT_GONE = 499
+
+
+def _target(engine: Engine, model: str | None) -> tuple[str, str | None]:
+    """(the name the metadata reports, the LoRA adapter to generate with)."""
+    base = engine.info.model_name
+    if model is None or model == base:
+        return base, None
+    if not engine.has_model(model):
+        raise ModelNotFound(
+            f"The model `{model}` is not served here; POST /graphpipe for `{base}`, "
+            "or /graphpipe/<adapter> for a loaded LoRA adapter"
+        )
+    return model, model
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit():
+        check_size(int(declared), limit)  # refuse before reading a byte of it
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        check_size(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _generate(engine: Engine, core: InferCore) -> None:
+    """Run every prompt of the batch concurrently; the first failure cancels the others.
+    However this ends, every engine iterator is closed (`aclosing`), which aborts its
+    request if it is still running."""
+
+    async def one(index: int) -> None:
+        async with contextlib.aclosing(engine.generate(core.requests[index])) as events:
+            async for event in events:
+                core.feed(index, event)
+
+    tasks = [asyncio.create_task(one(i)) for i in range(len(core.requests))]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[None]) -> bool:
+    """Run `work` to its end (True; its exception propagates), or cancel it when the client
+    disconnects first (False)."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        return False
+    task.result()
+    return True
+
+
+def _octet(body: bytes, status_code: int = 200) -> Response:
+    return Response(body, status_code=status_code, media_type=_OCTET)
+
+
+def _error(exc: SwitchboardError) -> Response:
+    return _octet(encode_errors([(exc.graphpipe_code, exc.message)]), exc.http_status)
+
+
+async def _post(request: Request, engine: Engine, limit: int, model: str | None) -> Response:
+    try:
+        check_credentials(request)
+        name, lora = _target(engine, model)
+        call = decode_request(await _read_body(request, limit), max_bytes=limit)
+        if isinstance(call, MetadataCall):
+            return _octet(encode_metadata(describe(name, __version__, engine.info)))
+        core = InferCore(call, engine.info, request_id=f"gp-{uuid.uuid4().hex}", lora_name=lora)
+        if not await _unless_disconnected(request, _generate(engine, core)):
+            return Response(status_code=_CLIENT_GONE)
+        return _octet(encode_infer_response(core.outputs()))
+    except SwitchboardError as exc:
+        return _error(exc)
+    except ClientDisconnect:
+        return Response(status_code=_CLIENT_GONE)
+    except Exception as exc:  # a bug must still answer in GraphPipe's shape
+        logger.exception("GraphPipe request failed")
+        return _error(EngineError(f"Internal error: {exc!r}"))
+
+
+def _how_to_call(path: str, engine: Engine) -> list[str]:
+    adapters = ", ".join(a.name for a in engine.loras()) or "none loaded"
+    return [
+        f"POST {path} with a body of exactly one GraphPipe `Request` flatbuffer "
+        "(schema: fbs/graphpipe.fbs, GraphPipe's published graphpipe.fbs).",
+        "A MetadataRequest answers this metadata as a `MetadataResponse` flatbuffer; an "
+        "InferRequest answers an `InferResponse` flatbuffer (application/octet-stream).",
+        "InferRequest: one input tensor, `prompt` (String [n]) or `prompt_ids` (Int64 or "
+        "Int32 [n, m], rows right-padded with -1); output_names any of `text`, `token_ids`, "
+        "`logprobs` (default `text`); config a JSON object such as "
+        '{"max_tokens": 32, "temperature": 0, "stop": ["\\n"]}.',
+        "Tensor data is little-endian and row-major; strings go in `string_val`.",
+        "Errors answer an `InferResponse` whose `errors` holds one Error; its code is the "
+        "HTTP status of the response (400 bad request, 401 bad API key, 404 unknown model, "
+        "429 over the size limit, 500/503 engine failure).",
+        f"LoRA adapters: POST /graphpipe/<adapter> ({adapters}).",
+        "With an API key set, send `Authorization: Bearer <key>`.",
+    ]
+
+
+def _get(request: Request, engine: Engine, model: str | None) -> Response:
+    try:
+        check_credentials(request)
+        name, _ = _target(engine, model)
+    except SwitchboardError as exc:
+        error = {"code": exc.graphpipe_code, "message": exc.message}
+        return OrjsonResponse({"errors": [error]}, status_code=exc.http_status)
+    body: dict[str, Any] = describe(name, __version__, engine.info).to_json()
+    body["how_to_call"] = _how_to_call(request.url.path, engine)
+    return OrjsonResponse(body)
+
+
+@router.post("/graphpipe", response_class=Response)
+async def infer(request: Request, engine: EngineDep, settings: SettingsDep) -> Response:
+    return await _post(request, engine, settings.graphpipe_max_request_bytes, None)
+
+
+@router.post("/graphpipe/{model:path}", response_class=Response)
+async def infer_model(
+    request: Request, engine: EngineDep, settings: SettingsDep, model: str
+) -> Response:
+    return await _post(request, engine, settings.graphpipe_max_request_bytes, model)
+
+
+@router.get("/graphpipe", response_class=Response)
+async def metadata(request: Request, engine: EngineDep) -> Response:
+    return _get(request, engine, None)
+
+
+@router.get("/graphpipe/{model:path}", response_class=Response)
+async def metadata_model(request: Request, engine: EngineDep, model: str) -> Response:
+    return _get(request, engine, model)

@@ -1,0 +1,209 @@
+"""One `InferCall` against the language model: input tensors -> engine requests, engine
+events -> output tensors.
+
+`InferCore(call, info, ...)` validates everything the model needs (which input, its type
+and shape, every token id, the outputs asked for, the config) before any engine request
+exists; the first problem raises `InvalidRequest` (`ContextLengthExceeded` for a prompt
+that cannot fit). Then `requests` holds one `GenerationRequest` per prompt, in batch
+order; the caller runs them, passes every event to `feed(index, event)`, and takes
+`outputs()`: one array per output name, in the order asked for.
+
+Every prompt of a batch samples with the same options, seed included, so a prompt's
+output does not depend on its position in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from app.engine.base import EngineInfo, GenerationRequest, SamplingOptions, TokenEvent
+from app.errors import ContextLengthExceeded, InvalidRequest
+from app.protocols.graphpipe.config import InferConfig, parse_config
+from app.protocols.graphpipe.decode import InferCall
+from app.protocols.graphpipe.model import (
+    INPUT_NAMES,
+    LOGPROBS,
+    OUTPUT_NAMES,
+    PROMPT,
+    PROMPT_IDS,
+    TEXT,
+    TOKEN_IDS,
+)
+from app.protocols.graphpipe.tensors import TensorType, type_of
+
+PAD_ID = -1
+_ID_DTYPES = (np.dtype("int32"), np.dtype("int64"))
+
+
+def _input(call: InferCall) -> tuple[str, np.ndarray]:
+    """The one input of `call` and its name."""
+    tensors, names = call.inputs, call.input_names
+    if not tensors:
+        raise InvalidRequest(
+            f"The request has no input tensor; send one: `{PROMPT}` (String [n]) "
+            f"or `{PROMPT_IDS}` (Int64 or Int32 [n, m])",
+            param="input_tensors",
+        )
+    if names and len(names) != len(tensors):
+        raise InvalidRequest(
+            f"input_names has {len(names)} names for {len(tensors)} input tensors; "
+            "the spec requires one name per tensor",
+            param="input_names",
+        )
+    for name in names:
+        if name not in INPUT_NAMES:
+            raise InvalidRequest(
+                f"Unknown input `{name}`; this model's inputs are `{PROMPT}` and `{PROMPT_IDS}`",
+                param="input_names",
+            )
+    if len(tensors) > 1:
+        raise InvalidRequest(
+            f"Send exactly one input tensor, `{PROMPT}` or `{PROMPT_IDS}`; got {len(tensors)}",
+            param="input_tensors",
+        )
+    tensor = tensors[0]
+    if names:
+        return names[0], tensor
+    return (PROMPT if type_of(tensor) is TensorType.String else PROMPT_IDS), tensor
+
+
+def _prompts(tensor: np.ndarray) -> list[str]:
+    if type_of(tensor) is not TensorType.String:
+        raise InvalidRequest(
+            f"Input `{PROMPT}` must be a String tensor; got {type_of(tensor).name}",
+            param=PROMPT,
+        )
+    if tensor.ndim != 1 or tensor.shape[0] == 0:
+        raise InvalidRequest(
+            f"Input `{PROMPT}` must have shape [n] with n >= 1; got {list(tensor.shape)}",
+            param=PROMPT,
+        )
+    prompts = []
+    for i, raw in enumerate(tensor):
+        try:
+            prompts.append(bytes(raw).decode())
+        except UnicodeDecodeError:
+            raise InvalidRequest(f"{PROMPT}[{i}] is not valid UTF-8", param=PROMPT) from None
+    return prompts
+
+
+def _prompt_ids(tensor: np.ndarray, info: EngineInfo) -> list[list[int]]:
+    if tensor.dtype not in _ID_DTYPES:
+        raise InvalidRequest(
+            f"Input `{PROMPT_IDS}` must be an Int64 or Int32 tensor; got {type_of(tensor).name}",
+            param=PROMPT_IDS,
+        )
+    if tensor.ndim != 2 or 0 in tensor.shape:
+        raise InvalidRequest(
+            f"Input `{PROMPT_IDS}` must have shape [n, m] with n, m >= 1; got {list(tensor.shape)}",
+            param=PROMPT_IDS,
+        )
+    ids = tensor.astype(np.int64, copy=False)
+    bad = (ids < PAD_ID) | (ids >= info.vocab_size)
+    if bad.any():
+        row, col = (int(x) for x in np.argwhere(bad)[0])
+        raise InvalidRequest(
+            f"{PROMPT_IDS}[{row}][{col}] is {int(ids[row, col])}; token ids must be in "
+            f"[0, {info.vocab_size}) and padding is {PAD_ID}",
+            param=PROMPT_IDS,
+        )
+    pad = ids == PAD_ID
+    # Padding is a suffix: once a row has a pad, everything after it must be a pad too.
+    misplaced = pad & ~np.logical_and.accumulate(pad[:, ::-1], axis=1)[:, ::-1]
+    if misplaced.any():
+        row, col = (int(x) for x in np.argwhere(misplaced)[0])
+        raise InvalidRequest(
+            f"{PROMPT_IDS}[{row}] has padding ({PAD_ID}) at {col} before a token id; "
+            "rows are right-padded",
+            param=PROMPT_IDS,
+        )
+    lengths = (~pad).sum(axis=1)
+    empty = np.flatnonzero(lengths == 0)
+    if empty.size:
+        raise InvalidRequest(f"{PROMPT_IDS}[{int(empty[0])}] has no token ids", param=PROMPT_IDS)
+    return [ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+
+
+def _outputs(names: Sequence[str], config: InferConfig) -> tuple[str, ...]:
+    for name in names:
+        if name not in OUTPUT_NAMES:
+            raise InvalidRequest(
+                f"Unknown output `{name}`; this model's outputs are "
+                + ", ".join(f"`{o}`" for o in OUTPUT_NAMES),
+                param="output_names",
+            )
+    if names:
+        return tuple(names)
+    return (TEXT, LOGPROBS) if config.logprobs else (TEXT,)
+
+
+class InferCore:
+    def __init__(
+        self, call: InferCall, info: EngineInfo, *, request_id: str, lora_name: str | None
+    ) -> None:
+        name, tensor = _input(call)
+        config = parse_config(call.config, info.max_model_len)
+        self.output_names = _outputs(call.output_names, config)
+        sampling = SamplingOptions(
+            max_tokens=config.max_tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            seed=config.seed,
+            stop=config.stop,
+            logprobs=0 if LOGPROBS in self.output_names else None,
+        )
+
+        def request(
+            i: int, text: str | None = None, ids: list[int] | None = None
+        ) -> GenerationRequest:
+            return GenerationRequest(
+                request_id=f"{request_id}-{i}",
+                prompt_text=text,
+                prompt_token_ids=ids,
+                sampling=sampling,
+                lora_name=lora_name,
+            )
+
+        if name == PROMPT:
+            self.requests = tuple(request(i, text=p) for i, p in enumerate(_prompts(tensor)))
+        else:
+            rows = _prompt_ids(tensor, info)
+            for i, row in enumerate(rows):
+                if len(row) + config.max_tokens > info.max_model_len:
+                    raise ContextLengthExceeded(
+                        f"{PROMPT_IDS}[{i}] has {len(row)} tokens; with max_tokens "
+                        f"{config.max_tokens} that is over the context of "
+                        f"{info.max_model_len} tokens",
+                        param=PROMPT_IDS,
+                    )
+            self.requests = tuple(request(i, ids=row) for i, row in enumerate(rows))
+        self._tokens: list[list[int]] = [[] for _ in self.requests]
+        self._texts: list[list[str]] = [[] for _ in self.requests]
+        self._logprobs: list[list[float]] = [[] for _ in self.requests]
+
+    def feed(self, index: int, event: TokenEvent) -> None:
+        self._tokens[index].extend(event.token_ids)
+        self._texts[index].append(event.text)
+        if event.logprobs is not None:
+            self._logprobs[index].extend(lp.logprob for lp in event.logprobs)
+
+    def outputs(self) -> list[np.ndarray]:
+        return [self._output(name) for name in self.output_names]
+
+    def _output(self, name: str) -> np.ndarray:
+        if name == TEXT:
+            text = np.empty(len(self._texts), dtype=object)
+            text[:] = ["".join(parts).encode() for parts in self._texts]
+            return text
+        rows: Sequence[Sequence[float]] = self._tokens if name == TOKEN_IDS else self._logprobs
+        width = max((len(r) for r in rows), default=0)
+        if name == TOKEN_IDS:
+            array = np.full((len(rows), width), PAD_ID, dtype=np.int64)
+        else:
+            array = np.full((len(rows), width), np.nan, dtype=np.float32)
+        for i, row in enumerate(rows):
+            array[i, : len(row)] = row
+        return array
