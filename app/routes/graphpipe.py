@@ -110,7 +110,7 @@ async def _unless_disconnected(request: Request, work: Awaitable[None]) -> bool:
     return True
 
 
-def _octet(body: bytes, status_code: int = 200) -> Response:
+def _octet(body: bytes | memoryview, status_code: int = 200) -> Response:
     return Response(body, status_code=status_code, media_type=_OCTET)
 
 

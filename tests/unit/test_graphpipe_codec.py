@@ -132,8 +132,8 @@ def test_numeric_tensors_are_zero_copy_aligned_read_only_views() -> None:
     assert np.shares_memory(got, np.frombuffer(buffer, np.uint8))
     assert not got.flags.writeable
     # The writer aligns payloads from the buffer's start, so any dtype views them aligned.
-    payload = buffer.index(array.tobytes())
-    assert payload % BLOB_ALIGN == 0
+    assert bytes(buffer).index(array.tobytes()) % BLOB_ALIGN == 0
+    assert got.flags.aligned and got.ctypes.data % BLOB_ALIGN == 0
     assert np.array_equal(got, array)
 
 

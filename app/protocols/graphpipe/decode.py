@@ -28,6 +28,7 @@ MAX_DIMS = 32
 REQ_INFER = 1
 REQ_METADATA = 2
 
+_MAX_TYPE = max(TensorType)
 _MAX_ELEMENTS = 2**59  # x 8 bytes stays inside numpy's signed 64-bit sizes
 
 
@@ -89,7 +90,6 @@ def _names(table: Table, slot: int, field: str) -> tuple[str, ...]:
 
 
 def decode_tensor(table: Table) -> np.ndarray:
-    path = table.path
     type_id = table.u8(0, "type")
     shape = table.int64s(1, "shape")
     data = table.vector(2, 1, "data")
@@ -98,29 +98,36 @@ def decode_tensor(table: Table) -> np.ndarray:
     string_count = strings[1] if strings else 0
 
     if type_id == TensorType.Null:
-        raise malformed(f"{path}.type", "type Null (0) is not a tensor type this server accepts")
-    if type_id > max(TensorType):
-        raise malformed(f"{path}.type", f"unknown type id {type_id}; ids run 1..{max(TensorType)}")
+        raise malformed(
+            f"{table.path}.type", "type Null (0) is not a tensor type this server accepts"
+        )
+    if type_id > _MAX_TYPE:
+        raise malformed(f"{table.path}.type", f"unknown type id {type_id}; ids run 1..{_MAX_TYPE}")
     if len(shape) > MAX_DIMS:
-        raise malformed(f"{path}.shape", f"{len(shape)} dimensions is over the limit of {MAX_DIMS}")
+        raise malformed(
+            f"{table.path}.shape", f"{len(shape)} dimensions is over the limit of {MAX_DIMS}"
+        )
     for axis, dim in enumerate(shape):
         if dim < 0:
-            raise malformed(f"{path}.shape", f"dimension {axis} is {dim}; dimensions must be >= 0")
+            raise malformed(
+                f"{table.path}.shape", f"dimension {axis} is {dim}; dimensions must be >= 0"
+            )
     # numpy refuses shapes whose non-zero dimensions multiply past its index range, even
     # when another dimension is 0; no buffer under the size limit holds such a tensor.
     if math.prod(d for d in shape if d) > _MAX_ELEMENTS:
-        raise malformed(f"{path}.shape", f"shape {list(shape)} is too large")
+        raise malformed(f"{table.path}.shape", f"shape {list(shape)} is too large")
     if data_bytes and string_count:
-        raise malformed(path, "both data and string_val are set; one of them must be empty")
+        raise malformed(table.path, "both data and string_val are set; one of them must be empty")
     count = math.prod(shape)
-    name = type_name(type_id)
 
     if type_id == TensorType.String:
         if data_bytes:
-            raise malformed(f"{path}.data", "String tensors keep their elements in string_val")
+            raise malformed(
+                f"{table.path}.data", "String tensors keep their elements in string_val"
+            )
         if string_count != count:
             raise malformed(
-                f"{path}.string_val",
+                f"{table.path}.string_val",
                 f"shape {list(shape)} holds {count} strings but string_val has {string_count}",
             )
         array = np.empty(count, dtype=object)
@@ -128,12 +135,14 @@ def decode_tensor(table: Table) -> np.ndarray:
         return array.reshape(shape)
 
     if string_count:
-        raise malformed(f"{path}.string_val", f"{name} tensors keep their elements in data")
-    dtype = NUMERIC_DTYPES[TensorType(type_id)]
+        raise malformed(
+            f"{table.path}.string_val", f"{type_name(type_id)} tensors keep their elements in data"
+        )
+    dtype = NUMERIC_DTYPES[type_id]  # type: ignore[index]  # an IntEnum key hashes as its int
     if data_bytes != count * dtype.itemsize:
         raise malformed(
-            f"{path}.data",
-            f"shape {list(shape)} of {name} needs {count * dtype.itemsize} bytes "
+            f"{table.path}.data",
+            f"shape {list(shape)} of {type_name(type_id)} needs {count * dtype.itemsize} bytes "
             f"but data has {data_bytes}",
         )
     offset = data[0] if data else 0

@@ -5,9 +5,11 @@ Server side: `encode_infer_response`, `encode_errors`, `encode_metadata`. Client
 `encode_metadata_request`. Field slots follow fbs/graphpipe.fbs; unit tests read every
 message back with the flatc-generated classes, not with this package's decoder.
 
-Numeric tensors go out little-endian and row-major whatever the array's byte order or
-strides (a copy is made only when they differ); their bytes are copied once, into the
-output (see `writer`). String tensors accept bytes and str elements (str as UTF-8).
+Every encoder returns a read-only memoryview of the message (a bytes-like object: HTTP
+responses send it as is; `bytes()` copies it). Numeric tensors go out little-endian and
+row-major whatever the array's byte order or strides (a copy is made only when they
+differ); their bytes are copied once, into the output (see `writer`). String tensors
+accept bytes and str elements (str as UTF-8).
 """
 
 from __future__ import annotations
@@ -45,11 +47,11 @@ def _strings(values: Iterable[str]) -> Vector | None:
     return Vector(items) if items else None
 
 
-def encode_infer_response(outputs: Sequence[np.ndarray]) -> bytes:
+def encode_infer_response(outputs: Sequence[np.ndarray]) -> memoryview:
     return finish(Table((Vector([tensor(a) for a in outputs]), None)))
 
 
-def encode_errors(errors: Sequence[tuple[int, str]]) -> bytes:
+def encode_errors(errors: Sequence[tuple[int, str]]) -> memoryview:
     """An `InferResponse` carrying only `errors` (the spec forbids tensors beside them)."""
     items = [Table((I64(code), message.encode())) for code, message in errors]
     return finish(Table((None, Vector(items))))
@@ -59,7 +61,7 @@ def _io(item: IOMetadata) -> Table:
     return Table((item.name.encode(), item.description.encode(), Int64s(item.shape), U8(item.type)))
 
 
-def encode_metadata(metadata: ModelMetadata) -> bytes:
+def encode_metadata(metadata: ModelMetadata) -> memoryview:
     return finish(
         Table(
             (
@@ -79,7 +81,7 @@ def encode_infer_request(
     input_names: Sequence[str] = (),
     output_names: Sequence[str] = (),
     config: bytes = b"",
-) -> bytes:
+) -> memoryview:
     infer = Table(
         (
             config or None,
@@ -91,5 +93,5 @@ def encode_infer_request(
     return finish(Table((U8(REQ_INFER), infer)))
 
 
-def encode_metadata_request() -> bytes:
+def encode_metadata_request() -> memoryview:
     return finish(Table((U8(REQ_METADATA), Table(()))))

@@ -20,8 +20,7 @@ from app.errors import InvalidRequest
 
 Buffer = bytes | bytearray | memoryview
 
-_U8 = struct.Struct("<B")
-_U16 = struct.Struct("<H")
+_VTABLE_HEAD = struct.Struct("<HH")
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
@@ -32,41 +31,61 @@ def malformed(path: str, problem: str) -> InvalidRequest:
     return InvalidRequest(f"Not a valid GraphPipe flatbuffer: {path}: {problem}")
 
 
+def _path(parent: Table | None, name: str, index: int | None = None) -> str:
+    # Paths are only spelled out for an error message: building one per field read would
+    # cost more than the read.
+    where = name if parent is None else f"{parent.path}.{name}"
+    return where if index is None else f"{where}[{index}]"
+
+
 class Table:
     """One table of a buffer: its fields by slot number (the schema's field order)."""
 
-    __slots__ = ("_size", "_tsize", "_vtable", "_vtsize", "buf", "path", "pos")
+    __slots__ = ("_fields", "_index", "_name", "_parent", "_size", "_tsize", "buf", "pos")
 
-    def __init__(self, buf: Buffer, pos: int, path: str) -> None:
+    def __init__(
+        self, buf: Buffer, pos: int, parent: Table | None, name: str, index: int | None = None
+    ) -> None:
         size = len(buf)
         if pos < 0 or pos + 4 > size:
-            raise malformed(path, f"table at byte {pos} is outside the {size}-byte buffer")
+            raise malformed(
+                _path(parent, name, index), f"table at byte {pos} is outside the {size}-byte buffer"
+            )
         vtable = pos - _I32.unpack_from(buf, pos)[0]
         if vtable < 0 or vtable + 4 > size:
-            raise malformed(path, f"vtable at byte {vtable} is outside the buffer")
-        vtsize, tsize = struct.unpack_from("<HH", buf, vtable)
+            raise malformed(
+                _path(parent, name, index), f"vtable at byte {vtable} is outside the buffer"
+            )
+        vtsize, tsize = _VTABLE_HEAD.unpack_from(buf, vtable)
         if vtsize < 4 or vtsize % 2 or vtable + vtsize > size:
-            raise malformed(path, f"vtable size {vtsize} is invalid")
+            raise malformed(_path(parent, name, index), f"vtable size {vtsize} is invalid")
         if tsize < 4 or pos + tsize > size:
-            raise malformed(path, f"table size {tsize} runs past the buffer")
+            raise malformed(_path(parent, name, index), f"table size {tsize} runs past the buffer")
         self.buf = buf
-        self._size = size
-        self._vtable = vtable
-        self._vtsize = vtsize
-        self._tsize = tsize
         self.pos = pos
-        self.path = path
+        self._size = size
+        self._tsize = tsize
+        # Each field's offset in the table (0: absent), read once for all fields.
+        self._fields: tuple[int, ...] = struct.unpack_from(
+            f"<{(vtsize - 4) // 2}H", buf, vtable + 4
+        )
+        self._parent = parent
+        self._name = name
+        self._index = index
+
+    @property
+    def path(self) -> str:
+        return _path(self._parent, self._name, self._index)
 
     def _field(self, slot: int, width: int, name: str) -> int | None:
         """Absolute position of field `slot`, or None when the buffer leaves it out."""
-        entry = 4 + 2 * slot
-        if entry >= self._vtsize:
+        if slot >= len(self._fields):
             return None
-        offset: int = _U16.unpack_from(self.buf, self._vtable + entry)[0]
+        offset = self._fields[slot]
         if offset == 0:
             return None
         if offset + width > self._tsize:
-            raise malformed(f"{self.path}.{name}", "field lies outside its table")
+            raise malformed(_path(self, name), "field lies outside its table")
         return self.pos + offset
 
     def _target(self, slot: int, name: str) -> int | None:
@@ -76,48 +95,47 @@ class Table:
             return None
         target: int = field + _U32.unpack_from(self.buf, field)[0]
         if target + 4 > self._size:
-            raise malformed(f"{self.path}.{name}", f"offset points past the buffer ({target})")
+            raise malformed(_path(self, name), f"offset points past the buffer ({target})")
         return target
 
     def u8(self, slot: int, name: str) -> int:
         field = self._field(slot, 1, name)
-        return 0 if field is None else int(_U8.unpack_from(self.buf, field)[0])
+        return 0 if field is None else int(self.buf[field])
 
     def i64(self, slot: int, name: str) -> int:
         field = self._field(slot, 8, name)
         return 0 if field is None else int(_I64.unpack_from(self.buf, field)[0])
 
     def table(self, slot: int, name: str, path: str | None = None) -> Table | None:
-        """The table field `slot`; `path` names it in errors (default: parent.name)."""
+        """The table field `slot`; `path` renames it in errors (a union member by its
+        type: `InferRequest` rather than `Request.req`)."""
         target = self._target(slot, name)
         if target is None:
             return None
-        return Table(self.buf, target, path or f"{self.path}.{name}")
+        return Table(self.buf, target, None, path) if path else Table(self.buf, target, self, name)
 
     def vector(self, slot: int, width: int, name: str) -> tuple[int, int] | None:
         """(start of the first element, element count) of a vector field, or None."""
         target = self._target(slot, name)
         if target is None:
             return None
-        return _vector_at(self.buf, target, width, f"{self.path}.{name}")
+        return _vector_at(self.buf, target, width, self, name, None)
 
     def string(self, slot: int, name: str) -> bytes | None:
         target = self._target(slot, name)
-        if target is None:
-            return None
-        return _string_at(self.buf, target, f"{self.path}.{name}")
+        return None if target is None else _string_at(self.buf, target, self, name, None)
 
     def strings(self, slot: int, name: str) -> list[bytes]:
         """A vector of strings; an absent vector reads as empty."""
         return [
-            _string_at(self.buf, target, f"{self.path}.{name}[{i}]")
+            _string_at(self.buf, target, self, name, i)
             for i, target in enumerate(self._offsets(slot, name))
         ]
 
     def tables(self, slot: int, name: str) -> list[Table]:
         """A vector of tables; an absent vector reads as empty."""
         return [
-            Table(self.buf, target, f"{self.path}.{name}[{i}]")
+            Table(self.buf, target, self, name, i)
             for i, target in enumerate(self._offsets(slot, name))
         ]
 
@@ -138,25 +156,29 @@ class Table:
         return [start + 4 * i + off for i, off in enumerate(relative)]
 
 
-def root(buf: Buffer, path: str) -> Table:
+def root(buf: Buffer, name: str) -> Table:
     if len(buf) < 8:
-        raise malformed(path, f"{len(buf)} bytes is too short for a flatbuffer")
-    return Table(buf, _U32.unpack_from(buf, 0)[0], path)
+        raise malformed(name, f"{len(buf)} bytes is too short for a flatbuffer")
+    return Table(buf, _U32.unpack_from(buf, 0)[0], None, name)
 
 
-def _vector_at(buf: Buffer, target: int, width: int, path: str) -> tuple[int, int]:
+def _vector_at(
+    buf: Buffer, target: int, width: int, owner: Table, name: str, index: int | None
+) -> tuple[int, int]:
     count: int = _U32.unpack_from(buf, target)[0]
     start = target + 4
     if start + count * width > len(buf):
-        raise malformed(path, f"vector of {count} elements runs past the buffer")
+        raise malformed(
+            _path(owner, name, index), f"vector of {count} elements runs past the buffer"
+        )
     return start, count
 
 
-def _string_at(buf: Buffer, target: int, path: str) -> bytes:
+def _string_at(buf: Buffer, target: int, owner: Table, name: str, index: int | None) -> bytes:
     if target + 4 > len(buf):
-        raise malformed(path, f"string at byte {target} is outside the buffer")
-    start, count = _vector_at(buf, target, 1, path)
+        raise malformed(_path(owner, name, index), f"string at byte {target} is outside the buffer")
+    start, count = _vector_at(buf, target, 1, owner, name, index)
     # A flatbuffer string is followed by a NUL that is not part of it.
     if start + count >= len(buf) or buf[start + count] != 0:
-        raise malformed(path, "string is not NUL-terminated inside the buffer")
+        raise malformed(_path(owner, name, index), "string is not NUL-terminated inside the buffer")
     return bytes(buf[start : start + count])
