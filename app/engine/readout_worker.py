@@ -14,8 +14,8 @@ for prefill chunks and decode tokens in the same step alike.
 
 Invariants: a batch in which no request wants readouts costs one scan of the batch's
 request ids per forward pass and nothing per layer; captured vectors wait in
-`_readout_store` until the frontend takes them (`readout_take`) or drops them
-(`readout_drop`, on abort).
+`_readout_store` until the frontend takes them (`readout_take`, many requests per call)
+or drops them (`readout_drop`, on abort).
 """
 
 from __future__ import annotations
@@ -124,12 +124,14 @@ class ReadoutWorkerExtension:
 
         return hook
 
-    def readout_take(self, key: str) -> list[tuple[int, bytes]]:
-        """Hand over (and forget) every readout captured so far for request `key`."""
-        captured = self._readout_store.pop(key, None)
-        if not captured:
-            return []
-        return [(position, captured[position].tobytes()) for position in sorted(captured)]
+    def readout_take(self, keys: list[str]) -> dict[str, list[tuple[int, bytes]]]:
+        """Hand over (and forget) every readout captured so far for these requests."""
+        taken: dict[str, list[tuple[int, bytes]]] = {}
+        for key in keys:
+            captured = self._readout_store.pop(key, None)
+            if captured:
+                taken[key] = [(p, captured[p].tobytes()) for p in sorted(captured)]
+        return taken
 
     def readout_drop(self, key: str) -> None:
         self._readout_store.pop(key, None)

@@ -46,6 +46,7 @@ from app.engine.base import (
     TokenLogprob,
 )
 from app.engine.concepts import load_concepts
+from app.engine.readout_client import ReadoutBatcher, ReadoutTracker
 from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY, ReadoutWorkerExtension
 from app.errors import (
     ContextLengthExceeded,
@@ -189,6 +190,7 @@ class VllmEngine:
         self._loras: dict[str, LoraAdapter] = {}
         self._next_lora_id = 1
         self._running: set[str] = set()
+        self._readouts = ReadoutBatcher(self._take_readouts)
 
     @classmethod
     async def start(cls, settings: Settings) -> VllmEngine:
@@ -336,6 +338,8 @@ class VllmEngine:
         lora = self._lora_request(request.lora_name)
         readouts = self._readout_args(request)
         params = sampling_params(options, readouts)
+        tracker = ReadoutTracker(request.readout_ranges, len(prompt_ids)) if readouts else None
+        output_tokens = 0
         stream = self._llm.generate(
             TokensPrompt(prompt_token_ids=prompt_ids),
             params,
@@ -351,8 +355,10 @@ class VllmEngine:
                     event = converter.convert(output)
                     if event is None:
                         continue
-                    if readouts is not None:
-                        event = replace(event, readouts=await self._take_readouts(request))
+                    output_tokens += len(event.token_ids)
+                    if tracker is not None and tracker.due(output_tokens):
+                        taken = await self._readouts.take(request.request_id)
+                        event = replace(event, readouts=taken)
                     if prefill_only:
                         yield replace(
                             event,
@@ -388,11 +394,12 @@ class VllmEngine:
             raise InvalidRequest("readout ranges must be [start, end)", param="readout_ranges")
         return {READOUT_KEY: ranges, READOUT_ID_KEY: request.request_id}
 
-    async def _take_readouts(self, request: GenerationRequest) -> dict[int, bytes]:
+    async def _take_readouts(self, request_ids: list[str]) -> dict[str, list[tuple[int, bytes]]]:
         with map_engine_errors():
-            per_worker = await self._llm.collective_rpc("readout_take", args=(request.request_id,))
+            per_worker = await self._llm.collective_rpc("readout_take", args=(request_ids,))
         # Every tensor-parallel rank computes the same residual stream; rank 0's suffices.
-        return {int(position): bytes(data) for position, data in per_worker[0]}
+        taken: dict[str, list[tuple[int, bytes]]] = per_worker[0]
+        return taken
 
 
 def _prompt_only(readouts: Mapping[int, bytes] | None, length: int) -> dict[int, bytes] | None:
