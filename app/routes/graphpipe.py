@@ -63,7 +63,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
-        check_size(size, limit)
+        check_size(size, limit, partial=True)
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -180,3 +180,4 @@ async def test_http_refuses_a_body_over_the_limit_declared_or_streamed(
         assert response.status_code == 429
         [(code, text)] = read_infer_response(response.content).errors
         assert code == 429 and f"over this server's limit of {LIMIT} bytes" in text
+    assert "request of at least" in read_infer_response(streamed.content).errors[0][1]

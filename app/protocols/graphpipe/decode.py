@@ -45,10 +45,12 @@ class InferCall:
     output_names: tuple[str, ...]
 
 
-def check_size(size: int, limit: int) -> None:
+def check_size(size: int, limit: int, *, partial: bool = False) -> None:
+    """Refuse a request of `size` bytes (`partial`: at least that many, still arriving)."""
     if size > limit:
+        amount = f"at least {size}" if partial else f"{size}"
         raise ResourceExhausted(
-            f"GraphPipe request of {size} bytes is over this server's limit of {limit} bytes"
+            f"GraphPipe request of {amount} bytes is over this server's limit of {limit} bytes"
         )
 
 
