@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -32,6 +31,7 @@ from app.protocols.graphpipe.encode import encode_errors, encode_infer_response,
 from app.protocols.graphpipe.inference import InferCore
 from app.protocols.graphpipe.model import describe
 from app.routes.deps import EngineDep, SettingsDep, check_credentials
+from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.responses import OrjsonResponse
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,6 @@ router = APIRouter()
 
 _OCTET = "application/octet-stream"
 # Not an HTTP status anyone reads: the client that would read it is gone.
-_CLIENT_GONE = 499
 
 
 def _target(engine: Engine, model: str | None) -> tuple[str, str | None]:
@@ -87,29 +86,6 @@ async def _generate(engine: Engine, core: InferCore) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[None]) -> bool:
-    """Run `work` to its end (True; its exception propagates), or cancel it when the client
-    disconnects first (False)."""
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        return False
-    task.result()
-    return True
-
-
 def _octet(body: bytes | memoryview, status_code: int = 200) -> Response:
     return Response(body, status_code=status_code, media_type=_OCTET)
 
@@ -126,13 +102,12 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
         if isinstance(call, MetadataCall):
             return _octet(encode_metadata(describe(name, __version__, engine.info)))
         core = InferCore(call, engine.info, request_id=f"gp-{uuid.uuid4().hex}", lora_name=lora)
-        if not await _unless_disconnected(request, _generate(engine, core)):
-            return Response(status_code=_CLIENT_GONE)
+        await unless_disconnected(request, _generate(engine, core))
         return _octet(encode_infer_response(core.outputs()))
     except SwitchboardError as exc:
         return _error(exc)
-    except ClientDisconnect:
-        return Response(status_code=_CLIENT_GONE)
+    except (ClientDisconnect, ClientGone):
+        return Response(status_code=CLIENT_GONE)
     except Exception as exc:  # a bug must still answer in GraphPipe's shape
         logger.exception("GraphPipe request failed")
         return _error(EngineError(f"Internal error: {exc!r}"))

@@ -3,17 +3,16 @@
 Thin adapter: body -> core (validation happens there, before any stream starts) -> engine
 -> core -> JSON or SSE. Once a stream has started, errors go inside it (an SSE error
 event, then `data: [DONE]`). A client that goes away aborts its engine requests: streams
-are cancelled by sse-starlette, non-streamed calls by `_cancel_on_disconnect`.
+are cancelled by sse-starlette, non-streamed calls by `unless_disconnected`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
@@ -27,6 +26,7 @@ from app.protocols.openai.chat import ChatCore
 from app.protocols.openai.completions import CompletionCore
 from app.routes.bodies import parse_json, read_body, validate
 from app.routes.deps import AuthDep, EngineDep
+from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.fanout import merge_generations
 from app.routes.responses import OrjsonResponse
 from schemas.openai import (
@@ -44,7 +44,6 @@ router = APIRouter()
 v1 = APIRouter(dependencies=[AuthDep])
 
 Core = CompletionCore | ChatCore
-T = TypeVar("T")
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -75,25 +74,6 @@ async def _stream(engine: Engine, core: Core) -> AsyncIterator[bytes]:
     yield _DONE
 
 
-async def _cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Run `work`, cancelling it (and so aborting its engine requests) if the client
-    disconnects first."""
-    task = asyncio.ensure_future(work)
-
-    async def watch() -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                task.cancel()
-                return
-
-    watcher = asyncio.create_task(watch())
-    try:
-        return await task
-    finally:
-        watcher.cancel()
-
-
 async def _collect(engine: Engine, core: Core) -> dict[str, Any]:
     async for index, event in merge_generations(engine, [p.request for p in core.plans]):
         core.feed(index, event)
@@ -105,10 +85,9 @@ async def _serve(request: Request, engine: Engine, core: Core, stream: bool) -> 
         sse: Response = EventSourceResponse(_stream(engine, core), ping=None)
         return sse
     try:
-        body = await _cancel_on_disconnect(request, _collect(engine, core))
-    except asyncio.CancelledError:
-        # The client is gone; nobody reads this, but the handler must return.
-        return Response(status_code=499)
+        body = await unless_disconnected(request, _collect(engine, core))
+    except ClientGone:
+        return Response(status_code=CLIENT_GONE)
     return OrjsonResponse(body)
 
 
