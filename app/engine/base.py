@@ -86,7 +86,8 @@ class TokenEvent:
     # Readouts captured since the previous event, keyed by absolute position: float32
     # bytes [n_layers * n_concepts]. A position's hidden state exists once the engine has
     # fed that token in: prompt positions come with the first event, a decoded token's
-    # one event after it, and the last decoded token (never fed back) has none.
+    # with a later event (or, when the engine runs a step ahead, with its own), and the
+    # last decoded token (never fed back) has none.
     readouts: Mapping[int, bytes] | None = None
 
 

@@ -1,0 +1,1 @@
+"""Salience: token sessions (sans-IO core)."""

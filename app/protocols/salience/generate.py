@@ -1,0 +1,210 @@
+"""One Salience Generate: request validation, the engine request, and the event stream.
+
+Sans-IO. `GenerateCall` applies the request to its session (through `SessionStore`),
+builds the token-id `GenerationRequest` for the whole session (vLLM's prefix cache makes
+the repeated prefix cheap), then turns the engine's `TokenEvent`s into `GenerateEvent`s:
+
+- prefill Token events for the positions of the prompt covered by `logprobs_ranges` or
+  `readout_ranges`, with the first engine event;
+- a Token event per decoded token, appended to the session as it arrives. A decoded
+  token whose position wants a readout is held until its readout arrives (the engine reads
+  a token's hidden state when it feeds that token in, after sampling it); the last token
+  of a call is never fed in, so it goes out without one;
+- a final Done with the counts and the finish reason.
+
+Defaults as the proto says: temperature 0 means 1.0, top_p 0 means 1.0, top_k 0 is off
+(top_k 1 is greedy). max_tokens 0 is prefill only (scoring).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+
+from app.engine.base import (
+    EngineInfo,
+    GenerationRequest,
+    SamplingOptions,
+    TokenEvent,
+    TokenLogprob,
+)
+from app.errors import InvalidRequest
+from app.protocols.salience.sessions import ImageBlock, Session, SessionStore
+from schemas import salience_pb2 as pb
+
+Ranges = tuple[tuple[int, int], ...]
+Finish = pb.GenerateDone.FinishReason
+_FINISH = {
+    "stop": Finish.FINISH_REASON_EOS,
+    "length": Finish.FINISH_REASON_LENGTH,
+    "abort": Finish.FINISH_REASON_CANCELLED,
+}
+
+
+def _ranges(ranges: Sequence[pb.PositionRange], name: str) -> Ranges:
+    out = tuple((int(r.start), int(r.end)) for r in ranges)
+    if any(start > end for start, end in out):
+        raise InvalidRequest(f"{name}: a range's start is after its end")
+    return out
+
+
+def _covered(position: int, ranges: Ranges) -> bool:
+    return any(start <= position < end for start, end in ranges)
+
+
+def _meets(ranges: Ranges, lo: int, hi: int) -> bool:
+    return any(start < hi and end > lo for start, end in ranges)
+
+
+class GenerateCall:
+    def __init__(
+        self, store: SessionStore, request: pb.GenerateRequest, info: EngineInfo, request_id: str
+    ) -> None:
+        self._logprob_ranges = _ranges(request.logprobs_ranges, "logprobs_ranges")
+        self._readout_ranges = _ranges(request.readout_ranges, "readout_ranges")
+        if self._readout_ranges and info.readout is None:
+            raise InvalidRequest(
+                "readout_ranges: this server has no readouts configured (--readout-concepts)"
+            )
+        if request.images:
+            raise InvalidRequest(
+                f"images: the model {info.model_name!r} takes no images (text-only)"
+            )
+        self._store = store
+        self._top_k = int(request.logprob_top_k)
+        max_tokens = int(request.max_tokens)
+        self.session: Session = store.begin_generate(
+            request.session_id,
+            offset=int(request.offset),
+            truncating=request.truncating,
+            append=list(request.append_tokens),
+            max_tokens=max_tokens,
+            images=[
+                ImageBlock(i.pad_range_start, i.pad_range_end, i.bytes, i.mime)
+                for i in request.images
+            ],
+        )
+        self.prompt_len = len(self.session.tokens)
+        self._produced = 0
+        self._held: list[pb.Token] = []
+        self._readouts: dict[int, bytes] = {}
+        self._finish: int = Finish.FINISH_REASON_UNSPECIFIED
+        if self.prompt_len == 0 and (max_tokens > 0 or self._wants_prefill_events):
+            store.end_generate(self.session)
+            raise InvalidRequest("the session is empty: append tokens before generating")
+        decode_end = self.prompt_len + max_tokens
+        self.engine_request: GenerationRequest | None = None
+        if max_tokens > 0 or self._wants_prefill_events:
+            self.engine_request = GenerationRequest(
+                request_id=request_id,
+                prompt_token_ids=self.session.tokens.tolist(),
+                sampling=SamplingOptions(
+                    max_tokens=max_tokens,
+                    temperature=request.temperature or 1.0,
+                    top_p=request.top_p or 1.0,
+                    top_k=int(request.top_k),
+                    stop_token_ids=tuple(request.stop_token_ids),
+                    logprobs=(
+                        self._top_k
+                        if _meets(self._logprob_ranges, self.prompt_len, decode_end)
+                        else None
+                    ),
+                    prompt_logprobs=(
+                        self._top_k if _meets(self._logprob_ranges, 0, self.prompt_len) else None
+                    ),
+                ),
+                priority=int(request.priority),
+                readout_ranges=self._readout_ranges,
+            )
+
+    @property
+    def _wants_prefill_events(self) -> bool:
+        return _meets(self._logprob_ranges + self._readout_ranges, 0, self.prompt_len)
+
+    def _token(self, token_id: int, position: int, prefill: bool) -> pb.Token:
+        return pb.Token(id=token_id, position=position, is_prefill=prefill)
+
+    def _with_logprob(self, token: pb.Token, entry: TokenLogprob | None) -> None:
+        if entry is None or not _covered(token.position, self._logprob_ranges):
+            return
+        token.sampled_logprob = entry.logprob
+        token.has_sampled_logprob = True
+        if self._top_k > 0:
+            token.logprobs.extend(pb.TokenLogprob(id=t, logprob=lp) for t, lp in entry.top.items())
+
+    def _release_held(self, out: list[pb.GenerateEvent]) -> None:
+        """Send held tokens, in order, as far as their readouts have arrived."""
+        while self._held and self._held[0].position in self._readouts:
+            token = self._held.pop(0)
+            token.readout.extend(_floats(self._readouts.pop(token.position)))
+            out.append(pb.GenerateEvent(token=token))
+
+    def on_event(self, event: TokenEvent) -> list[pb.GenerateEvent]:
+        out: list[pb.GenerateEvent] = []
+        # Readouts may arrive before the token of their position (the engine can run a
+        # step ahead of the frontend): keep them until that token is sent.
+        self._readouts.update(event.readouts or {})
+        if event.prompt_token_ids is not None:
+            tokens = self.session.tokens
+            prompt_lp = event.prompt_logprobs
+            for position in self._prefill_positions():
+                token = self._token(tokens[position], position, True)
+                if prompt_lp is not None and position < len(prompt_lp):
+                    self._with_logprob(token, prompt_lp[position])
+                data = self._readouts.pop(position, None)
+                if data is not None and _covered(position, self._readout_ranges):
+                    token.readout.extend(_floats(data))
+                out.append(pb.GenerateEvent(token=token))
+        for i, token_id in enumerate(event.token_ids):
+            position = self.prompt_len + self._produced
+            self._produced += 1
+            token = self._token(token_id, position, False)
+            if event.logprobs is not None:
+                self._with_logprob(token, event.logprobs[i])
+            if _covered(position, self._readout_ranges) or self._held:
+                self._held.append(token)
+            else:
+                out.append(pb.GenerateEvent(token=token))
+        self._release_held(out)
+        self._store.append_decoded(self.session, event.token_ids)
+        if event.finish_reason is not None:
+            self._finish = _FINISH[event.finish_reason]
+        return out
+
+    def _prefill_positions(self) -> list[int]:
+        wanted: set[int] = set()
+        for start, end in self._logprob_ranges + self._readout_ranges:
+            wanted.update(range(start, min(end, self.prompt_len)))
+        return sorted(wanted)
+
+    def done(self, *, cancelled: bool = False) -> list[pb.GenerateEvent]:
+        """The closing events (held tokens, then Done); frees the session."""
+        out = [pb.GenerateEvent(token=token) for token in self._held]
+        self._held.clear()
+        finish = self._finish
+        if cancelled:
+            finish = Finish.FINISH_REASON_CANCELLED
+        elif finish == Finish.FINISH_REASON_UNSPECIFIED:
+            finish = Finish.FINISH_REASON_LENGTH  # prefill only: the budget of 0 is spent
+        self._store.end_generate(self.session)
+        out.append(
+            pb.GenerateEvent(
+                done=pb.GenerateDone(
+                    prompt_tokens=self.prompt_len,
+                    completion_tokens=self._produced,
+                    total_tokens=self.prompt_len + self._produced,
+                    finish_reason=finish,
+                )
+            )
+        )
+        return out
+
+    def abandon(self) -> None:
+        """The call failed before any event: free the session."""
+        self._store.end_generate(self.session)
+
+
+def _floats(data: bytes) -> list[float]:
+    values = array("f")
+    values.frombytes(data)
+    return values.tolist()

@@ -1,0 +1,189 @@
+"""Salience sessions: the token list each session holds, and every rule that changes it.
+
+Sans-IO: no engine, no sockets, no event loop; time comes from an injected clock. All the
+state a session has and all its transitions live here:
+
+- open (model must be the served one; at most `max_sessions`), close (idempotent), fork
+  (inherits tokens [0, at_position) and the images wholly inside; never splits an image
+  block), dump;
+- `begin_generate` validates one Generate's (offset, truncating) against the session:
+  offset == length, or offset < length with truncating (the session rewinds to offset
+  first); anything else is FAILED_PRECONDITION. It then appends, checks the limits, and
+  marks the session busy; a second Generate while busy is ABORTED ("session busy").
+  `append_decoded` adds the tokens the engine produced, `end_generate` frees the session;
+- sessions idle for longer than the TTL expire (a busy session never does); every
+  operation, a no-op Generate included, refreshes its session's TTL.
+
+Tokens are held as `array('I')` (4 bytes a token).
+"""
+
+from __future__ import annotations
+
+import secrets
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from app.errors import (
+    Aborted,
+    FailedPrecondition,
+    InvalidRequest,
+    ModelNotFound,
+    NotFound,
+    ResourceExhausted,
+)
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class ImageBlock:
+    """An attached image and the token range [start, end) of its vision block."""
+
+    start: int
+    end: int
+    data: bytes
+    mime: str
+
+
+@dataclass(slots=True)
+class Session:
+    session_id: str
+    model: str
+    tokens: array[int] = field(default_factory=lambda: array("I"))
+    images: list[ImageBlock] = field(default_factory=list)
+    busy: bool = False
+    last_used: float = 0.0
+
+    def cuts_image(self, position: int) -> bool:
+        """True if a cut at `position` would split an image block."""
+        return any(block.start < position < block.end for block in self.images)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_model_len: int
+    ttl_s: float = 30 * 60
+    max_sessions: int = 1024
+    max_session_tokens: int = 1_000_000
+    vocab_size: int = 1 << 32
+
+
+class SessionStore:
+    def __init__(self, model: str, limits: Limits, clock: Clock) -> None:
+        self._model = model
+        self._limits = limits
+        self._clock = clock
+        self._sessions: dict[str, Session] = {}
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def expire(self) -> list[str]:
+        """Drop sessions idle past the TTL; return their ids."""
+        deadline = self._clock() - self._limits.ttl_s
+        gone = [sid for sid, s in self._sessions.items() if not s.busy and s.last_used < deadline]
+        for sid in gone:
+            del self._sessions[sid]
+        return gone
+
+    def get(self, session_id: str) -> Session:
+        self.expire()
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise NotFound(f"session {session_id!r} not found (closed or expired)")
+        session.last_used = self._clock()
+        return session
+
+    def _new(self, tokens: array[int], images: list[ImageBlock]) -> Session:
+        self.expire()
+        if len(self._sessions) >= self._limits.max_sessions:
+            raise ResourceExhausted(
+                f"too many sessions ({self._limits.max_sessions}); close some first"
+            )
+        session_id = secrets.token_hex(12)
+        session = Session(session_id, self._model, tokens, images, last_used=self._clock())
+        self._sessions[session_id] = session
+        return session
+
+    def open(self, model: str) -> Session:
+        if model != self._model:
+            raise ModelNotFound(f"model {model!r} is not served here (this is {self._model!r})")
+        return self._new(array("I"), [])
+
+    def close(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def fork(self, session_id: str, at_position: int) -> Session:
+        source = self.get(session_id)
+        if at_position > len(source.tokens):
+            raise FailedPrecondition(
+                f"at_position {at_position} is past the session's length {len(source.tokens)}"
+            )
+        if source.cuts_image(at_position):
+            raise FailedPrecondition(f"at_position {at_position} falls inside an image block")
+        images = [block for block in source.images if block.end <= at_position]
+        return self._new(source.tokens[:at_position], images)
+
+    # -- generation ----------------------------------------------------------------
+
+    def begin_generate(
+        self,
+        session_id: str,
+        *,
+        offset: int,
+        truncating: bool,
+        append: Sequence[int],
+        max_tokens: int,
+        images: Sequence[ImageBlock] = (),
+    ) -> Session:
+        """Validate and apply one Generate's mutation; the session is busy afterwards."""
+        session = self.get(session_id)
+        if session.busy:
+            raise Aborted("session busy: one Generate at a time per session")
+        length = len(session.tokens)
+        if offset > length or (offset < length and not truncating):
+            raise FailedPrecondition(
+                f"offset {offset} does not match the session's length {length}"
+                + ("" if truncating else " (set truncating to rewind)")
+            )
+        if offset < length and session.cuts_image(offset):
+            raise FailedPrecondition(f"truncating to {offset} would split an image block")
+        if any(t >= self._limits.vocab_size for t in append):
+            raise InvalidRequest(f"append_tokens must be token ids below {self._limits.vocab_size}")
+        new_length = offset + len(append)
+        if new_length > self._limits.max_session_tokens:
+            raise ResourceExhausted(
+                f"the session would hold {new_length} tokens; the limit is "
+                f"{self._limits.max_session_tokens}"
+            )
+        if new_length + max_tokens > self._limits.max_model_len:
+            raise ResourceExhausted(
+                f"{new_length} tokens plus max_tokens {max_tokens} exceed the model's "
+                f"context of {self._limits.max_model_len}"
+            )
+        for block in images:
+            if not offset <= block.start < block.end <= new_length:
+                raise InvalidRequest(
+                    f"image range [{block.start}, {block.end}) is not inside the appended "
+                    f"tokens [{offset}, {new_length})"
+                )
+        del session.tokens[offset:]
+        session.images = [block for block in session.images if block.end <= offset]
+        session.tokens.extend(append)
+        session.images.extend(images)
+        session.busy = True
+        return session
+
+    def append_decoded(self, session: Session, token_ids: Sequence[int]) -> None:
+        session.tokens.extend(token_ids)
+
+    def end_generate(self, session: Session) -> None:
+        session.busy = False
+        session.last_used = self._clock()

@@ -1,0 +1,310 @@
+"""Salience over a real websocket client against the live server (real vLLM), JSON and
+binary frames."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import websockets
+from google.protobuf import json_format
+
+from schemas import salience_pb2 as pb
+from schemas import salience_ws_pb2 as ws_pb
+
+pytestmark = pytest.mark.e2e
+
+
+class JsonClient:
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.n = 0
+
+    async def call(self, method: str, request: dict[str, Any]) -> dict[str, Any]:
+        self.n += 1
+        call_id = f"c{self.n}"
+        await self.ws.send(json.dumps({"id": call_id, "method": method, "request": request}))
+        reply = json.loads(await self.ws.recv())
+        assert reply["id"] == call_id
+        return reply
+
+    async def generate(self, request: dict[str, Any], call_id: str = "") -> list[dict[str, Any]]:
+        self.n += 1
+        call_id = call_id or f"g{self.n}"
+        await self.ws.send(json.dumps({"id": call_id, "method": "Generate", "request": request}))
+        events = []
+        while True:
+            reply = json.loads(await self.ws.recv())
+            assert reply["id"] == call_id
+            if "error" in reply:
+                return [reply]
+            events.append(reply["event"])
+            if "done" in reply["event"]:
+                return events
+
+
+def tokens_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e["token"] for e in events if "token" in e]
+
+
+async def test_multi_turn_session_with_deltas(live_server) -> None:  # type: ignore[no-untyped-def]
+    tok = live_server.engine.tokenizer
+    async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
+        client = JsonClient(ws)
+        opened = await client.call("OpenSession", {"model": live_server.model})
+        session = opened["response"]["sessionId"]
+        assert opened["response"]["maxModelLen"] == 1024
+        mine: list[int] = []
+        for turn in ("def first():", "\n    return 1\n", "def second():"):
+            delta = tok.encode(turn, add_special_tokens=False)
+            events = await client.generate(
+                {
+                    "sessionId": session,
+                    "appendTokens": delta,
+                    "offset": len(mine),
+                    "maxTokens": 5,
+                    "topK": 1,
+                }
+            )
+            mine += delta
+            decoded = tokens_of(events)
+            assert [t.get("position", 0) for t in decoded] == list(range(len(mine), len(mine) + 5))
+            assert all(not t.get("isPrefill", False) for t in decoded)
+            done = events[-1]["done"]
+            assert done["promptTokens"] == len(mine) and done["completionTokens"] == 5
+            assert done["finishReason"] == "FINISH_REASON_LENGTH"
+            mine += [t.get("id", 0) for t in decoded]
+        dump = await client.call("DumpSession", {"sessionId": session})
+        assert [int(t) for t in dump["response"]["tokens"]] == mine
+        # Greedy continuation equals the OpenAI route on the same token ids.
+        whole = httpx.post(
+            f"{live_server.base_url}/v1/completions",
+            json={
+                "model": live_server.model,
+                "prompt": mine[:-5],
+                "max_tokens": 5,
+                "top_k": 1,
+                "ignore_eos": True,
+            },
+        ).json()
+        assert whole["choices"][0]["text"] == tok.decode(mine[-5:])
+        await client.call("CloseSession", {"sessionId": session})
+
+
+async def test_scoring_matches_engine_prompt_logprobs(live_server) -> None:  # type: ignore[no-untyped-def]
+    tok = live_server.engine.tokenizer
+    ids = tok.encode("import os\nprint(os.getcwd())")
+    async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
+        client = JsonClient(ws)
+        session = (await client.call("OpenSession", {"model": live_server.model}))["response"][
+            "sessionId"
+        ]
+        events = await client.generate(
+            {
+                "sessionId": session,
+                "appendTokens": ids,
+                "offset": 0,
+                "maxTokens": 0,
+                "logprobsRanges": [{"start": 0, "end": len(ids)}],
+                "logprobTopK": 2,
+            }
+        )
+    prefill = tokens_of(events)
+    assert [t.get("position", 0) for t in prefill] == list(range(len(ids)))
+    assert all(t["isPrefill"] for t in prefill)
+    assert "hasSampledLogprob" not in prefill[0]
+    reference = httpx.post(
+        f"{live_server.base_url}/v1/completions",
+        json={
+            "model": live_server.model,
+            "prompt": ids,
+            "max_tokens": 0,
+            "echo": True,
+            "logprobs": 2,
+        },
+    ).json()["choices"][0]["logprobs"]["token_logprobs"]
+    for token, expected in zip(prefill[1:], reference[1:], strict=True):
+        assert token["hasSampledLogprob"]
+        assert token["sampledLogprob"] == pytest.approx(expected, abs=1e-4)
+        assert len(token["logprobs"]) == 2
+    assert events[-1]["done"].get("completionTokens", 0) == 0
+
+
+async def test_fork_diverges_and_errors(live_server) -> None:  # type: ignore[no-untyped-def]
+    tok = live_server.engine.tokenizer
+    ids = tok.encode("class Tree:\n    def __init__(self):")
+    async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
+        client = JsonClient(ws)
+        root = (await client.call("OpenSession", {"model": live_server.model}))["response"][
+            "sessionId"
+        ]
+        await client.generate(
+            {"sessionId": root, "appendTokens": ids, "offset": 0, "maxTokens": 3, "topK": 1}
+        )
+        fork = (await client.call("ForkSession", {"sessionId": root, "atPosition": len(ids)}))[
+            "response"
+        ]["sessionId"]
+        branch = tok.encode(" pass", add_special_tokens=False)
+        await client.generate(
+            {
+                "sessionId": fork,
+                "appendTokens": branch,
+                "offset": len(ids),
+                "maxTokens": 2,
+                "topK": 1,
+            }
+        )
+        root_dump = (await client.call("DumpSession", {"sessionId": root}))["response"]
+        fork_dump = (await client.call("DumpSession", {"sessionId": fork}))["response"]
+        assert [int(t) for t in fork_dump["tokens"]][: len(ids)] == ids
+        assert len(root_dump["tokens"]) == len(ids) + 3
+        assert fork_dump["tokens"][len(ids) : len(ids) + len(branch)] == branch
+        # Drift, unknown session, wrong model, context overflow.
+        drift = await client.generate({"sessionId": root, "appendTokens": [5], "offset": 1})
+        assert drift[0]["error"]["code"] == "FAILED_PRECONDITION"
+        missing = await client.call("DumpSession", {"sessionId": "nope"})
+        assert missing["error"]["code"] == "NOT_FOUND"
+        wrong = await client.call("OpenSession", {"model": "other"})
+        assert wrong["error"]["code"] == "NOT_FOUND"
+        big = await client.generate(
+            {"sessionId": fork, "offset": len(fork_dump["tokens"]), "maxTokens": 2000}
+        )
+        assert big[0]["error"]["code"] == "RESOURCE_EXHAUSTED"
+        # Truncating rewinds before appending.
+        rewound = await client.generate(
+            {"sessionId": root, "appendTokens": [7], "offset": 2, "truncating": True}
+        )
+        assert rewound[-1]["done"]["promptTokens"] == 3
+        # A malformed frame gets INVALID_ARGUMENT and the socket stays usable.
+        await ws.send("{not json")
+        assert json.loads(await ws.recv())["error"]["code"] == "INVALID_ARGUMENT"
+        ok = await client.call("DumpSession", {"sessionId": root})
+        assert [int(t) for t in ok["response"]["tokens"]] == [*ids[:2], 7]
+
+
+async def test_binary_frames_with_readouts(live_server) -> None:  # type: ignore[no-untyped-def]
+    tok = live_server.engine.tokenizer
+    ids = tok.encode("def f(x): return x")
+
+    async def call(ws: Any, frame: ws_pb.ClientFrame) -> ws_pb.ServerFrame:
+        await ws.send(frame.SerializeToString())
+        return ws_pb.ServerFrame.FromString(await ws.recv())
+
+    async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
+        manifest = (
+            await call(
+                ws, ws_pb.ClientFrame(id="m", get_readout_manifest=pb.GetReadoutManifestRequest())
+            )
+        ).readout_manifest
+        assert list(manifest.layers) == [0, 1] and manifest.dtype == "float32"
+        opened = await call(
+            ws,
+            ws_pb.ClientFrame(id="o", open_session=pb.OpenSessionRequest(model=live_server.model)),
+        )
+        session = opened.open_session.session_id
+        request = pb.GenerateRequest(
+            session_id=session, append_tokens=ids, offset=0, max_tokens=3, top_k=1
+        )
+        request.readout_ranges.add(start=0, end=10_000)
+        await ws.send(ws_pb.ClientFrame(id="g", generate=request).SerializeToString())
+        tokens = []
+        while True:
+            frame = ws_pb.ServerFrame.FromString(await ws.recv())
+            assert frame.id == "g" and frame.WhichOneof("reply") == "event"
+            if frame.event.WhichOneof("event") == "done":
+                break
+            tokens.append(frame.event.token)
+    width = len(manifest.layers) * len(manifest.concepts)
+    assert [t.position for t in tokens] == list(range(len(ids) + 3))
+    # Every fed position has its readout; the last sampled token was never fed in.
+    assert [len(t.readout) for t in tokens] == [width] * (len(tokens) - 1) + [0]
+    engine_view = live_server.call(_engine_readouts(live_server.engine, [*ids, tokens[-3].id]))
+    got = np.array(tokens[len(ids)].readout, dtype=np.float32)
+    np.testing.assert_allclose(got, engine_view[len(ids)], rtol=1e-4, atol=1e-4)
+
+
+async def _engine_readouts(engine: Any, ids: list[int]) -> dict[int, np.ndarray]:
+    from app.engine.base import GenerationRequest, SamplingOptions
+
+    out: dict[int, np.ndarray] = {}
+    request = GenerationRequest(
+        "sal-ref",
+        prompt_token_ids=ids,
+        sampling=SamplingOptions(max_tokens=0),
+        readout_ranges=((0, 10_000),),
+    )
+    async for event in engine.generate(request):
+        for position, data in (event.readouts or {}).items():
+            out[position] = np.frombuffer(data, dtype=np.float32)
+    return out
+
+
+async def test_cancel_and_disconnect_abort_engine_requests(live_server) -> None:  # type: ignore[no-untyped-def]
+    tok = live_server.engine.tokenizer
+    ids = tok.encode("while True:")
+    async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
+        client = JsonClient(ws)
+        session = (await client.call("OpenSession", {"model": live_server.model}))["response"][
+            "sessionId"
+        ]
+        await ws.send(
+            json.dumps(
+                {
+                    "id": "long",
+                    "method": "Generate",
+                    "request": {
+                        "sessionId": session,
+                        "appendTokens": ids,
+                        "offset": 0,
+                        "maxTokens": 900,
+                    },
+                }
+            )
+        )
+        for _ in range(3):
+            assert "token" in json.loads(await ws.recv())["event"]
+        busy = await client.generate({"sessionId": session, "offset": len(ids)})
+        assert busy[0]["error"]["code"] == "ABORTED"
+        await ws.send(json.dumps({"id": "long", "cancel": True}))
+        while True:
+            reply = json.loads(await ws.recv())
+            if "done" in reply.get("event", {}):
+                break
+        assert reply["event"]["done"]["finishReason"] == "FINISH_REASON_CANCELLED"
+        produced = reply["event"]["done"].get("completionTokens", 0)
+        assert live_server.wait_idle() == 0
+        # The session kept what was produced, and is free again.
+        dump = await client.call("DumpSession", {"sessionId": session})
+        assert len(dump["response"]["tokens"]) == len(ids) + produced
+        await ws.send(
+            json.dumps(
+                {
+                    "id": "again",
+                    "method": "Generate",
+                    "request": {
+                        "sessionId": session,
+                        "offset": len(ids) + produced,
+                        "maxTokens": 900,
+                    },
+                }
+            )
+        )
+        assert "token" in json.loads(await ws.recv())["event"]
+    # Socket closed mid-Generate: the engine request is aborted, the session survives.
+    assert live_server.wait_idle() == 0
+    await asyncio.sleep(0.2)
+    async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
+        again = await JsonClient(ws).call("DumpSession", {"sessionId": session})
+        assert len(again["response"]["tokens"]) > len(ids) + produced
+
+
+def test_json_mapping_roundtrip() -> None:
+    request = json_format.ParseDict(
+        {"sessionId": "s", "appendTokens": [1, 2], "logprobsRanges": [{"start": 0, "end": 2}]},
+        pb.GenerateRequest(),
+    )
+    assert list(request.append_tokens) == [1, 2] and request.logprobs_ranges[0].end == 2
