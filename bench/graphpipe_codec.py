@@ -9,7 +9,7 @@ Three columns, each the median of several timed rounds:
   `convert.serialize_infer_request`. Its response encoder writes a broken `errors` vector,
   so its request encoder, which writes the same Tensor table, stands in for it. It pins
   flatbuffers 1.9, so it lives in its own venv (`--reference-python`, default
-  ../gp-ref-venv) and this script runs itself there with `--child`.
+  scripts/setup makes .venv-graphpipe-ref) and this script runs itself there with `--child`.
 
 Writes bench/results/graphpipe_codec.json and the table in docs/graphpipe.md between the
 `bench:graphpipe` markers. Nothing asserts timings; run it on an otherwise idle machine.
@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,32 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import machine, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "graphpipe_codec.json"
 DOC = ROOT / "docs" / "graphpipe.md"
-REFERENCE_PYTHON = ROOT.parent / "gp-ref-venv" / "bin" / "python"
+REFERENCE_PYTHON = ROOT / ".venv-graphpipe-ref" / "bin" / "python"
 SIZES = [2**10, 2**14, 2**18, 2**20, 2**22, 2**24, 2**26]  # 1 KB .. 64 MB
 MIN_ROUND_S = 0.25
-MARK_BEGIN, MARK_END = "<!-- bench:graphpipe -->", "<!-- /bench:graphpipe -->"
-
-
-def machine() -> dict[str, Any]:
-    cpu = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "platform": platform.platform(),
-        "load_average_at_start": os.getloadavg(),
-    }
 
 
 def throughput(op: Callable[[], object], nbytes: int, rounds: int) -> float:
@@ -172,18 +152,13 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def write_doc(rows: list[dict[str, Any]], info: dict[str, Any], reference: str) -> None:
-    if not DOC.is_file():
-        return
-    text = DOC.read_text()
-    if MARK_BEGIN not in text or MARK_END not in text:
-        return
-    block = (
-        f"{MARK_BEGIN}\nMB/s of tensor bytes (10^6 B/s), medians; {info['cpu']}, "
+    write_table(
+        "graphpipe",
+        f"MB/s of tensor bytes (10^6 B/s), medians; {info['cpu']}, "
         f"{info['cores']} cores, Python {info['python']}, numpy {info['numpy']}; "
-        f"reference: {reference}.\n\n{table(rows)}\n{MARK_END}"
+        f"reference: {reference}.\n\n{table(rows)}",
+        DOC,
     )
-    head, rest = text.split(MARK_BEGIN, 1)
-    DOC.write_text(head + block + rest.split(MARK_END, 1)[1])
 
 
 def main() -> None:
@@ -196,7 +171,7 @@ def main() -> None:
         print(json.dumps(measure_reference(args.rounds)))
         return
 
-    info = machine()
+    info = {**machine(), "numpy": np.__version__}
     rows: list[dict[str, Any]] = measure_numpy_and_switchboard(args.rounds)
     reference: dict[str, Any] = {"package": "not measured (no reference venv)", "rows": []}
     if args.reference_python.exists():

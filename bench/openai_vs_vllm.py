@@ -19,17 +19,15 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import re
 import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
+from common import machine, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -40,23 +38,6 @@ CONCURRENCY = {1: 16, 8: 64, 32: 128}  # concurrency -> number of prompts
 ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "1024"]
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
 TARGETS = ("switchboard", "vllm serve", "bare engine")
-
-
-def machine() -> dict[str, Any]:
-    cpu = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem, 1),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
 
 
 def server_command(target: str, port: int) -> list[str]:
@@ -287,14 +268,6 @@ def table(summary: dict[str, dict[int, dict[str, float]]], rounds: int) -> str:
     return "\n".join(lines)
 
 
-def update_readme(text: str) -> None:
-    readme = ROOT / "README.md"
-    content = readme.read_text()
-    pattern = re.compile(r"(<!-- bench:openai -->\n).*?(\n<!-- /bench:openai -->)", re.S)
-    if pattern.search(content):
-        readme.write_text(pattern.sub(lambda m: m.group(1) + text + m.group(2), content))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
@@ -337,7 +310,7 @@ def main() -> None:
             indent=2,
         )
     )
-    update_readme(md)
+    write_table("openai", md)
     print(md)
 
 

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from common import machine, write_table  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 MODEL = ROOT / ".cache" / "tiny-model"
 CONCEPTS = ROOT / ".cache" / "tiny-concepts.safetensors"
@@ -140,14 +141,12 @@ def main() -> None:
                 "date": time.strftime("%Y-%m-%d"),
                 "median": median,
                 "rounds": rounds,
-                "cpu_count": os.cpu_count(),
+                "machine": machine(),
             },
             indent=2,
         )
     )
-    readme = ROOT / "README.md"
-    pattern = re.compile(r"(<!-- bench:readouts -->\n).*?(\n<!-- /bench:readouts -->)", re.S)
-    readme.write_text(pattern.sub(lambda m: m.group(1) + table + m.group(2), readme.read_text()))
+    write_table("readouts", table)
     print(table)
 
 

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 import httpx
 import numpy as np
 import websockets
+from common import machine, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / ".cache" / "tiny-model-8k"
@@ -165,12 +165,17 @@ async def run(turns: int) -> list[dict[str, float]]:
             json.dumps({"id": "d", "method": "DumpSession", "request": {"sessionId": session}})
         )
         history = [int(t) for t in json.loads(await ws.recv())["response"]["tokens"]]
+        # The completions client grows its own conversation, so that neither side finds
+        # its new tokens already in the prefix cache because of the other.
+        other = list(history)
         for turn in range(turns):
             delta = rng.integers(10, 2000, DELTA).tolist()
             sent_s, ttft_s, total = await salience_turn(
                 ws, session, delta, len(history), f"t{turn}"
             )
-            sent_c, ttft_c = await completions_turn(client, history + delta)
+            other += rng.integers(10, 2000, DELTA).tolist()
+            sent_c, ttft_c = await completions_turn(client, other)
+            other += rng.integers(10, 2000, DECODE).tolist()  # stands in for its reply
             await ws.send(
                 json.dumps(
                     {"id": f"d{turn}", "method": "DumpSession", "request": {"sessionId": session}}
@@ -208,7 +213,7 @@ def main() -> None:
                 "date": time.strftime("%Y-%m-%d"),
                 "delta_tokens": DELTA,
                 "decode_tokens": DECODE,
-                "cpu_count": os.cpu_count(),
+                "machine": machine(),
                 "turns": rows,
             },
             indent=2,
@@ -230,9 +235,7 @@ def main() -> None:
                 f"{row['completions_ttft_ms']:.1f} |"
             )
     table = "\n".join(lines)
-    readme = ROOT / "README.md"
-    pattern = re.compile(r"(<!-- bench:salience -->\n).*?(\n<!-- /bench:salience -->)", re.S)
-    readme.write_text(pattern.sub(lambda m: m.group(1) + table + m.group(2), readme.read_text()))
+    write_table("salience", table)
     print(table)
 
 

@@ -37,7 +37,7 @@ GREEDY = {"max_tokens": 8, "temperature": 0}
 REFERENCE_PYTHON = Path(
     os.environ.get(
         "GRAPHPIPE_REFERENCE_PYTHON",
-        Path(__file__).resolve().parents[3] / "gp-ref-venv" / "bin" / "python",
+        Path(__file__).resolve().parents[2] / ".venv-graphpipe-ref" / "bin" / "python",
     )
 )
 
@@ -201,10 +201,10 @@ def test_a_client_that_disconnects_aborts_its_batch(live_server) -> None:  # typ
     assert time.monotonic() - gone < natural / 2
 
 
-@pytest.mark.skipif(not REFERENCE_PYTHON.exists(), reason="no venv with oracle's graphpipe")
 def test_graphpipes_reference_client(live_server) -> None:  # type: ignore[no-untyped-def]
     """oracle's own client (graphpipe 1.0.4 in a separate venv: it pins an old flatbuffers)
     asks for the metadata and sends a batch of prompts."""
+    assert REFERENCE_PYTHON.exists(), "scripts/setup makes .venv-graphpipe-ref"
     script = """
 import json, sys
 import numpy as np
