@@ -70,8 +70,7 @@ class _Socket:
         self.websocket = websocket
         self.engine = engine
         self.store = store
-        self.running: dict[str, asyncio.Task[None]] = {}
-        self.session_of: dict[str, str] = {}  # running call id -> its session
+        self.running: dict[str, _Running] = {}
         self._send_lock = asyncio.Lock()
         self.open = True
 
@@ -166,38 +165,52 @@ class _Socket:
         await self._send(call_id, binary, kind, reply)
 
     def _cancel_session(self, session_id: str) -> None:
-        for call_id, running_session in list(self.session_of.items()):
-            if running_session == session_id:
+        for call_id, running in list(self.running.items()):
+            if running.call.session.session_id == session_id:
                 self.cancel(call_id)
 
     def cancel(self, call_id: str) -> None:
-        task = self.running.get(call_id)
-        if task is not None:
-            task.cancel()
-
-    async def generate(self, call_id: str, binary: bool, request: pb.GenerateRequest) -> None:
-        async def send_event(event: pb.GenerateEvent) -> None:
-            await self._send(call_id, binary, "event", event)
-
-        try:
-            call = GenerateCall(
-                self.store, request, self.engine.info, request_id=f"sal-{uuid.uuid4().hex}"
-            )
-        except SwitchboardError as exc:
-            await self.error(call_id, binary, exc)
+        running = self.running.get(call_id)
+        if running is None:
             return
-        cancelled = False
+        running.cancelled = True
+        # A task cancelled before its first step never runs its body: it would neither
+        # free the session nor answer. Such a task sees `cancelled` when it starts.
+        if running.started:
+            running.task.cancel()
+
+    def start_generate(self, call_id: str, binary: bool, request: pb.GenerateRequest) -> None:
+        """Apply the Generate to its session now, in frame order (a DumpSession sent
+        right after it sees the append), then stream it in a task of its own."""
+        if call_id in self.running:
+            raise _BadFrame(call_id, binary, f"call id {call_id!r} is already running")
+        call = GenerateCall(
+            self.store, request, self.engine.info, request_id=f"sal-{uuid.uuid4().hex}"
+        )
+        running = _Running(call)
+        running.task = asyncio.create_task(self._generate(call_id, binary, running))
+        self.running[call_id] = running
+
+        def forget(_: asyncio.Task[None]) -> None:
+            if self.running.get(call_id) is running:  # the id may be in use again
+                del self.running[call_id]
+
+        running.task.add_done_callback(forget)
+
+    async def _generate(self, call_id: str, binary: bool, running: _Running) -> None:
+        running.started = True
+        call = running.call
         try:
-            if call.engine_request is not None:
+            if call.engine_request is not None and not running.cancelled:
                 stream = self.engine.generate(call.engine_request)
                 try:
                     async for event in stream:
                         for out in call.on_event(event):
-                            await send_event(out)
+                            await self._send(call_id, binary, "event", out)
                 finally:
                     await stream.aclose()
         except asyncio.CancelledError:
-            cancelled = True
+            running.cancelled = True
         except SwitchboardError as exc:
             call.abandon()
             await self.error(call_id, binary, exc)
@@ -207,28 +220,27 @@ class _Socket:
             call.abandon()
             await self.error(call_id, binary, EngineError(f"internal error: {exc!r}"))
             return
-        for out in call.done(cancelled=cancelled):
-            await send_event(out)
-
-    def start_generate(self, call_id: str, binary: bool, request: pb.GenerateRequest) -> None:
-        if call_id in self.running:
-            raise _BadFrame(call_id, binary, f"call id {call_id!r} is already running")
-        task = asyncio.create_task(self.generate(call_id, binary, request))
-        self.running[call_id] = task
-        self.session_of[call_id] = request.session_id
-
-        def forget(_: asyncio.Task[None]) -> None:
-            self.running.pop(call_id, None)
-            self.session_of.pop(call_id, None)
-
-        task.add_done_callback(forget)
+        for out in call.done(cancelled=running.cancelled):
+            await self._send(call_id, binary, "event", out)
 
     async def close(self) -> None:
+        """The socket is gone: cancel its Generates and wait until their engine requests
+        are aborted and their sessions freed (the sessions themselves stay)."""
         self.open = False
-        tasks = list(self.running.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        running = list(self.running.items())
+        for call_id, _ in running:
+            self.cancel(call_id)
+        await asyncio.gather(*(r.task for _, r in running), return_exceptions=True)
+
+
+class _Running:
+    """One Generate in flight on a socket."""
+
+    def __init__(self, call: GenerateCall) -> None:
+        self.call = call
+        self.task: asyncio.Task[None]
+        self.started = False
+        self.cancelled = False
 
 
 class _BadFrame(Exception):

@@ -255,3 +255,43 @@ def test_schema_is_the_published_one() -> None:
     if not published.is_file():
         pytest.skip("the published schema is not beside this checkout")
     assert (ROOT / "schemas" / "salience.proto").read_bytes() == published.read_bytes()
+
+
+def test_scoring_needs_room_for_the_token_the_engine_samples() -> None:
+    s = store()  # context of 64
+    sid = s.open("m").session_id
+    scoring = pb.GenerateRequest(session_id=sid, append_tokens=[1] * 64)
+    scoring.logprobs_ranges.add(start=0, end=64)
+    with pytest.raises(ResourceExhausted):
+        GenerateCall(s, scoring, INFO, "r")
+    assert len(s.get(sid).tokens) == 0
+    # Without ranges, max_tokens 0 runs no engine: the full context is fine.
+    call = GenerateCall(s, pb.GenerateRequest(session_id=sid, append_tokens=[1] * 64), INFO, "r")
+    assert call.engine_request is None
+    call.done()
+    assert len(s.get(sid).tokens) == 64
+
+
+def test_rollback_restores_a_truncated_tail_and_its_images() -> None:
+    s = store()
+    sid = s.open("m").session_id
+    images = [ImageBlock(3, 6, b"png", "image/png")]
+    session = s.begin_generate(
+        sid, offset=0, truncating=False, append=list(range(1, 9)), max_tokens=0, images=images
+    )
+    s.end_generate(session)
+    session = s.begin_generate(sid, offset=2, truncating=True, append=[50], max_tokens=1)
+    assert session.tokens.tolist() == [1, 2, 50] and session.images == []
+    s.end_generate(session, rollback=True)
+    assert session.tokens.tolist() == list(range(1, 9)) and session.images == images
+    assert not session.busy
+
+
+def test_an_empty_session_refused_after_truncating_keeps_its_tokens() -> None:
+    s = store()
+    sid = s.open("m").session_id
+    begin(s, sid, 0, [1, 2, 3])
+    request = pb.GenerateRequest(session_id=sid, offset=0, truncating=True, max_tokens=1)
+    with pytest.raises(InvalidRequest, match="empty"):
+        GenerateCall(s, request, INFO, "r")
+    assert s.get(sid).tokens.tolist() == [1, 2, 3]

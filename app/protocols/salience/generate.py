@@ -73,28 +73,32 @@ class GenerateCall:
         self._store = store
         self._top_k = int(request.logprob_top_k)
         max_tokens = int(request.max_tokens)
+        # The session's length once the call is applied (begin_generate rejects the call
+        # otherwise), known up front to size the context check.
+        self.prompt_len = int(request.offset) + len(request.append_tokens)
+        needs_engine = max_tokens > 0 or self._wants_prefill_events
         self.session: Session = store.begin_generate(
             request.session_id,
             offset=int(request.offset),
             truncating=request.truncating,
             append=list(request.append_tokens),
-            max_tokens=max_tokens,
+            # Scoring still samples (and drops) one token inside the engine.
+            max_tokens=max(max_tokens, 1) if needs_engine else 0,
             images=[
                 ImageBlock(i.pad_range_start, i.pad_range_end, i.bytes, i.mime)
                 for i in request.images
             ],
         )
-        self.prompt_len = len(self.session.tokens)
         self._produced = 0
         self._held: list[pb.Token] = []
         self._readouts: dict[int, bytes] = {}
         self._finish: int = Finish.FINISH_REASON_UNSPECIFIED
-        if self.prompt_len == 0 and (max_tokens > 0 or self._wants_prefill_events):
-            store.end_generate(self.session)
+        if self.prompt_len == 0 and needs_engine:
+            store.end_generate(self.session, rollback=True)
             raise InvalidRequest("the session is empty: append tokens before generating")
         decode_end = self.prompt_len + max_tokens
         self.engine_request: GenerationRequest | None = None
-        if max_tokens > 0 or self._wants_prefill_events:
+        if needs_engine:
             self.engine_request = GenerationRequest(
                 request_id=request_id,
                 prompt_token_ids=self.session.tokens.tolist(),
@@ -200,8 +204,10 @@ class GenerateCall:
         return out
 
     def abandon(self) -> None:
-        """The call failed before any event: free the session."""
-        self._store.end_generate(self.session)
+        """The call failed (the client gets an error): free the session. Unless tokens
+        were decoded and streamed already, the session goes back to what it was before
+        the call, which is what the client still believes."""
+        self._store.end_generate(self.session, rollback=self._produced == 0)
 
 
 def _floats(data: bytes) -> list[float]:

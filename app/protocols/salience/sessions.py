@@ -10,7 +10,9 @@ state a session has and all its transitions live here:
   offset == length, or offset < length with truncating (the session rewinds to offset
   first); anything else is FAILED_PRECONDITION. It then appends, checks the limits, and
   marks the session busy; a second Generate while busy is ABORTED ("session busy").
-  `append_decoded` adds the tokens the engine produced, `end_generate` frees the session;
+  `append_decoded` adds the tokens the engine produced, `end_generate` frees the session.
+  A call that fails before decoding anything is rolled back (`rollback=True`): the client
+  got an error, so its view of the session is the one from before the call;
 - sessions idle for longer than the TTL expire (a busy session never does); every
   operation, a no-op Generate included, refreshes its session's TTL.
 
@@ -46,6 +48,15 @@ class ImageBlock:
     mime: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Undo:
+    """What one Generate's mutation replaced: enough to put the session back."""
+
+    offset: int
+    tail: array[int]
+    images: list[ImageBlock]
+
+
 @dataclass(slots=True)
 class Session:
     session_id: str
@@ -54,6 +65,7 @@ class Session:
     images: list[ImageBlock] = field(default_factory=list)
     busy: bool = False
     last_used: float = 0.0
+    undo: _Undo | None = None  # set while a Generate runs
 
     def cuts_image(self, position: int) -> bool:
         """True if a cut at `position` would split an image block."""
@@ -143,7 +155,11 @@ class SessionStore:
         max_tokens: int,
         images: Sequence[ImageBlock] = (),
     ) -> Session:
-        """Validate and apply one Generate's mutation; the session is busy afterwards."""
+        """Validate and apply one Generate's mutation; the session is busy afterwards.
+
+        `max_tokens` is what the engine may add to the context: the caller passes at
+        least 1 whenever it will run the engine, since vLLM samples a token even to score.
+        """
         session = self.get(session_id)
         if session.busy:
             raise Aborted("session busy: one Generate at a time per session")
@@ -158,10 +174,10 @@ class SessionStore:
         if any(t >= self._limits.vocab_size for t in append):
             raise InvalidRequest(f"append_tokens must be token ids below {self._limits.vocab_size}")
         new_length = offset + len(append)
-        if new_length > self._limits.max_session_tokens:
+        if new_length + max_tokens > self._limits.max_session_tokens:
             raise ResourceExhausted(
-                f"the session would hold {new_length} tokens; the limit is "
-                f"{self._limits.max_session_tokens}"
+                f"the session would hold {new_length} tokens plus max_tokens {max_tokens}; "
+                f"the limit is {self._limits.max_session_tokens}"
             )
         if new_length + max_tokens > self._limits.max_model_len:
             raise ResourceExhausted(
@@ -174,6 +190,9 @@ class SessionStore:
                     f"image range [{block.start}, {block.end}) is not inside the appended "
                     f"tokens [{offset}, {new_length})"
                 )
+        session.undo = _Undo(
+            offset, session.tokens[offset:], [b for b in session.images if b.end > offset]
+        )
         del session.tokens[offset:]
         session.images = [block for block in session.images if block.end <= offset]
         session.tokens.extend(append)
@@ -184,6 +203,13 @@ class SessionStore:
     def append_decoded(self, session: Session, token_ids: Sequence[int]) -> None:
         session.tokens.extend(token_ids)
 
-    def end_generate(self, session: Session) -> None:
+    def end_generate(self, session: Session, *, rollback: bool = False) -> None:
+        """Free the session; with `rollback`, first undo the call's mutation."""
+        undo = session.undo
+        if rollback and undo is not None:
+            del session.tokens[undo.offset :]
+            session.tokens.extend(undo.tail)
+            session.images = [b for b in session.images if b.end <= undo.offset] + undo.images
+        session.undo = None
         session.busy = False
         session.last_used = self._clock()
