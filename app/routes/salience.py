@@ -122,9 +122,13 @@ class _Socket:
         method = body.get("method")
         if method not in _METHODS:
             raise _BadFrame(call_id, False, f"unknown method {method!r}; one of {list(_METHODS)}")
+        fields = body.get("request", {})
+        if not isinstance(fields, dict):
+            # ParseDict checks nested values but trusts its top level to be an object.
+            raise _BadFrame(call_id, False, f'the "request" of {method} must be a JSON object')
         request = _METHODS[method][1]()
         try:
-            json_format.ParseDict(body.get("request") or {}, request)
+            json_format.ParseDict(fields, request)
         except json_format.ParseError as exc:
             raise _BadFrame(call_id, False, f"bad {method} request: {exc}") from exc
         return call_id, False, method, request
@@ -268,6 +272,7 @@ async def salience_socket(websocket: WebSocket) -> None:
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
                 break
+            call_id, binary, method = "", message.get("bytes") is not None, None
             try:
                 call_id, binary, method, request = sock.parse(message)
                 if method is None:
@@ -280,6 +285,9 @@ async def salience_socket(websocket: WebSocket) -> None:
                 await sock.error(bad.call_id, bad.binary, InvalidRequest(bad.message))
             except SwitchboardError as exc:
                 await sock.error(call_id, binary, exc)
+            except Exception as exc:  # a bug fails its call, never the socket
+                logger.exception("Salience %s failed", method)
+                await sock.error(call_id, binary, EngineError(f"internal error: {exc!r}"))
     except WebSocketDisconnect:
         pass
     finally:

@@ -272,3 +272,13 @@ def test_context_and_session_limits_over_the_socket() -> None:
         assert ws.receive_json()["error"]["code"] == "RESOURCE_EXHAUSTED"
         ws.send_json(dump("d", sid))
         assert ws.receive_json() == {"id": "d", "response": {}}  # nothing was appended
+
+
+def test_a_request_that_is_not_an_object_is_invalid_and_the_socket_survives() -> None:
+    app = create_app(Settings(model="fake"), engine=FakeEngine())
+    with TestClient(app) as client, client.websocket_connect("/salience/ws") as ws:
+        for request in (5, True, "x", [1]):
+            ws.send_json({"id": "r", "method": "OpenSession", "request": request})
+            assert ws.receive_json()["error"]["code"] == "INVALID_ARGUMENT"
+        ws.send_json({"id": "o", "method": "OpenSession", "request": {"model": "fake"}})
+        assert "sessionId" in ws.receive_json()["response"]
