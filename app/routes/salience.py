@@ -45,11 +45,20 @@ _METHODS: dict[str, tuple[str, type[Message]]] = {
 _FIELD_TO_METHOD = {field: name for name, (field, _) in _METHODS.items()}
 
 
-def _store(websocket: WebSocket, engine: Engine) -> SessionStore:
-    """The app's one session store (sessions outlive sockets)."""
+class _Shared:
+    """What every socket of the app shares: the sessions (they outlive sockets), and the
+    running Generate of each busy session, so that closing a session from any socket
+    aborts its engine request."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self.generating: dict[str, _Running] = {}  # session id -> its running Generate
+
+
+def _shared(websocket: WebSocket, engine: Engine) -> _Shared:
     state = websocket.app.state
-    store: SessionStore | None = getattr(state, "salience_sessions", None)
-    if store is None:
+    shared: _Shared | None = getattr(state, "salience", None)
+    if shared is None:
         settings = get_settings(websocket)
         limits = Limits(
             max_model_len=engine.info.max_model_len,
@@ -58,19 +67,20 @@ def _store(websocket: WebSocket, engine: Engine) -> SessionStore:
             max_session_tokens=settings.salience_max_session_tokens,
             vocab_size=engine.info.vocab_size,
         )
-        store = SessionStore(engine.info.model_name, limits, time.monotonic)
-        state.salience_sessions = store
-    return store
+        shared = _Shared(SessionStore(engine.info.model_name, limits, time.monotonic))
+        state.salience = shared
+    return shared
 
 
 class _Socket:
     """One connection: frame codec, its running Generates, serialized sends."""
 
-    def __init__(self, websocket: WebSocket, engine: Engine, store: SessionStore) -> None:
+    def __init__(self, websocket: WebSocket, engine: Engine, shared: _Shared) -> None:
         self.websocket = websocket
         self.engine = engine
-        self.store = store
-        self.running: dict[str, _Running] = {}
+        self.store = shared.store
+        self.generating = shared.generating
+        self.running: dict[str, _Running] = {}  # call id -> this socket's Generate
         self._send_lock = asyncio.Lock()
         self.open = True
 
@@ -146,7 +156,9 @@ class _Socket:
                 ),
             )
         elif method == "CloseSession":
-            self._cancel_session(request.session_id)
+            running = self.generating.get(request.session_id)
+            if running is not None:
+                running.cancel()
             store.close(request.session_id)
             kind, reply = "close_session", pb.CloseSessionResponse()
         elif method == "ForkSession":
@@ -168,20 +180,10 @@ class _Socket:
             kind = "readout_manifest"
         await self._send(call_id, binary, kind, reply)
 
-    def _cancel_session(self, session_id: str) -> None:
-        for call_id, running in list(self.running.items()):
-            if running.call.session.session_id == session_id:
-                self.cancel(call_id)
-
     def cancel(self, call_id: str) -> None:
         running = self.running.get(call_id)
-        if running is None:
-            return
-        running.cancelled = True
-        # A task cancelled before its first step never runs its body: it would neither
-        # free the session nor answer. Such a task sees `cancelled` when it starts.
-        if running.started:
-            running.task.cancel()
+        if running is not None:
+            running.cancel()
 
     def start_generate(self, call_id: str, binary: bool, request: pb.GenerateRequest) -> None:
         """Apply the Generate to its session now, in frame order (a DumpSession sent
@@ -194,10 +196,15 @@ class _Socket:
         running = _Running(call)
         running.task = asyncio.create_task(self._generate(call_id, binary, running))
         self.running[call_id] = running
+        session_id = call.session.session_id
+        self.generating[session_id] = running
 
         def forget(_: asyncio.Task[None]) -> None:
-            if self.running.get(call_id) is running:  # the id may be in use again
+            # Both ids may be in use again by the time this runs.
+            if self.running.get(call_id) is running:
                 del self.running[call_id]
+            if self.generating.get(session_id) is running:
+                del self.generating[session_id]
 
         running.task.add_done_callback(forget)
 
@@ -231,10 +238,10 @@ class _Socket:
         """The socket is gone: cancel its Generates and wait until their engine requests
         are aborted and their sessions freed (the sessions themselves stay)."""
         self.open = False
-        running = list(self.running.items())
-        for call_id, _ in running:
-            self.cancel(call_id)
-        await asyncio.gather(*(r.task for _, r in running), return_exceptions=True)
+        running = list(self.running.values())
+        for call in running:
+            call.cancel()
+        await asyncio.gather(*(call.task for call in running), return_exceptions=True)
 
 
 class _Running:
@@ -245,6 +252,13 @@ class _Running:
         self.task: asyncio.Task[None]
         self.started = False
         self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        # A task cancelled before its first step never runs its body: it would neither
+        # free the session nor answer. Such a task sees `cancelled` when it starts.
+        if self.started:
+            self.task.cancel()
 
 
 class _BadFrame(Exception):
@@ -266,7 +280,7 @@ async def salience_socket(websocket: WebSocket) -> None:
         await websocket.close(code=1008)
         return
     engine = get_engine(websocket)
-    sock = _Socket(websocket, engine, _store(websocket, engine))
+    sock = _Socket(websocket, engine, _shared(websocket, engine))
     try:
         while True:
             message = await websocket.receive()

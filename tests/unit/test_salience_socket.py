@@ -282,3 +282,19 @@ def test_a_request_that_is_not_an_object_is_invalid_and_the_socket_survives() ->
             assert ws.receive_json()["error"]["code"] == "INVALID_ARGUMENT"
         ws.send_json({"id": "o", "method": "OpenSession", "request": {"model": "fake"}})
         assert "sessionId" in ws.receive_json()["response"]
+
+
+async def test_closing_a_session_from_another_socket_aborts_its_generate() -> None:
+    engine = FakeEngine(step_delay=0.01)
+    app = create_app(Settings(model="fake"), engine=engine)
+    first, second = Wire(app), Wire(app)
+    sid = await first.open_session()
+    first.send(gen("g", sessionId=sid, appendTokens=[1], maxTokens=400))
+    assert "token" in (await first.recv())["event"]
+    second.send({"id": "c", "method": "CloseSession", "request": {"sessionId": sid}})
+    assert await second.recv() == {"id": "c", "response": {}}
+    replies = await until(first, "done")
+    assert replies[-1]["event"]["done"]["finishReason"] == "FINISH_REASON_CANCELLED"
+    assert len(replies) < 100 and engine.running == set()
+    await first.disconnect()
+    await second.disconnect()
