@@ -1,5 +1,0 @@
-"""evergreen transport adapter (being written)."""
-
-from fastapi import APIRouter
-
-router = APIRouter()
