@@ -302,6 +302,67 @@ async def test_cancel_and_disconnect_abort_engine_requests(live_server) -> None:
         assert len(again["response"]["tokens"]) > len(ids) + produced
 
 
+async def test_full_context_scoring_and_an_instant_cancel(live_server) -> None:  # type: ignore[no-untyped-def]
+    tok = live_server.engine.tokenizer
+    text = "for i in range(10):\n    print(i)\n"
+    ids = (tok.encode(text, add_special_tokens=False) * 200)[:1023]
+    async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
+        client = JsonClient(ws)
+        session = (await client.call("OpenSession", {"model": live_server.model}))["response"][
+            "sessionId"
+        ]
+        filled = await client.generate(
+            {"sessionId": session, "appendTokens": ids, "offset": 0, "maxTokens": 1, "topK": 1}
+        )
+        assert filled[-1]["done"]["totalTokens"] == 1024
+        # Scoring samples a token inside vLLM: a full session has no room for it. The
+        # refusal leaves the session alone.
+        full = await client.generate(
+            {
+                "sessionId": session,
+                "offset": 1024,
+                "logprobsRanges": [{"start": 1000, "end": 1024}],
+            }
+        )
+        assert full[0]["error"]["code"] == "RESOURCE_EXHAUSTED"
+        dump = await client.call("DumpSession", {"sessionId": session})
+        assert len(dump["response"]["tokens"]) == 1024
+        scored = await client.generate(
+            {
+                "sessionId": session,
+                "offset": 1023,
+                "truncating": True,
+                "logprobsRanges": [{"start": 1020, "end": 1023}],
+            }
+        )
+        assert [t["position"] for t in tokens_of(scored)] == [1020, 1021, 1022]
+        assert all(t["hasSampledLogprob"] for t in tokens_of(scored))
+        # A cancel sent right behind its Generate still ends the call with done.
+        await ws.send(
+            json.dumps(
+                {
+                    "id": "quick",
+                    "method": "Generate",
+                    "request": {
+                        "sessionId": session,
+                        "offset": 100,
+                        "truncating": True,
+                        "maxTokens": 500,
+                    },
+                }
+            )
+        )
+        await ws.send(json.dumps({"id": "quick", "cancel": True}))
+        while "done" not in (reply := json.loads(await ws.recv()))["event"]:
+            assert reply["id"] == "quick"
+        done = reply["event"]["done"]
+        assert done["finishReason"] == "FINISH_REASON_CANCELLED"
+        assert live_server.wait_idle() == 0
+        dump = await client.call("DumpSession", {"sessionId": session})
+        assert len(dump["response"]["tokens"]) == done["totalTokens"]
+        assert dump["response"]["tokens"][:100] == ids[:100]
+
+
 def test_json_mapping_roundtrip() -> None:
     request = json_format.ParseDict(
         {"sessionId": "s", "appendTokens": [1, 2], "logprobsRanges": [{"start": 0, "end": 2}]},
