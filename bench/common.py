@@ -1,13 +1,19 @@
-"""What every benchmark shares: the machine it ran on, and writing its table into a
-document between `<!-- bench:NAME -->` markers."""
+"""What every benchmark shares: the machine it ran on, starting and stopping a server
+under test, and writing its table into a document between `<!-- bench:NAME -->`
+markers."""
 
 from __future__ import annotations
 
 import os
 import platform
 import re
+import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,3 +42,38 @@ def write_table(name: str, table: str, document: Path = ROOT / "README.md") -> N
     if not pattern.search(text):
         raise ValueError(f"{document} has no bench:{name} markers")
     document.write_text(pattern.sub(lambda m: m.group(1) + table + m.group(2), text))
+
+
+def start_server(command: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    """Start a server process (in its own process group) and wait until /health answers.
+    One CPU engine at a time: the caller stops it with `stop_server` before the next."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{command[2]} exited at start; see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    stop_server(proc)
+    raise TimeoutError(f"{command[2]} did not start; see {log}")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
-from common import machine, write_table
+from common import machine, start_server, stop_server, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -36,6 +35,7 @@ PY = sys.executable
 INPUT_LEN, OUTPUT_LEN = 128, 64
 CONCURRENCY = {1: 16, 8: 64, 32: 128}  # concurrency -> number of prompts
 ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "1024"]
+# The bare-engine child; servers get the same from common.start_server.
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
 TARGETS = ("switchboard", "vllm serve", "bare engine")
 
@@ -74,27 +74,8 @@ def server_command(target: str, port: int) -> list[str]:
     ]
 
 
-def start_server(target: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        server_command(target, port),
-        cwd=ROOT,
-        env=ENV,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{target} exited at start; see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    else:
-        raise TimeoutError(f"{target} did not start")
+def warm_server(target: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    proc = start_server(server_command(target, port), port, log)
     # The first request of a fresh CPU engine pays its warm-up; keep it out of the figures.
     httpx.post(
         f"http://127.0.0.1:{port}/v1/completions",
@@ -102,15 +83,6 @@ def start_server(target: str, port: int, log: Path) -> subprocess.Popen[bytes]:
         timeout=300,
     )
     return proc
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def bench_serve(port: int, concurrency: int, prompts: int) -> dict[str, float]:
@@ -287,7 +259,7 @@ def main() -> None:
             if target == "bare engine":
                 raw[target].append(bare_engine_round(log))
                 continue
-            proc = start_server(target, args.port, log)
+            proc = warm_server(target, args.port, log)
             try:
                 raw[target].append(
                     {c: bench_serve(args.port, c, n) for c, n in CONCURRENCY.items()}

@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,14 +25,14 @@ from typing import Any
 import httpx
 import numpy as np
 import websockets
-from common import machine, write_table
+from common import machine, start_server, stop_server, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / ".cache" / "tiny-model-8k"
 DELTA, DECODE, PORT = 200, 16, 8125
 
 
-def start_server() -> subprocess.Popen[bytes]:
+def serve_8k() -> subprocess.Popen[bytes]:
     if not (MODEL / "config.json").is_file():
         subprocess.run(
             [
@@ -49,39 +47,25 @@ def start_server() -> subprocess.Popen[bytes]:
             check=True,
             cwd=ROOT,
         )
-    log = (ROOT / "bench" / "results" / "salience_session.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app.cli",
-            "serve",
-            "--model",
-            str(MODEL),
-            "--served-model-name",
-            "tiny",
-            "--port",
-            str(PORT),
-            "--log-level",
-            "warning",
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "8192",
-        ],
-        cwd=ROOT,
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    for _ in range(300):
-        try:
-            if httpx.get(f"http://127.0.0.1:{PORT}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(1)
-    raise TimeoutError("server did not start")
+    command = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "serve",
+        "--model",
+        str(MODEL),
+        "--served-model-name",
+        "tiny",
+        "--port",
+        str(PORT),
+        "--log-level",
+        "warning",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "8192",
+    ]
+    return start_server(command, PORT, ROOT / "bench" / "results" / "salience_session.log")
 
 
 async def completions_turn(client: httpx.AsyncClient, ids: list[int]) -> tuple[int, float]:
@@ -201,12 +185,11 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=36)
     args = parser.parse_args()
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    proc = start_server()
+    proc = serve_8k()
     try:
         rows = asyncio.run(run(args.turns))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+        stop_server(proc)
     (ROOT / "bench" / "results" / "salience_session.json").write_text(
         json.dumps(
             {
