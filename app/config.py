@@ -65,7 +65,11 @@ class Settings(BaseSettings):
     evergreen_max_pending_actions: int = Field(
         default=64, description="Actions waiting on inputs per Evergreen session."
     )
-    evergreen_max_depth: int = Field(default=64, description="Deepest node nesting accepted.")
+    evergreen_max_depth: int = Field(
+        default=256,
+        description="Longest chain of nested nodes accepted (a conversation that nests "
+        "each turn in the next grows it by one a turn).",
+    )
     evergreen_file_root: Path | None = Field(
         default=None,
         description="Directory that `file://` refs may read under; unset: file refs rejected.",

@@ -18,7 +18,8 @@ protocol needs to say about it, so no adapter keeps its own mapping table:
 
 The columns: HTTP status, OpenAI error `type`, Salience/gRPC status name. GraphPipe's
 numeric error code is the HTTP status (GraphPipe leaves codes to the server), and an
-Evergreen abort carries `evergreen_reason`, a short upper-case reason, plus the message.
+Evergreen abort carries `evergreen_reason`, a short upper-case reason, plus the message,
+and closes its websocket with `evergreen_close_code`.
 
 Exceptions coming from vLLM are translated into this tree in one place:
 `app.engine.vllm.map_engine_errors`.
@@ -27,6 +28,18 @@ Exceptions coming from vLLM are translated into this tree in one place:
 from __future__ import annotations
 
 from typing import ClassVar
+
+# gRPC's numeric status codes, for the names used below.
+_GRPC_CODES = {
+    "INVALID_ARGUMENT": 3,
+    "NOT_FOUND": 5,
+    "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9,
+    "ABORTED": 10,
+    "INTERNAL": 13,
+    "UNAVAILABLE": 14,
+    "UNAUTHENTICATED": 16,
+}
 
 
 class SwitchboardError(Exception):
@@ -46,6 +59,11 @@ class SwitchboardError(Exception):
     @property
     def graphpipe_code(self) -> int:
         return self.http_status
+
+    @property
+    def evergreen_close_code(self) -> int:
+        """The websocket close code an Evergreen abort ends with: 4000 + gRPC code."""
+        return 4000 + _GRPC_CODES[self.evergreen_reason]
 
     def openai_body(self) -> dict[str, object]:
         """The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`."""

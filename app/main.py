@@ -18,7 +18,7 @@ from app.config import Settings
 from app.engine.base import Engine
 from app.errors import SwitchboardError
 from app.metrics import install_metrics
-from app.routes import graphpipe, openai, salience
+from app.routes import evergreen, graphpipe, openai, salience
 from app.routes.bodies import describe_errors
 from app.routes.responses import OrjsonResponse
 
@@ -54,7 +54,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     if engine is not None:
         app.state.engine = engine
     _install_error_handlers(app)
-    for module in (openai, graphpipe, salience):
+    for module in (openai, graphpipe, salience, evergreen):
         app.include_router(module.router)
     install_metrics(app)
     return app

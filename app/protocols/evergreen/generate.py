@@ -1,0 +1,283 @@
+"""GENERATE, the action Evergreen sessions run on the engine. Sans-IO.
+
+- `plan_action` validates an action when it arrives, before its inputs do: its name,
+  its parameters (one input, `prompt` or `text`; at most one output, `response` or
+  `text`), its configs and its target. Unknown names, configs or keys abort the session
+  rather than being ignored: a typo must not silently change what is generated.
+- Configs are `google.protobuf.Struct`s in `Action.configs` (a JSON-mappable generation
+  config): max_tokens (alias max_output_tokens), temperature, top_p, top_k, seed, stop
+  (alias stop_sequences), in snake_case or camelCase. Without max_tokens, generation may
+  use the rest of the context, as an OpenAI chat completion does.
+- `target_spec.id` is empty or the served model's name (the base model), or the name of
+  a loaded LoRA adapter; anything else is NOT_FOUND.
+- `prompt_token_ids` turns the flattened input into a prompt. Text chunks (`text/*` and
+  `application/x-latex`, decoded by their `charset`, UTF-8 by default) are text;
+  `application/x-protobuf; type=EndOfTurn` ends a turn; a chunk's `role` names the
+  turn's speaker (empty: `user`; the server's own outputs are `model`, which chat
+  templates call `assistant`), and a change of role starts a new turn. With a chat
+  template the turns are chat messages, with a generation prompt after them; without
+  one the text is concatenated. Any other type aborts, naming it.
+- The output is one text node: `OUTPUT_METADATA` on seq 0, then the text as the engine
+  produces it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2
+
+from app.engine.base import EngineInfo, SamplingOptions, Tokenizer
+from app.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from schemas import evergreen_pb2 as pb
+
+ACTION = "GENERATE"
+INPUT_NAMES = ("prompt", "text")
+OUTPUT_NAMES = ("response", "text")
+OUTPUT_METADATA = pb.ChunkMetadata(mimetype="text/plain", role="model")
+_TEXT_LIKE = frozenset({"application/x-latex"})
+_CHAT_ROLES = {"model": "assistant"}
+_CONFIG_ALIASES = {
+    "max_tokens": "max_tokens",
+    "max_output_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "seed": "seed",
+    "stop": "stop",
+    "stop_sequences": "stop",
+}
+_STRUCT = struct_pb2.Struct.DESCRIPTOR.full_name
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratePlan:
+    input_ids: tuple[str, ...]  # (the prompt's root,)
+    output_ids: tuple[str, ...]  # () or (the response's root,)
+    input_name: str
+    sampling: SamplingOptions
+    max_tokens: int | None  # None: the rest of the context
+    lora_name: str | None  # None: the base model
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One flattened input chunk with its payload read."""
+
+    node_id: str
+    metadata: pb.ChunkMetadata
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    role: str
+    text: str
+
+
+def plan_action(
+    action: pb.Action, info: EngineInfo, has_model: Callable[[str], bool]
+) -> GeneratePlan:
+    if action.name != ACTION:
+        raise InvalidRequest(f"action {action.name!r} is not supported; this server runs {ACTION}")
+    inputs = _parameters(action.inputs, INPUT_NAMES, "input")
+    outputs = _parameters(action.outputs, OUTPUT_NAMES, "output")
+    if len(inputs) != 1:
+        raise InvalidRequest(f"{ACTION} takes exactly one input, named one of {INPUT_NAMES}")
+    if len(outputs) > 1:
+        raise InvalidRequest(f"{ACTION} has one output; name it one of {OUTPUT_NAMES}")
+    config = _config(action.configs)
+    max_tokens = _config_int(config, "max_tokens", 1, info.max_model_len)
+    top_k = _config_int(config, "top_k", -1, info.vocab_size)
+    seed = _config_int(config, "seed", -(2**63), 2**63 - 1)
+    sampling = SamplingOptions(
+        max_tokens=max_tokens or 1,
+        temperature=_config_float(config, "temperature", 0.0, None, 1.0),
+        top_p=_config_float(config, "top_p", 0.0, 1.0, 1.0),
+        top_k=max(top_k or 0, 0),
+        seed=seed,
+        stop=_config_stop(config),
+    )
+    if sampling.top_p == 0.0:
+        raise InvalidRequest(f"{ACTION} config top_p must be in (0, 1]")
+    target = action.target_spec.id
+    lora_name: str | None = None
+    if target and target != info.model_name:
+        if not has_model(target):
+            raise ModelNotFound(
+                f"target {target!r} is not served here: use {info.model_name!r} (or an empty "
+                "target) for the base model, or the name of a loaded LoRA adapter"
+            )
+        lora_name = target
+    (input_name, input_id), *_ = inputs.items()
+    return GeneratePlan(
+        input_ids=(input_id,),
+        output_ids=tuple(outputs.values()),
+        input_name=input_name,
+        sampling=sampling,
+        max_tokens=max_tokens,
+        lora_name=lora_name,
+    )
+
+
+def _parameters(
+    parameters: Sequence[pb.NamedParameter], names: tuple[str, ...], kind: str
+) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for parameter in parameters:
+        if parameter.name not in names:
+            raise InvalidRequest(
+                f"{ACTION} has no {kind} named {parameter.name!r}; its {kind}s: {names}"
+            )
+        if parameter.name in out:
+            raise InvalidRequest(f"{ACTION} {kind} {parameter.name!r} is named twice")
+        out[parameter.name] = parameter.id
+    return out
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).lower()
+
+
+def _config(configs: Sequence[Any]) -> dict[str, object]:
+    merged: dict[str, object] = {}
+    for config in configs:
+        type_name = config.TypeName()
+        if type_name != _STRUCT:
+            raise InvalidRequest(
+                f"{ACTION} config of type {type_name!r} is not supported; send a {_STRUCT}"
+            )
+        struct = struct_pb2.Struct()
+        if not config.Unpack(struct):
+            raise InvalidRequest(f"{ACTION} config: the {_STRUCT} does not decode")
+        for key, value in json_format.MessageToDict(struct).items():
+            name = _CONFIG_ALIASES.get(_snake(key))
+            if name is None:
+                raise InvalidRequest(
+                    f"{ACTION} config key {key!r} is not supported; keys: "
+                    f"{sorted(set(_CONFIG_ALIASES))}"
+                )
+            if name in merged:
+                raise InvalidRequest(f"{ACTION} config {name!r} is given twice")
+            merged[name] = value
+    return merged
+
+
+def _config_number(config: dict[str, object], key: str) -> float | None:
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest(f"{ACTION} config {key!r} must be a number, not {value!r}")
+    return float(value)
+
+
+def _config_int(config: dict[str, object], key: str, low: int, high: int) -> int | None:
+    value = _config_number(config, key)
+    if value is None:
+        return None
+    if not value.is_integer() or not low <= value <= high:
+        raise InvalidRequest(f"{ACTION} config {key!r} must be an integer in [{low}, {high}]")
+    return int(value)
+
+
+def _config_float(
+    config: dict[str, object], key: str, low: float, high: float | None, default: float
+) -> float:
+    value = _config_number(config, key)
+    if value is None:
+        return default
+    if value < low or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise InvalidRequest(f"{ACTION} config {key!r} must be {bound}, not {value}")
+    return value
+
+
+def _config_stop(config: dict[str, object]) -> tuple[str, ...]:
+    value = config.get("stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise InvalidRequest(f"{ACTION} config 'stop' must be a string or a list of strings")
+    return tuple(stops)
+
+
+def _mimetype(value: str) -> tuple[str, dict[str, str]]:
+    base, *params = value.split(";")
+    parsed: dict[str, str] = {}
+    for param in params:
+        key, _, val = param.partition("=")
+        parsed[key.strip().lower()] = val.strip().strip('"')
+    return base.strip().lower(), parsed
+
+
+def _is_end_of_turn(base: str, params: dict[str, str]) -> bool:
+    kind = params.get("type", "")
+    return base == "application/x-protobuf" and kind.rpartition(".")[2] == "EndOfTurn"
+
+
+def turns(chunks: Sequence[Chunk], info: EngineInfo) -> list[Turn]:
+    out: list[Turn] = []
+    role: str | None = None
+    texts: list[str] = []
+
+    def flush() -> None:
+        nonlocal role
+        if role is not None:
+            out.append(Turn(role, "".join(texts)))
+        role = None
+        texts.clear()
+
+    for chunk in chunks:
+        base, params = _mimetype(chunk.metadata.mimetype)
+        if _is_end_of_turn(base, params):
+            flush()
+            continue
+        if not (base.startswith("text/") or base in _TEXT_LIKE):
+            raise InvalidRequest(
+                f"{ACTION}: node {chunk.node_id!r} is {chunk.metadata.mimetype!r}, and the "
+                f"model {info.model_name!r} takes text only"
+            )
+        charset = params.get("charset", "utf-8")
+        try:
+            text = chunk.data.decode(charset)
+        except LookupError as exc:
+            raise InvalidRequest(f"node {chunk.node_id!r}: unknown charset {charset!r}") from exc
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(f"node {chunk.node_id!r}: not valid {charset}: {exc}") from exc
+        speaker = chunk.metadata.role or "user"
+        if role is not None and speaker != role:
+            flush()
+        role = speaker
+        texts.append(text)
+    flush()
+    return out
+
+
+def prompt_token_ids(
+    plan: GeneratePlan, chunks: Sequence[Chunk], tokenizer: Tokenizer, info: EngineInfo
+) -> tuple[list[int], SamplingOptions]:
+    """The prompt, and the sampling options with max_tokens fitted to the context."""
+    conversation = turns(chunks, info)
+    if not conversation:
+        raise InvalidRequest(f"{ACTION}: input {plan.input_name!r} holds no text")
+    if info.has_chat_template:
+        messages = [
+            {"role": _CHAT_ROLES.get(t.role, t.role), "content": t.text} for t in conversation
+        ]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    else:
+        ids = tokenizer.encode("".join(t.text for t in conversation))
+    room = info.max_model_len - len(ids)
+    max_tokens = plan.max_tokens if plan.max_tokens is not None else room
+    if room <= 0 or max_tokens > room:
+        raise ContextLengthExceeded(
+            f"{ACTION}: the prompt is {len(ids)} tokens and {max_tokens} more were asked for; "
+            f"the model's context is {info.max_model_len} tokens"
+        )
+    sampling = replace(plan.sampling, max_tokens=max_tokens)
+    return ids, sampling
