@@ -146,13 +146,17 @@ class _Connection:
         try:
             await asyncio.wait({reader, failed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (reader, failed):
-                task.cancel()
-            await asyncio.gather(reader, failed, return_exceptions=True)
-            await self._stop_actions()
-            self.session.end(self.failure)
+            # Shielded: even when this handler is cancelled (server shutdown), every
+            # engine request of the session is aborted and its nodes dropped.
+            await asyncio.shield(self._end([reader, failed, *self.actions.values()]))
         if self.failure is not None:
             await self.abort(self.failure)
+
+    async def _end(self, tasks: Sequence[asyncio.Task[Any]]) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.session.end(self.failure)
 
     async def _read(self) -> None:
         while True:
@@ -173,18 +177,14 @@ class _Connection:
 
     def start(self, ready: Sequence[Ready[GeneratePlan]]) -> None:
         for action in ready:
-            self.actions[action.index] = asyncio.create_task(self._run(action))
+            task = asyncio.create_task(self._run(action))
+            self.actions[action.index] = task
+            task.add_done_callback(lambda _, index=action.index: self.actions.pop(index, None))
 
     def fail(self, exc: SwitchboardError) -> None:
         if self.failure is None:
             self.failure = exc
             self._failed.set()
-
-    async def _stop_actions(self) -> None:
-        tasks = list(self.actions.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def abort(self, exc: SwitchboardError) -> None:
         await self.send(abort_message(exc))
