@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
@@ -179,7 +180,10 @@ class _Connection:
         for action in ready:
             task = asyncio.create_task(self._run(action))
             self.actions[action.index] = task
-            task.add_done_callback(lambda _, index=action.index: self.actions.pop(index, None))
+            task.add_done_callback(functools.partial(self._forget, action.index))
+
+    def _forget(self, index: int, _: asyncio.Task[None]) -> None:
+        self.actions.pop(index, None)
 
     def fail(self, exc: SwitchboardError) -> None:
         if self.failure is None:
