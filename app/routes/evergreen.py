@@ -193,7 +193,7 @@ class _Connection:
     async def abort(self, exc: SwitchboardError) -> None:
         await self.send(abort_message(exc))
         reason = exc.message.encode()[:_CLOSE_REASON_BYTES].decode(errors="ignore")
-        with contextlib.suppress(RuntimeError):  # the client closed first
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):  # the client left first
             await self.websocket.close(code=exc.evergreen_close_code, reason=reason)
 
     # -- one action ------------------------------------------------------------------
