@@ -9,6 +9,7 @@ import platform
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,17 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def serve_tiny_8k(port: int, log: Path) -> subprocess.Popen[bytes]:
+    """Switchboard on the tiny model with 8,192 positions (built on first use), room for
+    long conversations."""
+    model = ROOT / ".cache" / "tiny-model-8k"
+    if not (model / "config.json").is_file():
+        build = [sys.executable, "-m", "app.cli", "make-tiny-model", str(model)]
+        build += ["--max-position-embeddings", "8192"]
+        subprocess.run(build, check=True, cwd=ROOT)
+    command = [sys.executable, "-m", "app.cli", "serve", "--model", str(model)]
+    command += ["--served-model-name", "tiny", "--port", str(port), "--log-level", "warning"]
+    command += ["--dtype", "float32", "--max-model-len", "8192"]
+    return start_server(command, port, log)

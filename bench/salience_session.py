@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,47 +23,10 @@ from typing import Any
 import httpx
 import numpy as np
 import websockets
-from common import machine, start_server, stop_server, write_table
+from common import machine, serve_tiny_8k, stop_server, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / ".cache" / "tiny-model-8k"
 DELTA, DECODE, PORT = 200, 16, 8125
-
-
-def serve_8k() -> subprocess.Popen[bytes]:
-    if not (MODEL / "config.json").is_file():
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "app.cli",
-                "make-tiny-model",
-                str(MODEL),
-                "--max-position-embeddings",
-                "8192",
-            ],
-            check=True,
-            cwd=ROOT,
-        )
-    command = [
-        sys.executable,
-        "-m",
-        "app.cli",
-        "serve",
-        "--model",
-        str(MODEL),
-        "--served-model-name",
-        "tiny",
-        "--port",
-        str(PORT),
-        "--log-level",
-        "warning",
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "8192",
-    ]
-    return start_server(command, PORT, ROOT / "bench" / "results" / "salience_session.log")
 
 
 async def completions_turn(client: httpx.AsyncClient, ids: list[int]) -> tuple[int, float]:
@@ -185,7 +146,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=36)
     args = parser.parse_args()
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    proc = serve_8k()
+    proc = serve_tiny_8k(PORT, ROOT / "bench" / "results" / "salience_session.log")
     try:
         rows = asyncio.run(run(args.turns))
     finally:
