@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,11 @@ def write_table(name: str, table: str, document: Path = ROOT / "README.md") -> N
     if not pattern.search(text):
         raise ValueError(f"{document} has no bench:{name} markers")
     document.write_text(pattern.sub(lambda m: m.group(1) + table + m.group(2), text))
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
 
 
 def start_server(command: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:

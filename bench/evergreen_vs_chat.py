@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 import websockets
-from common import machine, serve_tiny_8k, stop_server, write_table
+from common import machine, markdown_table, serve_tiny_8k, stop_server, write_table
 from google.protobuf import struct_pb2
 
 from schemas import evergreen_service_pb2 as service_pb
@@ -260,29 +260,52 @@ def main() -> None:
         f"Greedy generations of {OUTPUT_TOKENS} tokens, {REQUESTS_PER_CLIENT} per client in "
         f"a row; one server, tiny model; medians of {args.rounds} alternating rounds.",
         "",
-        "| clients | Evergreen tok/s | chat SSE tok/s | Evergreen vs chat "
-        "| Evergreen TTFT ms | chat TTFT ms |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in streams:
-        lines.append(
-            f"| {row['clients']} | {row['evergreen_tok_s']:.0f} | {row['chat_tok_s']:.0f} | "
-            f"{row['ratio']:.2f}x | {row['evergreen_ttft_ms']:.1f} | {row['chat_ttft_ms']:.1f} |"
-        )
-    lines += [
+        *markdown_table(
+            [
+                "clients",
+                "Evergreen tok/s",
+                "chat SSE tok/s",
+                "Evergreen vs chat",
+                "Evergreen TTFT ms",
+                "chat TTFT ms",
+            ],
+            [
+                [
+                    row["clients"],
+                    f"{row['evergreen_tok_s']:.0f}",
+                    f"{row['chat_tok_s']:.0f}",
+                    f"{row['ratio']:.2f}x",
+                    f"{row['evergreen_ttft_ms']:.1f}",
+                    f"{row['chat_ttft_ms']:.1f}",
+                ]
+                for row in streams
+            ],
+        ),
         "",
         f"A conversation: each turn asks {len(QUESTION) + 9}-odd characters and decodes "
         f"{TURN_DECODE} tokens.",
         "",
-        "| turn | Evergreen bytes sent | chat bytes sent | Evergreen TTFT ms | chat TTFT ms |",
-        "|---|---|---|---|---|",
+        *markdown_table(
+            [
+                "turn",
+                "Evergreen bytes sent",
+                "chat bytes sent",
+                "Evergreen TTFT ms",
+                "chat TTFT ms",
+            ],
+            [
+                [
+                    row["turn"],
+                    row["evergreen_bytes"],
+                    row["chat_bytes"],
+                    f"{row['evergreen_ttft_ms']:.1f}",
+                    f"{row['chat_ttft_ms']:.1f}",
+                ]
+                for row in turns
+                if row["turn"] == 1 or row["turn"] % 5 == 0
+            ],
+        ),
     ]
-    for row in turns:
-        if row["turn"] == 1 or row["turn"] % 5 == 0:
-            lines.append(
-                f"| {row['turn']} | {row['evergreen_bytes']} | {row['chat_bytes']} | "
-                f"{row['evergreen_ttft_ms']:.1f} | {row['chat_ttft_ms']:.1f} |"
-            )
     table = "\n".join(lines)
     write_table("evergreen", table)
     print(table)

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import numpy as np
 import websockets
-from common import machine, serve_tiny_8k, stop_server, write_table
+from common import machine, markdown_table, serve_tiny_8k, stop_server, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 DELTA, DECODE, PORT = 200, 16, 8125
@@ -167,17 +167,29 @@ def main() -> None:
         f"Each turn appends {DELTA} tokens and decodes {DECODE}; one server, tiny model "
         "with 8,192 positions.",
         "",
-        "| turn | session tokens | Salience bytes sent | completions bytes sent "
-        "| Salience TTFT ms | completions TTFT ms |",
-        "|---|---|---|---|---|---|",
+        *markdown_table(
+            [
+                "turn",
+                "session tokens",
+                "Salience bytes sent",
+                "completions bytes sent",
+                "Salience TTFT ms",
+                "completions TTFT ms",
+            ],
+            [
+                [
+                    row["turn"],
+                    row["session_tokens"],
+                    row["salience_bytes"],
+                    row["completions_bytes"],
+                    f"{row['salience_ttft_ms']:.1f}",
+                    f"{row['completions_ttft_ms']:.1f}",
+                ]
+                for row in rows
+                if row["turn"] == 1 or row["turn"] % 5 == 0
+            ],
+        ),
     ]
-    for row in rows:
-        if row["turn"] == 1 or row["turn"] % 5 == 0:
-            lines.append(
-                f"| {row['turn']} | {row['session_tokens']} | {row['salience_bytes']} | "
-                f"{row['completions_bytes']} | {row['salience_ttft_ms']:.1f} | "
-                f"{row['completions_ttft_ms']:.1f} |"
-            )
     table = "\n".join(lines)
     write_table("salience", table)
     print(table)
