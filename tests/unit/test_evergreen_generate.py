@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 from google.protobuf import struct_pb2, text_format
@@ -128,6 +129,15 @@ def test_configs() -> None:
     ]:
         with pytest.raises(InvalidRequest, match=match):
             plan(bad)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_config_number_that_is_not_finite_is_invalid(value: float) -> None:
+    # A binary Struct can carry them; JSON cannot, and json_format raised ValueError,
+    # which the socket reported as INTERNAL instead of the client's INVALID_ARGUMENT.
+    for config in ({"temperature": value}, {"stop": ["a", value]}):
+        with pytest.raises(InvalidRequest, match="finite"):
+            plan(config)
 
 
 def test_a_config_that_is_not_a_struct_is_refused() -> None:

@@ -193,6 +193,20 @@ def test_a_malformed_frame_aborts(
     assert code == 4003 and reason == status["message"][:123]
 
 
+def test_a_config_number_out_of_range_is_invalid_argument(client: TestClient) -> None:
+    # 1e400 parses as infinity; the Struct then does not map back to JSON.
+    frame = (
+        '{"actions": [{"name": "GENERATE", "inputs": [{"name": "prompt", "id": "p"}], '
+        '"configs": [{"@type": "type.googleapis.com/google.protobuf.Struct", '
+        '"value": {"temperature": 1e400}}]}]}'
+    )
+    with client.websocket_connect("/evergreen/ws") as ws:
+        ws.send_text(frame)
+        status, code, _ = Socket(ws, binary=False).aborted()
+    assert status["code"] == "INVALID_ARGUMENT" and "finite" in status["message"]
+    assert code == 4003
+
+
 def test_an_abort_mid_generation_aborts_the_engine_request(engine: FakeEngine) -> None:
     engine.step_delay = 0.01
     with client_for(engine) as client, client.websocket_connect("/evergreen/ws") as ws:

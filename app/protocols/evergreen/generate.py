@@ -153,7 +153,11 @@ def _config(configs: Sequence[Any]) -> dict[str, object]:
         struct = struct_pb2.Struct()
         if not config.Unpack(struct):
             raise InvalidRequest(f"{ACTION} config: the {_STRUCT} does not decode")
-        for key, value in json_format.MessageToDict(struct).items():
+        try:
+            values = json_format.MessageToDict(struct)
+        except ValueError as exc:  # NaN or an infinity: JSON has no such number
+            raise InvalidRequest(f"{ACTION} config numbers must be finite: {exc}") from exc
+        for key, value in values.items():
             name = _CONFIG_ALIASES.get(_snake(key))
             if name is None:
                 raise InvalidRequest(
