@@ -32,7 +32,8 @@ waits on its own output, or actions that wait on each other's, abort (they could
 run). Only the outputs an action names are produced.
 
 Limits per session, each aborting with RESOURCE_EXHAUSTED: node ids known (received or
-named), bytes held (inline data, decoded refs, child ids, the server's outputs), actions
+named), bytes held (inline data, decoded refs, child ids, metadata, the server's outputs,
+and `FRAGMENT_OVERHEAD` per fragment kept), actions
 waiting or running, and the chunks and bytes one input flattens to (a DAG that shares
 nodes could otherwise flatten to exponentially many).
 """
@@ -50,6 +51,10 @@ from schemas import evergreen_pb2 as pb
 from schemas import evergreen_service_pb2 as service_pb
 
 Payload = bytes | FileRef
+# Bytes charged for every fragment the session keeps, besides its payload, child ids and
+# metadata: about what CPython spends on one (~140 bytes), so that a flood of empty
+# fragments is bounded by `max_bytes` like everything else the session holds.
+FRAGMENT_OVERHEAD = 128
 
 
 class NodeState(enum.Enum):
@@ -270,12 +275,20 @@ class Session(Generic[P]):
         if fragment.HasField("chunk_fragment"):
             chunk = fragment.chunk_fragment
             if chunk.HasField("metadata"):
-                metadata = chunk.metadata
+                # A copy: the client's message is a view into the frame's arena, and
+                # keeping a view would keep the whole frame in memory.
+                metadata = pb.ChunkMetadata()
+                metadata.CopyFrom(chunk.metadata)
             if chunk.WhichOneof("payload") == "ref":
                 payload = parse_ref(chunk.ref, self.limits.files_allowed)
             else:
                 payload = chunk.data
-        self._charge((len(payload) if isinstance(payload, bytes) else 0) + sum(map(len, children)))
+        self._charge(
+            FRAGMENT_OVERHEAD
+            + (len(payload) if isinstance(payload, bytes) else 0)
+            + sum(map(len, children))
+            + (metadata.ByteSize() if metadata is not None else 0)
+        )
         if children:
             self._link(node_id, children)
             node.leaf = False
@@ -335,7 +348,11 @@ class Session(Generic[P]):
         seq = len(node.pieces)
         if seq == 0 and metadata is None:
             raise FailedPrecondition(f"output {node_id!r}: seq 0 needs the chunk's metadata")
-        self._charge(len(data))
+        self._charge(
+            FRAGMENT_OVERHEAD
+            + len(data)
+            + (metadata.ByteSize() if seq == 0 and metadata is not None else 0)
+        )
         fragment = pb.NodeFragment(id=node_id, seq=seq, continued=not final)
         fragment.chunk_fragment.data = data
         if seq == 0 and metadata is not None:
