@@ -34,14 +34,14 @@ run). Only the outputs an action names are produced.
 Limits per session, each aborting with RESOURCE_EXHAUSTED: node ids known (received or
 named), bytes held (inline data, decoded refs, child ids, metadata, the server's outputs,
 and `FRAGMENT_OVERHEAD` per fragment kept), actions
-waiting or running, and the chunks and bytes one input flattens to (a DAG that shares
+waiting or running, and the nodes and bytes one input flattens to (a DAG that shares
 nodes could otherwise flatten to exponentially many).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -382,31 +382,48 @@ class Session(Generic[P]):
 
     def leaves(self, root: str) -> list[Leaf]:
         """The chunks of a complete input tree, depth-first, shared nodes as often as
-        they occur."""
+        they occur. Every node visited counts against `max_nodes`, not only the leaves:
+        shared nodes without chunks would otherwise make a walk of exponential length
+        that yields nothing. Each node is read once, however often it is visited."""
         self._check_open()
         if root not in self._sealed:
             raise FailedPrecondition(f"node {root!r} is not complete")
         out: list[Leaf] = []
-        size = 0
-        stack = [root]
+        read: dict[str, Leaf | tuple[str, ...]] = {}  # a leaf's chunk, or a node's children
+        size = visits = 0
+        stack: list[Iterator[str]] = [iter((root,))]
         while stack:
-            node_id = stack.pop()
-            node = self._nodes[node_id]
-            pieces = [node.pieces[seq] for seq in sorted(node.pieces)]
-            if node.leaf:
-                parts = tuple(p.payload for p in pieces if p.payload is not None)
-                metadata = pieces[0].metadata
-                assert metadata is not None  # _classify refuses a leaf without one
-                out.append(Leaf(node_id, metadata, parts))
-                size += sum(len(p) for p in parts if isinstance(p, bytes))
-                if len(out) > self.limits.max_nodes or size > self.limits.max_bytes:
-                    raise ResourceExhausted(
-                        f"node {root!r} flattens to more than {self.limits.max_nodes} chunks "
-                        f"or {self.limits.max_bytes} bytes (it shares nodes too often)"
-                    )
+            node_id = next(stack[-1], None)
+            if node_id is None:
+                stack.pop()
+                continue
+            visits += 1
+            content = read.get(node_id)
+            if content is None:
+                content = read[node_id] = self._read(node_id)
+            if isinstance(content, Leaf):
+                out.append(content)
+                size += sum(len(p) for p in content.parts if isinstance(p, bytes))
             else:
-                stack.extend(reversed([c for p in pieces for c in p.child_ids]))
+                stack.append(iter(content))
+            if visits > self.limits.max_nodes or size > self.limits.max_bytes:
+                raise ResourceExhausted(
+                    f"node {root!r} flattens to more than {self.limits.max_nodes} nodes "
+                    f"or {self.limits.max_bytes} bytes (it shares nodes too often)"
+                )
         return out
+
+    def _read(self, node_id: str) -> Leaf | tuple[str, ...]:
+        """A complete node's content: a leaf's chunk, or the children in seq order."""
+        node = self._nodes[node_id]
+        pieces = [node.pieces[seq] for seq in sorted(node.pieces)]
+        if node.leaf:
+            metadata = pieces[0].metadata
+            assert metadata is not None  # _classify refuses a leaf without one
+            return Leaf(
+                node_id, metadata, tuple(p.payload for p in pieces if p.payload is not None)
+            )
+        return tuple(c for p in pieces for c in p.child_ids)
 
     def _check_open(self) -> None:
         if self.ended is not None:
