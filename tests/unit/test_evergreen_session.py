@@ -3,6 +3,9 @@ message, and what its walks cost on inputs built to make them expensive."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 import pytest
 from google.protobuf import text_format
 
@@ -61,3 +64,79 @@ def test_flattening_shared_nodes_without_chunks_ends() -> None:
     )
     with pytest.raises(ResourceExhausted, match="flattens to more than 10000 nodes"):
         session.leaves(below)
+
+
+def work(scenario: Callable[[int], None], n: int) -> int:
+    """Python and C calls made while `scenario(n)` runs: a measure of the work done that,
+    unlike a duration, does not depend on the machine."""
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        calls += 1
+
+    sys.setprofile(count)
+    try:
+        scenario(n)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def generate(prompt: str) -> service_pb.SessionMessage:
+    return message(
+        f'actions {{ name: "GENERATE" inputs {{ name: "prompt" id: "{prompt}" }} '
+        'outputs { name: "response" id: "r" } }'
+    )
+
+
+def leaf(node_id: str) -> service_pb.SessionMessage:
+    return message(
+        f'node_fragments {{ id: "{node_id}" chunk_fragment {{ '
+        'metadata { mimetype: "text/plain" } data: "x" } }'
+    )
+
+
+def shared_subtree(n: int) -> None:
+    """A node with n children that never arrive, then n parents of it."""
+    session = new_session()
+    wide = service_pb.SessionMessage()
+    wide.node_fragments.add(id="x", child_ids=[f"c{i}" for i in range(n)])
+    session.receive(wide)
+    for i in range(n):
+        parent = service_pb.SessionMessage()
+        parent.node_fragments.add(id=f"p{i}", child_ids=["x"])
+        session.receive(parent)
+
+
+def leaves_after_their_action(n: int) -> None:
+    """The action first (as the spec encourages), its prompt's n leaves one by one."""
+    session = new_session()
+    session.receive(generate("p"))
+    root = service_pb.SessionMessage()
+    root.node_fragments.add(id="p", child_ids=[f"c{i}" for i in range(n)])
+    session.receive(root)
+    for i in range(n):
+        session.receive(leaf(f"c{i}"))
+
+
+def streamed_root_after_its_action(n: int) -> None:
+    """The action first, then its prompt's root streamed one child per fragment."""
+    session = new_session()
+    session.receive(generate("p"))
+    for i in range(n):
+        part = service_pb.SessionMessage()
+        part.node_fragments.add(id="p", seq=i, continued=True, child_ids=[f"c{i}"])
+        session.receive(part)
+
+
+@pytest.mark.parametrize(
+    "scenario", [shared_subtree, leaves_after_their_action, streamed_root_after_its_action]
+)
+def test_a_fragment_costs_the_same_however_big_the_session(
+    scenario: Callable[[int], None],
+) -> None:
+    # Twice the fragments, about twice the work. Each fragment used to walk every node
+    # below it or every waiting action's tree: four times the work, 10^8 steps (tens of
+    # seconds of a blocked event loop) within the default limits.
+    assert work(scenario, 600) < 2.5 * work(scenario, 300)

@@ -22,7 +22,9 @@ session aborts. A pair that is not in the table aborts.
 - A node is complete once its final fragment (continued = false) and every fragment
   before it have arrived; a fragment past the final seq aborts.
 - Children may be named before they arrive. An edge that closes a cycle aborts, and so
-  does nesting deeper than `max_depth` nodes.
+  does nesting deeper than `max_depth` nodes. The graph's bookkeeping (edges, cycles,
+  depth, which trees are complete) is `app.protocols.evergreen.dag`, kept up to date
+  edge by edge: no fragment walks the whole session.
 
 Actions. An action reserves its output ids (they must be new: a node that has received
 a fragment, or another action's output, aborts) and waits until every input tree is
@@ -33,9 +35,9 @@ run). Only the outputs an action names are produced.
 
 Limits per session, each aborting with RESOURCE_EXHAUSTED: node ids known (received or
 named), bytes held (inline data, decoded refs, child ids, metadata, the server's outputs,
-and `FRAGMENT_OVERHEAD` per fragment kept), actions
-waiting or running, and the nodes and bytes one input flattens to (a DAG that shares
-nodes could otherwise flatten to exponentially many).
+and `FRAGMENT_OVERHEAD` per fragment kept), actions waiting or running, and the nodes
+and bytes one input flattens to (a DAG that shares nodes could otherwise flatten to
+exponentially many).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from app.errors import FailedPrecondition, InvalidRequest, ResourceExhausted, SwitchboardError
+from app.protocols.evergreen.dag import Dag
 from app.protocols.evergreen.refs import FileRef, parse_ref
 from schemas import evergreen_pb2 as pb
 from schemas import evergreen_service_pb2 as service_pb
@@ -183,12 +186,10 @@ class Session(Generic[P]):
         self.limits = limits
         self._planner = planner
         self._nodes: dict[str, _Node] = {}
-        self._children: dict[str, list[str]] = {}  # every child id received, per node
-        self._parents: dict[str, set[str]] = {}
-        # Nodes whose whole tree is complete (it can never change again), with the
-        # number of nodes on the longest path down from them (a leaf: 1).
-        self._sealed: dict[str, int] = {}
-        self._actions: list[_Action[P]] = []
+        # The edges, the depth limit, and which trees are complete ("sealed").
+        self._dag = Dag(limits.max_depth)
+        self._pending: dict[int, _Action[P]] = {}  # waiting or running, by index
+        self._action_count = 0
         self._bytes = 0
         self.ended: SwitchboardError | None = None
 
@@ -302,11 +303,12 @@ class Session(Generic[P]):
         if node.final_seq is not None and len(node.pieces) == node.final_seq + 1:
             node.state = NodeState.COMPLETE
             node.complete = True
+            self._dag.completed(node_id)
 
     def _action(self, action: pb.Action) -> None:
         plan = self._planner(action)
-        index = len(self._actions)
-        pending = sum(1 for a in self._actions if a.state is not ActionState.DONE)
+        index = self._action_count
+        pending = len(self._pending)
         if pending >= self.limits.max_pending_actions:
             raise ResourceExhausted(
                 f"action #{index}: {pending} actions are already waiting or running "
@@ -329,10 +331,12 @@ class Session(Generic[P]):
             node.state = NodeState.PRODUCED
             node.leaf = True
             node.producer = index
+            self._dag.watch(node_id)  # while the action waits (see _release)
         for node_id in plan.input_ids:
             if node_id not in self._nodes:
                 self._add_node(node_id, _Node())
-        self._actions.append(_Action(index, plan))
+        self._pending[index] = _Action(index, plan)
+        self._action_count += 1
 
     # -- the server's side -----------------------------------------------------------
 
@@ -361,19 +365,21 @@ class Session(Generic[P]):
         if final:
             node.final_seq = seq
             node.complete = True
+            self._dag.completed(node_id)
         return fragment
 
     def finish(self, index: int) -> list[Ready[P]]:
         """Action `index` has finished (its named outputs are final): returns the
         actions that can run now."""
         self._check_open()
-        action = self._actions[index]
-        if action.state is not ActionState.RUNNING:
+        action = self._pending.get(index)
+        if action is None or action.state is not ActionState.RUNNING:
             raise FailedPrecondition(f"action #{index} is not running")
         for node_id in action.plan.output_ids:
             if not self._nodes[node_id].complete:
                 raise FailedPrecondition(f"action #{index}: output {node_id!r} is not final")
         action.state = ActionState.DONE
+        del self._pending[index]
         try:
             return self._release()
         except SwitchboardError as exc:
@@ -386,7 +392,7 @@ class Session(Generic[P]):
         shared nodes without chunks would otherwise make a walk of exponential length
         that yields nothing. Each node is read once, however often it is visited."""
         self._check_open()
-        if root not in self._sealed:
+        if root not in self._dag.sealed:
             raise FailedPrecondition(f"node {root!r} is not complete")
         out: list[Leaf] = []
         read: dict[str, Leaf | tuple[str, ...]] = {}  # a leaf's chunk, or a node's children
@@ -434,9 +440,8 @@ class Session(Generic[P]):
         if self.ended is None:
             self.ended = reason or FailedPrecondition("the session was closed")
         self._nodes.clear()
-        self._children.clear()
-        self._parents.clear()
-        self._sealed.clear()
+        self._dag = Dag(self.limits.max_depth)
+        self._pending.clear()
         self._bytes = 0
 
     def state_of(self, node_id: str) -> NodeState:
@@ -471,123 +476,39 @@ class Session(Generic[P]):
     def _link(self, parent: str, children: Sequence[str]) -> None:
         if any(not child for child in children):
             raise InvalidRequest(f"node {parent!r}: a child id is empty")
-        above = self._depth_above(parent)
-        for child in set(children):
+        for child in dict.fromkeys(children):  # distinct, in order: errors are repeatable
             if child not in self._nodes:
                 self._add_node(child, _Node())
-            below = self._height(child, forbidden=parent)
-            if above + below > self.limits.max_depth:
-                raise InvalidRequest(
-                    f"node {parent!r}: nesting child {child!r} makes a chain of "
-                    f"{above + below} nodes, deeper than {self.limits.max_depth}"
-                )
-            self._children.setdefault(parent, []).append(child)
-            self._parents.setdefault(child, set()).add(parent)
-
-    def _height(self, start: str, forbidden: str | None = None) -> int:
-        """Nodes on the longest path down from `start`. Reaching `forbidden` means the
-        edge being added would close a cycle."""
-        heights: dict[str, int] = {}
-        stack: list[tuple[str, bool]] = [(start, False)]
-        while stack:
-            node_id, expanded = stack.pop()
-            if node_id == forbidden:
-                raise InvalidRequest(f"node {forbidden!r} would contain itself (a cycle)")
-            if node_id in heights:
-                continue
-            sealed = self._sealed.get(node_id)
-            if sealed is not None:
-                heights[node_id] = sealed
-                continue
-            children = self._children.get(node_id, ())
-            if expanded or not children:
-                heights[node_id] = 1 + max((heights[c] for c in children), default=0)
-                if heights[node_id] > self.limits.max_depth:
-                    raise InvalidRequest(
-                        f"node {node_id!r} nests deeper than {self.limits.max_depth} nodes"
-                    )
-                continue
-            stack.append((node_id, True))
-            stack.extend((c, False) for c in children if c not in heights)
-        return heights[start]
-
-    def _depth_above(self, start: str) -> int:
-        """Nodes on the longest path from a root down to `start`, `start` included."""
-        depths: dict[str, int] = {}
-        stack: list[tuple[str, bool]] = [(start, False)]
-        while stack:
-            node_id, expanded = stack.pop()
-            if node_id in depths:
-                continue
-            parents = self._parents.get(node_id, ())
-            if expanded or not parents:
-                depths[node_id] = 1 + max((depths[p] for p in parents), default=0)
-                continue
-            stack.append((node_id, True))
-            stack.extend((p, False) for p in parents if p not in depths)
-        return depths[start]
-
-    def _scan(self, root: str) -> tuple[bool, set[int]]:
-        """(is the tree under `root` complete, which actions' unfinished outputs it
-        holds). A complete tree is sealed: it never changes again."""
-        complete = True
-        producers: set[int] = set()
-        seen: set[str] = set()
-        stack = [root]
-        while stack:
-            node_id = stack.pop()
-            if node_id in seen or node_id in self._sealed:
-                continue
-            seen.add(node_id)
-            node = self._nodes[node_id]
-            if not node.complete:
-                complete = False
-                if node.producer is not None:
-                    producers.add(node.producer)
-            stack.extend(self._children.get(node_id, ()))
-        if complete:
-            self._seal(root)
-        return complete, producers
-
-    def _seal(self, root: str) -> None:
-        heights: dict[str, int] = {}
-        stack: list[tuple[str, bool]] = [(root, False)]
-        while stack:
-            node_id, expanded = stack.pop()
-            if node_id in heights or node_id in self._sealed:
-                continue
-            children = self._children.get(node_id, ())
-            if expanded or not children:
-                heights[node_id] = 1 + max(
-                    (heights.get(c) or self._sealed[c] for c in children), default=0
-                )
-                continue
-            stack.append((node_id, True))
-            stack.extend((c, False) for c in children)
-        self._sealed.update(heights)
+            self._dag.link(parent, child)
 
     # -- actions ---------------------------------------------------------------------
 
     def _release(self) -> list[Ready[P]]:
         ready: list[Ready[P]] = []
-        waits_on: dict[int, set[int]] = {}
-        for action in self._actions:
+        waiting: list[_Action[P]] = []
+        for action in self._pending.values():
             if action.state is not ActionState.WAITING:
                 continue
-            complete, producers = True, set()
-            for root in action.plan.input_ids:
-                done, held = self._scan(root)
-                complete = complete and done
-                producers |= held
-            if complete:
+            if all(root in self._dag.sealed for root in action.plan.input_ids):
                 action.state = ActionState.RUNNING
+                for node_id in action.plan.output_ids:
+                    self._dag.unwatch(node_id)
                 ready.append(Ready(action.index, action.plan))
             else:
-                waits_on[action.index] = producers
+                waiting.append(action)
+        # An action waits on another when its input trees hold the other's output.
         _refuse_deadlock(
             {
-                index: {p for p in producers if p in waits_on}
-                for index, producers in waits_on.items()
+                action.index: {
+                    other.index
+                    for other in waiting
+                    if any(
+                        self._dag.holds(root, output)
+                        for root in action.plan.input_ids
+                        for output in other.plan.output_ids
+                    )
+                }
+                for action in waiting
             }
         )
         return ready
