@@ -147,8 +147,10 @@ class _Connection:
         try:
             await asyncio.wait({reader, failed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            # Shielded: even when this handler is cancelled (server shutdown), every
-            # engine request of the session is aborted and its nodes dropped.
+            # Ended here, before any await: no action can start after the snapshot of
+            # the tasks to cancel. Shielded: even when this handler is cancelled (server
+            # shutdown), every engine request of the session is aborted.
+            self.session.end(self.failure)
             await asyncio.shield(self._end([reader, failed, *self.actions.values()]))
         if self.failure is not None:
             await self.abort(self.failure)
@@ -164,6 +166,7 @@ class _Connection:
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
                 self.open = False
+                self.session.end()  # running actions stop at their next fragment
                 return
             try:
                 ready = self.session.receive(self.decode(message))
@@ -177,6 +180,8 @@ class _Connection:
             self.start(ready)
 
     def start(self, ready: Sequence[Ready[GeneratePlan]]) -> None:
+        if self.session.ended is not None:
+            return
         for action in ready:
             task = asyncio.create_task(self._run(action))
             self.actions[action.index] = task
@@ -186,8 +191,12 @@ class _Connection:
         self.actions.pop(index, None)
 
     def fail(self, exc: SwitchboardError) -> None:
-        if self.failure is None:
+        """Abort the session. It ends at once, not when `serve` gets to it: a message
+        the reader takes meanwhile must not start actions, nor a running one emit.
+        Nothing to report once the client has left."""
+        if self.failure is None and self.open:
             self.failure = exc
+            self.session.end(exc)
             self._failed.set()
 
     async def abort(self, exc: SwitchboardError) -> None:

@@ -3,6 +3,7 @@ message and close code, auth, file refs, and no engine request outliving its ses
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -19,6 +20,7 @@ from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
 from app.errors import EngineError
 from app.main import create_app
+from app.routes.evergreen import _Connection
 from schemas import evergreen_service_pb2 as service_pb
 from tests.fake_engine import FakeEngine
 
@@ -307,3 +309,47 @@ def test_file_refs_read_under_the_root_only(engine: FakeEngine, tmp_path: Path) 
                 status, code, _ = sock.aborted()
             assert match in status["message"] and code == 4003
     assert engine.num_running_requests() == 0
+
+
+class ScriptedSocket:
+    """A websocket that delivers `frames` one per `receive`, yielding to the event loop
+    `pause` times before each but the first, then waits for ever (the session ends it)."""
+
+    def __init__(self, frames: list[str], pause: int) -> None:
+        self.frames = [message(text).SerializeToString() for text in frames]
+        self.pause = pause
+        self.sent: list[service_pb.SessionMessage] = []
+        self.close_code: int | None = None
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.frames:
+            await asyncio.Event().wait()
+        if len(self.frames) > 1 or self.sent:
+            for _ in range(self.pause):
+                await asyncio.sleep(0)
+        return {"type": "websocket.receive", "bytes": self.frames.pop(0)}
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.sent.append(service_pb.SessionMessage.FromString(data))
+
+    async def close(self, code: int, reason: str = "") -> None:
+        self.close_code = code
+
+
+@pytest.mark.parametrize("pause", range(1, 6))
+def test_nothing_starts_once_the_session_has_failed(engine: FakeEngine, pause: int) -> None:
+    # Action #0's prompt is too long: it fails as soon as it runs. A message the reader
+    # takes after that must not start action #1 on the engine (its request used to
+    # start, to be aborted a moment later, and could stream output before the ABORT).
+    socket = ScriptedSocket(
+        [
+            generate("p0", "r0", max_tokens=1) + leaf("p0", "x" * 600),
+            generate("p1", "r1", max_tokens=1) + leaf("p1", "hi"),
+        ],
+        pause,
+    )
+    connection = _Connection(socket, engine, Settings(model="fake"))  # type: ignore[arg-type]
+    asyncio.run(connection.serve())
+    assert engine.requests == []
+    (final,) = socket.sent
+    assert final.actions[0].name == "ABORT" and socket.close_code == 4008
