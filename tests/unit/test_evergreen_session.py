@@ -66,7 +66,7 @@ def test_flattening_shared_nodes_without_chunks_ends() -> None:
         session.leaves(below)
 
 
-def work(scenario: Callable[[int], None], n: int) -> int:
+def work(scenario: Callable[[int], object], n: int) -> int:
     """Python and C calls made while `scenario(n)` runs: a measure of the work done that,
     unlike a duration, does not depend on the machine."""
     calls = 0
@@ -140,3 +140,28 @@ def test_a_fragment_costs_the_same_however_big_the_session(
     # below it or every waiting action's tree: four times the work, 10^8 steps (tens of
     # seconds of a blocked event loop) within the default limits.
     assert work(scenario, 600) < 2.5 * work(scenario, 300)
+
+
+def waiting_actions(n: int) -> Callable[[int], None]:
+    """n actions waiting on prompts that never come; then, `leaves(k)` sends k leaves."""
+    session = new_session()
+    for i in range(n):
+        session.receive(
+            message(
+                f'actions {{ name: "GENERATE" inputs {{ name: "prompt" id: "p{i}" }} '
+                f'outputs {{ name: "response" id: "r{i}" }} }}'
+            )
+        )
+
+    def leaves(k: int) -> None:
+        for i in range(k):
+            session.receive(leaf(f"c{i}"))
+
+    return leaves
+
+
+def test_a_leaf_costs_no_more_than_a_look_at_each_waiting_action() -> None:
+    # Whether actions wait on each other is asked again only when an action arrives or
+    # an input tree comes to hold another's output, not for every message: that cost
+    # (waiting actions)^2 lookups, 140 times the cost of a leaf at 64 of them.
+    assert work(waiting_actions(64), 200) < 2.5 * work(waiting_actions(32), 200)

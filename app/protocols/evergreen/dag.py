@@ -18,7 +18,9 @@ fragment, so that a session's cost stays linear in what the client sends:
   that are not sealed; sealing one tells its parents. Completing a tree costs one step
   per edge, once, however many fragments it took.
 - Watched nodes (the outputs of waiting actions) keep the set of their ancestors, so
-  whether an input tree holds such an output is one lookup.
+  whether an input tree holds such an output is one lookup. `new_holds` says when one
+  of the `holders` (the inputs of waiting actions) has come to hold a watched node: only
+  then can actions have come to wait on each other.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class Dag:
         self._unsealed_children: dict[str, int] = {}
         self._complete: set[str] = set()  # complete, not sealed yet
         self._ancestors: dict[str, set[str]] = {}  # per watched node, itself included
+        self.holders: set[str] = set()
+        self.new_holds = False
 
     def height(self, node_id: str) -> int:
         return self._height.get(node_id, 1)
@@ -155,4 +159,5 @@ class Dag:
             node = stack.pop()
             if node not in into:
                 into.add(node)
+                self.new_holds = self.new_holds or node in self.holders
                 stack.extend(self._parents.get(node, ()))

@@ -335,6 +335,8 @@ class Session(Generic[P]):
         for node_id in plan.input_ids:
             if node_id not in self._nodes:
                 self._add_node(node_id, _Node())
+            self._dag.holders.add(node_id)
+        self._dag.new_holds = True  # the new action may wait on others, or they on it
         self._pending[index] = _Action(index, plan)
         self._action_count += 1
 
@@ -496,6 +498,11 @@ class Session(Generic[P]):
                 ready.append(Ready(action.index, action.plan))
             else:
                 waiting.append(action)
+        if ready:
+            self._dag.holders = {root for action in waiting for root in action.plan.input_ids}
+        if not self._dag.new_holds:
+            return ready  # no action can have come to wait on another since the last look
+        self._dag.new_holds = False
         # An action waits on another when its input trees hold the other's output.
         _refuse_deadlock(
             {
