@@ -140,6 +140,16 @@ def test_a_config_number_that_is_not_finite_is_invalid(value: float) -> None:
             plan(config)
 
 
+def test_a_config_struct_that_does_not_decode_is_invalid() -> None:
+    # Any.Unpack raises on a corrupt payload (it returns False only for another type):
+    # the socket reported it as INTERNAL.
+    action = pb.Action(name="GENERATE")
+    action.inputs.add(name="prompt", id="p")
+    action.configs.add(type_url="type.googleapis.com/google.protobuf.Struct", value=b"\xff\xff")
+    with pytest.raises(InvalidRequest, match="does not decode"):
+        plan_action(action, INFO, lambda name: False)
+
+
 def test_a_config_that_is_not_a_struct_is_refused() -> None:
     action = pb.Action(name="GENERATE")
     action.inputs.add(name="prompt", id="p")

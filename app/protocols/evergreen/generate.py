@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2
+from google.protobuf.message import DecodeError
 
 from app.engine.base import EngineInfo, SamplingOptions, Tokenizer
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
@@ -151,8 +152,10 @@ def _config(configs: Sequence[Any]) -> dict[str, object]:
                 f"{ACTION} config of type {type_name!r} is not supported; send a {_STRUCT}"
             )
         struct = struct_pb2.Struct()
-        if not config.Unpack(struct):
-            raise InvalidRequest(f"{ACTION} config: the {_STRUCT} does not decode")
+        try:
+            config.Unpack(struct)  # the type was checked above; a bad payload raises
+        except DecodeError as exc:
+            raise InvalidRequest(f"{ACTION} config: the {_STRUCT} does not decode: {exc}") from exc
         try:
             values = json_format.MessageToDict(struct)
         except ValueError as exc:  # NaN or an infinity: JSON has no such number
