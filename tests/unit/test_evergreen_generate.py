@@ -99,6 +99,8 @@ def test_text_like_types_and_charsets() -> None:
         turns([chunk(b"\xff")], INFO)
     with pytest.raises(InvalidRequest, match="unknown charset"):
         turns([chunk("a", "text/plain; charset=klingon")], INFO)
+    with pytest.raises(InvalidRequest, match="not valid undefined"):  # was INTERNAL
+        turns([chunk("a", "text/plain; charset=undefined")], INFO)
 
 
 def test_no_text_and_too_long_prompts_abort() -> None:

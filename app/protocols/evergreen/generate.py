@@ -254,7 +254,7 @@ def turns(chunks: Sequence[Chunk], info: EngineInfo) -> list[Turn]:
             text = chunk.data.decode(charset)
         except LookupError as exc:
             raise InvalidRequest(f"node {chunk.node_id!r}: unknown charset {charset!r}") from exc
-        except UnicodeDecodeError as exc:
+        except UnicodeError as exc:  # not only UnicodeDecodeError: the 'undefined' codec
             raise InvalidRequest(f"node {chunk.node_id!r}: not valid {charset}: {exc}") from exc
         speaker = chunk.metadata.role or "user"
         if role is not None and speaker != role:
