@@ -83,13 +83,18 @@ def _read_file(root: Path, ref: FileRef, limit: int) -> bytes:
         path = (base / ref.relative_path).resolve(strict=True)
     except (FileNotFoundError, RuntimeError) as exc:
         raise InvalidRequest(f"file ref {ref.relative_path!r}: no such file") from exc
+    except OSError as exc:  # a file where a directory should be, a name too long, ...
+        raise InvalidRequest(f"file ref {ref.relative_path!r}: {exc.strerror}") from exc
     if not path.is_relative_to(base):
         raise InvalidRequest(f"file ref {ref.relative_path!r} leads outside the file root")
     if not path.is_file():
         raise InvalidRequest(f"file ref {ref.relative_path!r} is not a regular file")
-    if path.stat().st_size > limit:
-        raise ResourceExhausted(f"file ref {ref.relative_path!r} is larger than {limit} bytes")
-    return path.read_bytes()
+    try:
+        if path.stat().st_size > limit:
+            raise ResourceExhausted(f"file ref {ref.relative_path!r} is larger than {limit} bytes")
+        return path.read_bytes()
+    except OSError as exc:  # unreadable: the client named it, the server is fine
+        raise InvalidRequest(f"file ref {ref.relative_path!r}: {exc.strerror}") from exc
 
 
 class _Connection:

@@ -302,6 +302,9 @@ def test_file_refs_read_under_the_root_only(engine: FakeEngine, tmp_path: Path) 
             ("file://notes/link.txt", "leads outside the file root"),
             ("file://notes/missing.txt", "no such file"),
             ("file://notes", "not a regular file"),
+            # OSErrors other than a missing file were INTERNAL, as if the server failed.
+            ("file://notes/a.txt/b.txt", "Not a directory"),
+            ("file://notes/" + "x" * 300, "File name too long"),
         ]:
             with client.websocket_connect("/evergreen/ws") as ws:
                 sock = Socket(ws, binary=False)
