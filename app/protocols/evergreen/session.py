@@ -34,8 +34,8 @@ waits on its own output, or actions that wait on each other's, abort (they could
 run). Only the outputs an action names are produced.
 
 Limits per session, each aborting with RESOURCE_EXHAUSTED: node ids known (received or
-named), bytes held (inline data, decoded refs, child ids, metadata, the server's outputs,
-and `FRAGMENT_OVERHEAD` per fragment kept), actions waiting or running, and the nodes
+named), bytes held (inline data, decoded refs, node and child ids, metadata, the server's
+outputs, and `FRAGMENT_OVERHEAD` per fragment kept), actions waiting or running, and the nodes
 and bytes one input flattens to (a DAG that shares nodes could otherwise flatten to
 exponentially many).
 """
@@ -465,6 +465,7 @@ class Session(Generic[P]):
             raise ResourceExhausted(
                 f"node {node_id!r}: the session already holds {self.limits.max_nodes} nodes"
             )
+        self._charge(len(node_id))  # ids are the client's choice, of any length
         self._nodes[node_id] = node
         return node
 
