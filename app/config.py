@@ -60,10 +60,12 @@ class Settings(BaseSettings):
     # Evergreen
     evergreen_max_nodes: int = Field(default=10_000, description="Nodes per Evergreen session.")
     evergreen_max_bytes: int = Field(
-        default=64 * 1024 * 1024, description="Chunk bytes held per Evergreen session."
+        default=64 * 1024 * 1024,
+        description="Bytes an Evergreen session may hold (chunk data, ids, metadata, a fixed "
+        "cost per fragment, the server's outputs); also bounds what one input flattens to.",
     )
     evergreen_max_pending_actions: int = Field(
-        default=64, description="Actions waiting on inputs per Evergreen session."
+        default=64, description="Actions waiting on inputs or running, per Evergreen session."
     )
     evergreen_max_depth: int = Field(
         default=256,
@@ -74,6 +76,15 @@ class Settings(BaseSettings):
         default=None,
         description="Directory that `file://` refs may read under; unset: file refs rejected.",
     )
+
+    @field_validator("evergreen_file_root")
+    @classmethod
+    def _check_file_root(cls, value: Path | None) -> Path | None:
+        # Refused at start-up: a missing root would otherwise fail each file ref as an
+        # internal error.
+        if value is not None and not value.is_dir():
+            raise ValueError(f"evergreen_file_root {value} is not a directory")
+        return value
 
     @field_validator("lora_modules")
     @classmethod

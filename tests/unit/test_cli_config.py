@@ -68,3 +68,9 @@ def test_prometheus_scrapes_the_compose_service() -> None:
     host, port = job["static_configs"][0]["targets"][0].split(":")
     assert host in compose["services"]
     assert f"{port}:{port}" in compose["services"][host]["ports"]
+
+
+def test_the_evergreen_file_root_must_be_a_directory(tmp_path: Path) -> None:
+    assert Settings(model="m", evergreen_file_root=tmp_path).evergreen_file_root == tmp_path
+    with pytest.raises(ValidationError, match="not a directory"):
+        Settings(model="m", evergreen_file_root=tmp_path / "missing")
