@@ -35,6 +35,16 @@ def tiny_model_path() -> Path:
     return model
 
 
+def tiny_vl_model_path() -> Path:
+    """The tiny vision-language model under .cache/, built on first use."""
+    from app.tiny_vl_model import build_tiny_vl_model
+
+    model = CACHE / "tiny-vl-model"
+    if not (model / "config.json").is_file():
+        build_tiny_vl_model(model)
+    return model
+
+
 def tiny_lora_path(name: str = "tiny-lora", seed: int = 1) -> Path:
     from app.tiny_model import build_tiny_lora
 
