@@ -17,9 +17,9 @@ expands each image's placeholder itself (its multimodal processor replaces the f
 token it finds with N pads per image), so a prompt whose blocks are already expanded must
 reach it with each pad run collapsed to one pad; vLLM then expands it back to exactly the
 caller's tokens (`app.engine.vllm` checks the echo). Each image goes with its digest as
-vLLM's multimodal UUID: vLLM's processor cache and the prefix cache's block hashes key on it, so
-a session that sends its images with every call reuses their processed pixels, and equal
-tokens with a different image never share KV blocks past the image.
+vLLM's multimodal UUID: vLLM's processor cache and the prefix cache's block hashes key
+on it, so a session that sends its images with every call reuses their processed pixels,
+and equal tokens with a different image never share KV blocks past the image.
 
 Invariant of a prompt with images: every pad token belongs to exactly one block (a stray
 one would be taken for another image's placeholder).
