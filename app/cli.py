@@ -1,4 +1,5 @@
-"""`switchboard`: serve, and build the tiny local model (and a LoRA adapter for it).
+"""`switchboard`: serve, and build the tiny local models (text, and vision-language for
+images) and a LoRA adapter for the text one.
 
 `serve` takes Switchboard's own flags (one per `Settings` field, generated from it) and
 hands every other flag to vLLM's engine-argument parser. vLLM starts its engine core with
@@ -74,6 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     tiny = commands.add_parser("make-tiny-model", help="build the tiny local test model")
     tiny.add_argument("dir", type=Path)
     tiny.add_argument("--max-position-embeddings", type=int, default=1024)
+    tiny_vl = commands.add_parser(
+        "make-tiny-vl-model", help="build the tiny local vision-language model (images)"
+    )
+    tiny_vl.add_argument("dir", type=Path)
+    tiny_vl.add_argument("--max-position-embeddings", type=int, default=1024)
     lora = commands.add_parser("make-tiny-lora", help="build a random LoRA adapter for it")
     lora.add_argument("model_dir", type=Path)
     lora.add_argument("dir", type=Path)
@@ -99,6 +105,10 @@ def main(argv: list[str] | None = None) -> None:
         make_random_concepts(args.model_dir, args.out, n_concepts=args.concepts, seed=args.seed)
     elif args.command == "make-tiny-model":
         build_tiny_model(args.dir, max_position_embeddings=args.max_position_embeddings)
+    elif args.command == "make-tiny-vl-model":
+        from app.tiny_vl_model import build_tiny_vl_model
+
+        build_tiny_vl_model(args.dir, max_position_embeddings=args.max_position_embeddings)
     else:
         build_tiny_lora(args.model_dir, args.dir, seed=args.seed)
 

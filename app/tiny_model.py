@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sysconfig
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -67,8 +68,19 @@ def _corpus_files() -> list[str]:
     return files
 
 
-def build_tokenizer(out_dir: Path) -> int:
-    """Train the BPE tokenizer, save it with its chat template; return the vocab size."""
+def build_tokenizer(
+    out_dir: Path,
+    *,
+    extra_special_tokens: Sequence[str] = (),
+    named_special_tokens: Mapping[str, str] | None = None,
+    chat_template: str = CHAT_TEMPLATE,
+) -> int:
+    """Train the BPE tokenizer, save it with its chat template; return the vocab size.
+
+    `extra_special_tokens` (a vision-language model's markers) take ids right after
+    `SPECIAL_TOKENS`, inside the same `VOCAB_SIZE`. `named_special_tokens` become
+    attributes of the loaded tokenizer (`{"image_token": ...}` gives `image_token` and
+    `image_token_id`, which multimodal processors read)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -77,7 +89,7 @@ def build_tokenizer(out_dir: Path) -> int:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=[*SPECIAL_TOKENS, *extra_special_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -88,10 +100,11 @@ def build_tokenizer(out_dir: Path) -> int:
         bos_token="<s>",
         eos_token="</s>",
         pad_token="<unk>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        additional_special_tokens=["<|im_start|>", "<|im_end|>", *extra_special_tokens],
         model_max_length=1024,
+        **({"extra_special_tokens": dict(named_special_tokens)} if named_special_tokens else {}),
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     fast.save_pretrained(str(out_dir))
     return int(tok.get_vocab_size())
 

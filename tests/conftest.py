@@ -1,9 +1,11 @@
-"""Shared fixtures: the tiny model, and ONE live server with real vLLM for the session.
+"""Shared fixtures: the tiny models, and ONE live server with real vLLM for the session.
 
 Two CPU engines alive at once slow each other badly (ENGINE-NOTES), so the whole suite
 shares one: `live_server` runs uvicorn with `create_app(settings)` (whose lifespan starts
 the vLLM engine) on its own event loop in a background thread. Tests talk to it over
 real sockets; engine-level tests run coroutines on the server's loop with `.call()`.
+The image tests need a vision-language model: `vl_server` is a second server, started
+only when one of them runs; the text server then sits idle beside it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +35,16 @@ def tiny_model_path() -> Path:
     model = CACHE / "tiny-model"
     if not (model / "config.json").is_file():
         build_tiny_model(model)
+    return model
+
+
+def tiny_vl_model_path() -> Path:
+    """The tiny vision-language model under .cache/, built on first use."""
+    from app.tiny_vl_model import build_tiny_vl_model
+
+    model = CACHE / "tiny-vl-model"
+    if not (model / "config.json").is_file():
+        build_tiny_vl_model(model)
     return model
 
 
@@ -105,29 +118,16 @@ class LiveServer:
 
 LIVE_MODEL = "tiny"
 LIVE_LORA = "tiny-lora"
+VL_MODEL = "tiny-vl"
 
 
-@pytest.fixture(scope="session")
-def live_server() -> Iterator[LiveServer]:
+@contextmanager
+def _serve(settings: Any, model: str, lora: str = "") -> Iterator[LiveServer]:
+    """uvicorn with `create_app(settings)` on its own loop in a background thread."""
     import uvicorn
 
-    from app.config import Settings
     from app.main import create_app
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    settings = Settings(
-        model=str(tiny_model_path()),
-        served_model_name=LIVE_MODEL,
-        lora_modules=[f"{LIVE_LORA}={tiny_lora_path()}"],
-        readout_concepts=concepts_path(),
-        engine_args={
-            "dtype": "float32",
-            "max_model_len": 1024,
-            "enable_lora": True,
-            "max_loras": 2,
-            "max_lora_rank": 8,
-        },
-    )
     app = create_app(settings)
     port = free_port()
     server = uvicorn.Server(
@@ -143,7 +143,7 @@ def live_server() -> Iterator[LiveServer]:
         except BaseException as exc:  # surfaced to the waiting fixture below
             failure.append(exc)
 
-    thread = threading.Thread(target=run, name="live-server", daemon=True)
+    thread = threading.Thread(target=run, name=f"live-server-{model}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 600
     while not server.started:
@@ -155,15 +155,56 @@ def live_server() -> Iterator[LiveServer]:
     live = LiveServer(
         base_url=f"http://127.0.0.1:{port}",
         ws_url=f"ws://127.0.0.1:{port}",
-        model=LIVE_MODEL,
-        lora=LIVE_LORA,
+        model=model,
+        lora=lora,
         loop=loop,
         app=app,
     )
     _warm_up(live)
-    yield live
-    server.should_exit = True
-    thread.join(timeout=60)
+    try:
+        yield live
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def live_server() -> Iterator[LiveServer]:
+    from app.config import Settings
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    settings = Settings(
+        model=str(tiny_model_path()),
+        served_model_name=LIVE_MODEL,
+        lora_modules=[f"{LIVE_LORA}={tiny_lora_path()}"],
+        readout_concepts=concepts_path(),
+        engine_args={
+            "dtype": "float32",
+            "max_model_len": 1024,
+            "enable_lora": True,
+            "max_loras": 2,
+            "max_lora_rank": 8,
+        },
+    )
+    with _serve(settings, LIVE_MODEL, LIVE_LORA) as live:
+        yield live
+
+
+@pytest.fixture(scope="session")
+def vl_server() -> Iterator[LiveServer]:
+    """A second live server, on the tiny vision-language model, for the image tests only
+    (started by the first test that asks for it). Eager: compiling buys nothing for a
+    handful of short requests and costs start time."""
+    from app.config import Settings
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    settings = Settings(
+        model=str(tiny_vl_model_path()),
+        served_model_name=VL_MODEL,
+        engine_args={"dtype": "float32", "max_model_len": 512, "enforce_eager": True},
+    )
+    with _serve(settings, VL_MODEL) as live:
+        yield live
 
 
 def _warm_up(live: LiveServer) -> None:

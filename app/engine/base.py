@@ -14,7 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -45,6 +45,25 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodedImage:
+    """An image a vision-language model can take: decoded, identified and measured."""
+
+    pixels: object  # the decoded picture, as the engine takes it (for vLLM: a PIL image)
+    digest: str  # sha256 of the encoded bytes: the image's identity in the engine's caches
+    pad_tokens: int  # N: the features the vision encoder makes of it, one pad token each
+
+
+@dataclass(frozen=True, slots=True)
+class PromptImage:
+    """An image inside a token prompt. `tokens[start:end]` is its vision block: the
+    start marker, `image.pad_tokens` pad tokens, the end marker."""
+
+    start: int
+    end: int
+    image: DecodedImage
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One engine request: a prompt (text or token ids) and how to continue it."""
 
@@ -57,6 +76,9 @@ class GenerationRequest:
     # Positions of the prompt+output (absolute) at which readouts are wanted; the empty
     # tuple costs nothing. Ranges are [start, end).
     readout_ranges: tuple[tuple[int, int], ...] = ()
+    # Every image of the token-id prompt, in prompt order, each with its block already
+    # expanded in `prompt_token_ids`. Needs `EngineInfo.vision`.
+    images: tuple[PromptImage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +131,27 @@ class ReadoutManifest:
 
 
 @dataclass(frozen=True, slots=True)
+class VisionInfo:
+    """How the served vision-language model lays an image into its token stream: one
+    block `[start_token_id] + [pad_token_id] * N + [end_token_id]` per image, where N is
+    what `read_image` measures.
+
+    `read_image(data, mime)` decodes an encoded image and measures it with the model's
+    own image processor; it raises `InvalidRequest` for bytes that do not decode as
+    `mime`, or a `mime` the server does not take."""
+
+    start_token_id: int
+    pad_token_id: int
+    end_token_id: int
+    max_images: int  # per prompt
+    read_image: Callable[[bytes, str], DecodedImage] = field(compare=False, repr=False)
+
+    @property
+    def token_ids(self) -> frozenset[int]:
+        return frozenset((self.start_token_id, self.pad_token_id, self.end_token_id))
+
+
+@dataclass(frozen=True, slots=True)
 class EngineInfo:
     """Static facts about the served model."""
 
@@ -121,6 +164,7 @@ class EngineInfo:
     max_loras: int
     engine_version: str = ""
     readout: ReadoutManifest | None = None  # None: readouts are not configured
+    vision: VisionInfo | None = None  # None: the model takes no images
 
 
 class Tokenizer(Protocol):

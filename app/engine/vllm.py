@@ -6,10 +6,19 @@ one tokenisation and vLLM's prefix cache sees identical prefixes) and vLLM's
 `RequestOutput`s into neutral `TokenEvent` deltas. vLLM's exceptions are translated into
 `app.errors` in one place, `map_engine_errors`.
 
+A vision-language model whose image blocks are `start + N * pad + end` (the Qwen2-VL
+layout, `hf_config.vision_start_token_id` / `image_token_id` / `vision_end_token_id`)
+takes images: `EngineInfo.vision` says how, and a request's images go to vLLM as
+multimodal data next to its token ids (`app.engine.images` says how the prompt is
+prepared). Such a model never samples those three tokens: a sampled pad would be taken
+for an image's placeholder the next time the text is sent back.
+
 Invariants:
 - A request whose consumer stops (closes the iterator, or its task is cancelled) is
   aborted in the engine before `generate`'s iterator finishes closing.
 - `num_running_requests()` counts requests between submission and their final event.
+- A request with images runs on exactly its token ids: if vLLM expands an image to a
+  different number of pads than the request's block holds, the request fails.
 """
 
 from __future__ import annotations
@@ -44,8 +53,10 @@ from app.engine.base import (
     SamplingOptions,
     TokenEvent,
     TokenLogprob,
+    VisionInfo,
 )
 from app.engine.concepts import load_concepts
+from app.engine.images import ImageReader, collapse_blocks
 from app.engine.readout_client import ReadoutBatcher, ReadoutTracker
 from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY, ReadoutWorkerExtension
 from app.errors import (
@@ -92,8 +103,14 @@ def map_engine_errors() -> Iterator[None]:
         raise EngineError(f"The engine failed the request: {exc.__cause__!r}") from exc
 
 
+# vLLM clamps a logit bias to [-100, 100]; -100 is the customary ban.
+_BANNED = -100.0
+
+
 def sampling_params(
-    options: SamplingOptions, extra_args: dict[str, Any] | None = None
+    options: SamplingOptions,
+    extra_args: dict[str, Any] | None = None,
+    banned_token_ids: frozenset[int] = frozenset(),
 ) -> SamplingParams:
     """Neutral options -> vLLM's SamplingParams (streamed as deltas)."""
     with map_engine_errors():
@@ -118,6 +135,7 @@ def sampling_params(
             skip_special_tokens=options.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra_args,
+            logit_bias={t: _BANNED for t in sorted(banned_token_ids)} or None,
         )
 
 
@@ -180,6 +198,56 @@ async def _setup_readouts(llm: AsyncLLM, path: Path) -> ReadoutManifest:
     )
 
 
+def _vision_info(llm: AsyncLLM) -> VisionInfo | None:
+    """How the model takes images, or None if it takes none we can place."""
+    model_config = llm.model_config
+    if not model_config.is_multimodal_model:
+        return None
+    hf_config = model_config.hf_config
+    start = getattr(hf_config, "vision_start_token_id", None)
+    pad = getattr(hf_config, "image_token_id", None)
+    end = getattr(hf_config, "vision_end_token_id", None)
+    processing = llm.renderer.get_mm_processor().info
+    image_processor = getattr(processing.get_hf_processor(), "image_processor", None)
+    if (
+        start is None
+        or pad is None
+        or end is None
+        or image_processor is None
+        or not hasattr(image_processor, "get_number_of_image_patches")
+        or not hasattr(image_processor, "merge_size")
+        or not hasattr(processing, "get_num_image_tokens")
+    ):
+        logger.warning(
+            "%s is multimodal, but its image blocks are not start + N pads + end with an "
+            "image processor that counts N; it is served without images",
+            model_config.model,
+        )
+        return None
+    mm_config = model_config.get_multimodal_config()
+    mm_kwargs = mm_config.mm_processor_kwargs or {}
+
+    def engine_count(width: int, height: int) -> int:
+        # The number of pads vLLM's processor replaces an image's placeholder with; it
+        # merges the configured processor kwargs itself (a request adds none).
+        return int(
+            processing.get_num_image_tokens(
+                image_width=width,
+                image_height=height,
+                image_processor=image_processor,
+                mm_kwargs={},
+            )
+        )
+
+    return VisionInfo(
+        start_token_id=int(start),
+        pad_token_id=int(pad),
+        end_token_id=int(end),
+        max_images=int(mm_config.get_limit_per_prompt("image")),
+        read_image=ImageReader(image_processor, mm_kwargs, engine_count),
+    )
+
+
 class VllmEngine:
     """One `AsyncLLM` for the whole process."""
 
@@ -226,6 +294,7 @@ class VllmEngine:
             has_chat_template=tokenizer.has_chat_template,
             max_loras=int(lora_config.max_loras) if lora_config is not None else 0,
             engine_version=f"vllm {vllm_version}",
+            vision=_vision_info(llm),
         )
         if settings.readout_concepts is not None:
             info = replace(info, readout=await _setup_readouts(llm, settings.readout_concepts))
@@ -337,21 +406,28 @@ class VllmEngine:
         self._check_length(len(prompt_ids), options.max_tokens)
         lora = self._lora_request(request.lora_name)
         readouts = self._readout_args(request)
-        params = sampling_params(options, readouts)
+        vision = self._info.vision
+        params = sampling_params(
+            options, readouts, vision.token_ids if vision is not None else frozenset()
+        )
         tracker = ReadoutTracker(request.readout_ranges, len(prompt_ids)) if readouts else None
         output_tokens = 0
         stream = self._llm.generate(
-            TokensPrompt(prompt_token_ids=prompt_ids),
+            self._prompt(prompt_ids, request),
             params,
             request.request_id,
             lora_request=lora,
             priority=request.priority,
         )
         converter = _EventConverter(prompt_ids, options)
+        echo_due = bool(request.images)
         self._running.add(request.request_id)
         try:
             with map_engine_errors():
                 async for output in stream:
+                    if echo_due:
+                        _check_expansion(prompt_ids, output.prompt_token_ids)
+                        echo_due = False
                     event = converter.convert(output)
                     if event is None:
                         continue
@@ -381,6 +457,27 @@ class VllmEngine:
                     self._llm.collective_rpc("readout_drop", args=(request.request_id,))
                 )
 
+    def _prompt(self, prompt_ids: list[int], request: GenerationRequest) -> TokensPrompt:
+        if not request.images:
+            return TokensPrompt(prompt_token_ids=prompt_ids)
+        vision = self._info.vision
+        if vision is None:
+            raise InvalidRequest(
+                f"The model {self._info.model_name!r} takes no images", param="images"
+            )
+        if len(request.images) > vision.max_images:
+            raise InvalidRequest(
+                f"{len(request.images)} images in one prompt; the engine takes at most "
+                f"{vision.max_images}",
+                param="images",
+            )
+        images = request.images
+        return TokensPrompt(
+            prompt_token_ids=collapse_blocks(prompt_ids, images, vision),
+            multi_modal_data={"image": [block.image.pixels for block in images]},
+            multi_modal_uuids={"image": [block.image.digest for block in images]},
+        )
+
     def _readout_args(self, request: GenerationRequest) -> dict[str, Any] | None:
         if not request.readout_ranges:
             return None
@@ -400,6 +497,17 @@ class VllmEngine:
         # Every tensor-parallel rank computes the same residual stream; rank 0's suffices.
         taken: dict[str, list[tuple[int, bytes]]] = per_worker[0]
         return taken
+
+
+def _check_expansion(prompt_ids: list[int], expanded: Sequence[int] | None) -> None:
+    """vLLM expanded the request's images itself; it must have rebuilt its exact tokens."""
+    if expanded is not None and list(expanded) != prompt_ids:
+        raise InvalidRequest(
+            f"The engine expanded the images into a prompt of {len(expanded)} tokens, "
+            f"not the {len(prompt_ids)} of the request: an image's block does not hold "
+            "the number of pad tokens the engine makes of it",
+            param="images",
+        )
 
 
 def _prompt_only(readouts: Mapping[int, bytes] | None, length: int) -> dict[int, bytes] | None:

@@ -15,40 +15,9 @@ from google.protobuf import json_format
 
 from schemas import salience_pb2 as pb
 from schemas import salience_ws_pb2 as ws_pb
+from tests.salience_client import JsonClient, tokens_of
 
 pytestmark = pytest.mark.e2e
-
-
-class JsonClient:
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self.n = 0
-
-    async def call(self, method: str, request: dict[str, Any]) -> dict[str, Any]:
-        self.n += 1
-        call_id = f"c{self.n}"
-        await self.ws.send(json.dumps({"id": call_id, "method": method, "request": request}))
-        reply = json.loads(await self.ws.recv())
-        assert reply["id"] == call_id
-        return reply
-
-    async def generate(self, request: dict[str, Any], call_id: str = "") -> list[dict[str, Any]]:
-        self.n += 1
-        call_id = call_id or f"g{self.n}"
-        await self.ws.send(json.dumps({"id": call_id, "method": "Generate", "request": request}))
-        events = []
-        while True:
-            reply = json.loads(await self.ws.recv())
-            assert reply["id"] == call_id
-            if "error" in reply:
-                return [reply]
-            events.append(reply["event"])
-            if "done" in reply["event"]:
-                return events
-
-
-def tokens_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e["token"] for e in events if "token" in e]
 
 
 async def test_multi_turn_session_with_deltas(live_server) -> None:  # type: ignore[no-untyped-def]

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.base import EngineInfo, ReadoutManifest, TokenEvent, TokenLogprob
+from app.engine.base import (
+    DecodedImage,
+    EngineInfo,
+    PromptImage,
+    ReadoutManifest,
+    TokenEvent,
+    TokenLogprob,
+)
 from app.errors import (
     Aborted,
     FailedPrecondition,
@@ -19,7 +26,7 @@ from app.errors import (
     ResourceExhausted,
 )
 from app.protocols.salience.generate import GenerateCall
-from app.protocols.salience.sessions import ImageBlock, Limits, SessionStore
+from app.protocols.salience.sessions import Limits, SessionStore
 from schemas import salience_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +82,7 @@ def test_fork_inherits_prefix_and_never_splits_an_image() -> None:
         truncating=False,
         append=[1, 2, 3, 4, 5, 6],
         max_tokens=0,
-        images=[ImageBlock(2, 5, b"png", "image/png")],
+        images=[PromptImage(2, 5, DecodedImage(None, "d", 1))],
     )
     s.end_generate(session)
     child = s.fork(sid, 2)
@@ -275,7 +282,7 @@ def test_scoring_needs_room_for_the_token_the_engine_samples() -> None:
 def test_rollback_restores_a_truncated_tail_and_its_images() -> None:
     s = store()
     sid = s.open("m").session_id
-    images = [ImageBlock(3, 6, b"png", "image/png")]
+    images = [PromptImage(3, 6, DecodedImage(None, "d", 1))]
     session = s.begin_generate(
         sid, offset=0, truncating=False, append=list(range(1, 9)), max_tokens=0, images=images
     )

@@ -1,8 +1,11 @@
 """One Salience Generate: request validation, the engine request, and the event stream.
 
 Sans-IO. `GenerateCall` applies the request to its session (through `SessionStore`),
-builds the token-id `GenerationRequest` for the whole session (vLLM's prefix cache makes
-the repeated prefix cheap), then turns the engine's `TokenEvent`s into `GenerateEvent`s:
+builds the token-id `GenerationRequest` for the whole session, with every image the
+session holds (vLLM's prefix cache makes the repeated prefix cheap, and its processor
+cache the repeated images), then turns the engine's `TokenEvent`s into `GenerateEvent`s.
+Image attachments are checked (`app.protocols.salience.images`) before the session is
+touched. The events:
 
 - prefill Token events for the positions of the prompt covered by `logprobs_ranges` or
   `readout_ranges`, with the first engine event;
@@ -29,7 +32,8 @@ from app.engine.base import (
     TokenLogprob,
 )
 from app.errors import InvalidRequest
-from app.protocols.salience.sessions import ImageBlock, Session, SessionStore
+from app.protocols.salience.images import read_attachments
+from app.protocols.salience.sessions import Session, SessionStore
 from schemas import salience_pb2 as pb
 
 Ranges = tuple[tuple[int, int], ...]
@@ -66,28 +70,23 @@ class GenerateCall:
             raise InvalidRequest(
                 "readout_ranges: this server has no readouts configured (--readout-concepts)"
             )
-        if request.images:
-            raise InvalidRequest(
-                f"images: the model {info.model_name!r} takes no images (text-only)"
-            )
+        append = list(request.append_tokens)
+        images = read_attachments(request.images, append, int(request.offset), info)
         self._store = store
         self._top_k = int(request.logprob_top_k)
         max_tokens = int(request.max_tokens)
         # The session's length once the call is applied (begin_generate rejects the call
         # otherwise), known up front to size the context check.
-        self.prompt_len = int(request.offset) + len(request.append_tokens)
+        self.prompt_len = int(request.offset) + len(append)
         needs_engine = max_tokens > 0 or self._wants_prefill_events
         self.session: Session = store.begin_generate(
             request.session_id,
             offset=int(request.offset),
             truncating=request.truncating,
-            append=list(request.append_tokens),
+            append=append,
             # Scoring still samples (and drops) one token inside the engine.
             max_tokens=max(max_tokens, 1) if needs_engine else 0,
-            images=[
-                ImageBlock(i.pad_range_start, i.pad_range_end, i.bytes, i.mime)
-                for i in request.images
-            ],
+            images=images,
         )
         self._produced = 0
         self._held: list[pb.Token] = []
@@ -119,6 +118,8 @@ class GenerateCall:
                 ),
                 priority=int(request.priority),
                 readout_ranges=self._readout_ranges,
+                # The whole session is the prompt, so every image it holds goes along.
+                images=tuple(self.session.images),
             )
 
     @property

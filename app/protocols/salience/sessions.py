@@ -6,6 +6,11 @@ state a session has and all its transitions live here:
 - open (model must be the served one; at most `max_sessions`), close (idempotent), fork
   (inherits tokens [0, at_position) and the images wholly inside; never splits an image
   block), dump;
+- images: each is held, decoded, with the token range [start, end) of its vision block
+  (`PromptImage`), in token order. No fork or truncation splits a block
+  (FAILED_PRECONDITION); cutting at a block's start drops its image, at its end keeps it.
+  A session holds at most `max_images` (the engine's limit per prompt, since every
+  Generate sends the whole session);
 - `begin_generate` validates one Generate's (offset, truncating) against the session:
   offset == length, or offset < length with truncating (the session rewinds to offset
   first); anything else is FAILED_PRECONDITION. It then appends, checks the limits, and
@@ -26,6 +31,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from app.engine.base import PromptImage
 from app.errors import (
     Aborted,
     FailedPrecondition,
@@ -39,22 +45,12 @@ Clock = Callable[[], float]
 
 
 @dataclass(frozen=True, slots=True)
-class ImageBlock:
-    """An attached image and the token range [start, end) of its vision block."""
-
-    start: int
-    end: int
-    data: bytes
-    mime: str
-
-
-@dataclass(frozen=True, slots=True)
 class _Undo:
     """What one Generate's mutation replaced: enough to put the session back."""
 
     offset: int
     tail: array[int]
-    images: list[ImageBlock]
+    images: list[PromptImage]
 
 
 @dataclass(slots=True)
@@ -62,7 +58,7 @@ class Session:
     session_id: str
     model: str
     tokens: array[int] = field(default_factory=lambda: array("I"))
-    images: list[ImageBlock] = field(default_factory=list)
+    images: list[PromptImage] = field(default_factory=list)
     busy: bool = False
     last_used: float = 0.0
     undo: _Undo | None = None  # set while a Generate runs
@@ -79,6 +75,7 @@ class Limits:
     max_sessions: int = 1024
     max_session_tokens: int = 1_000_000
     vocab_size: int = 1 << 32
+    max_images: int = 1 << 31
 
 
 class SessionStore:
@@ -113,7 +110,7 @@ class SessionStore:
         session.last_used = self._clock()
         return session
 
-    def _new(self, tokens: array[int], images: list[ImageBlock]) -> Session:
+    def _new(self, tokens: array[int], images: list[PromptImage]) -> Session:
         self.expire()
         if len(self._sessions) >= self._limits.max_sessions:
             raise ResourceExhausted(
@@ -153,7 +150,7 @@ class SessionStore:
         truncating: bool,
         append: Sequence[int],
         max_tokens: int,
-        images: Sequence[ImageBlock] = (),
+        images: Sequence[PromptImage] = (),
     ) -> Session:
         """Validate and apply one Generate's mutation; the session is busy afterwards.
 
@@ -190,6 +187,12 @@ class SessionStore:
                     f"image range [{block.start}, {block.end}) is not inside the appended "
                     f"tokens [{offset}, {new_length})"
                 )
+        kept = sum(1 for block in session.images if block.end <= offset)
+        if kept + len(images) > self._limits.max_images:
+            raise ResourceExhausted(
+                f"the session would hold {kept + len(images)} images; the model takes at "
+                f"most {self._limits.max_images} in one prompt"
+            )
         session.undo = _Undo(
             offset, session.tokens[offset:], [b for b in session.images if b.end > offset]
         )

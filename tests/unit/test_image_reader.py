@@ -1,0 +1,142 @@
+"""Reading images with the tiny vision-language model's own image processor (no engine):
+decoding by the declared mime type only, refusals, and N, the pad tokens of an image,
+against the grid the processor actually makes of its pixels. And the prompt vLLM gets:
+each image's pad run collapsed to one pad."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from app.engine.base import DecodedImage, PromptImage, VisionInfo
+from app.engine.images import ImageReader, collapse_blocks
+from app.errors import InvalidRequest
+from app.tiny_vl_model import MAX_IMAGE_TOKENS, MIN_IMAGE_TOKENS
+from tests.conftest import tiny_vl_model_path
+
+
+@pytest.fixture(scope="module")
+def processor() -> Any:
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(str(tiny_vl_model_path()))
+
+
+def reader(processor: Any, kwargs: dict[str, object] | None = None) -> ImageReader:
+    """A reader whose engine places every image as the processor counts it (the live
+    engine's own count is checked in the e2e tests)."""
+    merge = processor.merge_size**2
+    flat = dict((kwargs or {}).get("images_kwargs", {}))  # type: ignore[call-overload]
+
+    def count(width: int, height: int) -> int:
+        return int(processor.get_number_of_image_patches(height, width, flat)) // merge
+
+    return ImageReader(processor, kwargs or {}, count)
+
+
+def encode(width: int, height: int, fmt: str = "PNG", seed: int = 0) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=fmt)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("width", "height"), [(64, 48), (56, 56), (1, 1), (300, 300), (600, 20), (17, 900)]
+)
+def test_pad_tokens_are_the_features_the_encoder_gets(
+    processor: Any, width: int, height: int
+) -> None:
+    data = encode(width, height)
+    image = reader(processor)(data, "image/png")
+    grid = processor(images=[Image.open(io.BytesIO(data))], return_tensors="np")["image_grid_thw"]
+    assert image.pad_tokens == int(np.prod(grid[0])) // processor.merge_size**2
+    if max(width, height) / min(width, height) < 4:  # extreme ratios overshoot the bounds
+        assert MIN_IMAGE_TOKENS <= image.pad_tokens <= MAX_IMAGE_TOKENS
+    assert image.digest == hashlib.sha256(data).hexdigest()
+    assert image.pixels.size == (width, height) and image.pixels.mode == "RGB"  # type: ignore[attr-defined]
+
+
+def test_processor_kwargs_change_the_count(processor: Any) -> None:
+    data = encode(280, 280)
+    small = {"max_pixels": 28 * 28 * 4}
+    assert reader(processor, {"images_kwargs": small})(data, "image/png").pad_tokens == 4
+    assert reader(processor)(data, "image/png").pad_tokens == MAX_IMAGE_TOKENS
+
+
+def test_an_image_the_engine_would_place_differently_is_refused(processor: Any) -> None:
+    refusing = ImageReader(processor, {}, lambda width, height: 0)
+    with pytest.raises(InvalidRequest, match=r"makes 4 features of it.*as 0 pad tokens"):
+        refusing(encode(56, 56), "image/png")
+
+
+def test_jpeg_and_webp_decode_under_their_own_mime(processor: Any) -> None:
+    read = reader(processor)
+    assert read(encode(56, 56, "JPEG"), "image/jpeg").pad_tokens == 4
+    assert read(encode(56, 56, "WEBP"), "Image/WebP; q=1").pad_tokens == 4
+
+
+@pytest.mark.parametrize(
+    ("data", "mime", "message"),
+    [
+        (encode(56, 56, "JPEG"), "image/png", "do not decode as image/png"),
+        (encode(56, 56), "image/jpeg", "do not decode as image/jpeg"),
+        (encode(56, 56)[:200], "image/png", "do not decode"),  # truncated
+        (b"", "image/png", "do not decode"),
+        (b"not an image at all", "image/gif", "do not decode"),
+        (encode(56, 56), "image/tiff", "is not one of"),
+        (encode(56, 56), "", "is not one of"),
+        (encode(56, 56), "application/postscript", "is not one of"),
+    ],
+)
+def test_bad_images_are_invalid_requests(
+    processor: Any, data: bytes, mime: str, message: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        reader(processor)(data, mime)
+
+
+def test_a_decompression_bomb_is_refused(processor: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(InvalidRequest, match="too large"):
+        reader(processor)(encode(40, 40), "image/png")
+
+
+VISION = VisionInfo(
+    start_token_id=5,
+    pad_token_id=7,
+    end_token_id=6,
+    max_images=8,
+    read_image=lambda data, mime: DecodedImage(None, "", 0),
+)
+
+
+def image(start: int, n: int) -> PromptImage:
+    return PromptImage(start, start + n + 2, DecodedImage(None, f"d{start}", n))
+
+
+def test_collapse_keeps_one_pad_per_block() -> None:
+    prompt = [1, 5, 7, 7, 7, 6, 2, 5, 7, 7, 6]
+    assert collapse_blocks(prompt, [image(1, 3), image(7, 2)], VISION) == [1, 5, 7, 6, 2, 5, 7, 6]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "images", "message"),
+    [
+        ([1, 5, 7, 7, 6, 2], [image(1, 3)], "not a vision block of 3"),  # the run is 2
+        ([1, 5, 7, 9, 6], [image(1, 2)], "not a vision block"),
+        ([1, 5, 7, 6, 7], [image(1, 1)], "outside every image block"),
+        ([5, 7, 6, 5, 7, 6], [image(3, 1), image(0, 1)], "out of order"),
+        ([5, 7, 6], [image(1, 1)], "ends past the prompt"),
+    ],
+)
+def test_collapse_refuses_blocks_that_are_not_there(
+    prompt: list[int], images: list[PromptImage], message: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        collapse_blocks(prompt, images, VISION)
