@@ -13,8 +13,11 @@ protocol needs to say about it, so no adapter keeps its own mapping table:
     ├── FailedPrecondition           409  invalid_request_error FAILED_PRECONDITION
     ├── ResourceExhausted            429  rate_limit_error      RESOURCE_EXHAUSTED
     ├── Aborted                      409  conflict_error        ABORTED
-    └── EngineError                  500  server_error          INTERNAL
-        └── EngineDead               503  server_error          UNAVAILABLE
+    ├── EngineError                  500  server_error          INTERNAL
+    │   └── EngineDead               503  server_error          UNAVAILABLE
+    └── InternalError                500  server_error          INTERNAL
+
+    ConfigError                      (not a client error: the server cannot start)
 
 The columns: HTTP status, OpenAI error `type`, Salience/gRPC status name. GraphPipe's
 numeric error code is the HTTP status (GraphPipe leaves codes to the server), and an
@@ -22,12 +25,21 @@ Evergreen abort carries `evergreen_reason`, a short upper-case reason, plus the 
 and closes its websocket with `evergreen_close_code`.
 
 Exceptions coming from vLLM are translated into this tree in one place:
-`app.engine.vllm.map_engine_errors`.
+`app.engine.vllm.map_engine_errors`. Any other exception that reaches a transport is a
+bug of ours, never the client's: `InternalError.wrap` logs it with a fresh id and the
+client sees that id and a fixed message, never the exception's text.
+
+`ConfigError` is outside the tree on purpose: a bad flag or file at start-up is the
+operator's, not a client's, and is never rendered to a client.
 """
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import ClassVar
+
+logger = logging.getLogger(__name__)
 
 # gRPC's numeric status codes, for the names used below.
 _GRPC_CODES = {
@@ -152,3 +164,23 @@ class EngineDead(EngineError):
     http_status = 503
     grpc_status = "UNAVAILABLE"
     evergreen_reason = "UNAVAILABLE"
+
+
+class InternalError(SwitchboardError):
+    """A bug of ours reached a transport. The client sees only `error_id` and a fixed
+    message; the exception itself is in the server's log under the same id."""
+
+    def __init__(self, error_id: str) -> None:
+        super().__init__(f"Internal server error (error id {error_id})", code="internal_error")
+        self.error_id = error_id
+
+    @classmethod
+    def wrap(cls, exc: BaseException) -> InternalError:
+        """Log `exc` (with its traceback) under a fresh id; the error to send instead."""
+        error_id = uuid.uuid4().hex[:16]
+        logger.error("internal error %s", error_id, exc_info=(type(exc), exc, exc.__traceback__))
+        return cls(error_id)
+
+
+class ConfigError(Exception):
+    """A setting, flag or file given at start-up cannot work; the server does not start."""
