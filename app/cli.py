@@ -16,6 +16,11 @@ from typing import Any, get_args, get_origin
 from app.config import Settings
 
 
+def _help(description: str | None) -> str | None:
+    # argparse %-formats help strings.
+    return description.replace("%", "%%") if description else description
+
+
 def _settings_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="switchboard serve",
@@ -29,12 +34,15 @@ def _settings_parser() -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         annotation = field.annotation
         if get_origin(annotation) is list:
-            parser.add_argument(flag, nargs="+", dest=name, help=field.description)
+            parser.add_argument(flag, nargs="+", dest=name, help=_help(field.description))
             continue
         kinds = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
         kind: Any = kinds[0]
         parser.add_argument(
-            flag, type=kind if kind in (int, float) else str, dest=name, help=field.description
+            flag,
+            type=kind if kind in (int, float) else str,
+            dest=name,
+            help=_help(field.description),
         )
     return parser
 

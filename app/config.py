@@ -39,6 +39,14 @@ class Settings(BaseSettings):
         description="vLLM engine arguments (AsyncEngineArgs field names), passed through.",
     )
     log_level: str = Field(default="info", description="uvicorn log level.")
+    pin_frontend: bool = Field(
+        default=True,
+        description="On vLLM's CPU build, once the engine has started, keep this process's "
+        "threads off the cores vLLM bound its OpenMP threads to ('false' turns it off). "
+        "A CPU build with no --kv-cache-memory-bytes and no VLLM_CPU_KVCACHE_SPACE also gets "
+        "a 4 GiB KV cache (a quarter of available memory when that is less) instead of "
+        "vLLM's 92% of the NUMA node, which fails to start when the page cache is full.",
+    )
 
     # GraphPipe
     graphpipe_max_request_bytes: int = Field(

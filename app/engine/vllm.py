@@ -39,6 +39,7 @@ from vllm.exceptions import VLLMClientError, VLLMNotFoundError, VLLMValidationEr
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
+from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
@@ -56,6 +57,7 @@ from app.engine.base import (
     VisionInfo,
 )
 from app.engine.concepts import load_concepts
+from app.engine.cpu_host import pin_frontend, with_cpu_kv_cache
 from app.engine.images import ImageReader, collapse_blocks
 from app.engine.readout_client import ReadoutBatcher, ReadoutTracker
 from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY, ReadoutWorkerExtension
@@ -278,9 +280,14 @@ class VllmEngine:
         if args.get("enable_lora"):
             # Runtime loading through /v1/load_lora_adapter, as vLLM's server gates it.
             os.environ.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
+        cpu = current_platform.is_cpu()
+        if cpu:
+            args = with_cpu_kv_cache(args)
         with map_engine_errors():
             engine_args = AsyncEngineArgs(**args)
         llm = AsyncLLM.from_engine_args(engine_args)
+        if cpu and settings.pin_frontend:
+            pin_frontend()
         tokenizer = HfTokenizer(llm.get_tokenizer())
         model_config = llm.model_config
         eos = getattr(tokenizer._tok, "eos_token_id", None)

@@ -1,0 +1,100 @@
+"""What vLLM's CPU build needs from its host: a KV cache size chosen up front, and the
+frontend kept off the cores the engine's OpenMP threads spin on.
+
+KV cache: with no size given, vLLM's CPU worker reserves `gpu_memory_utilization` (0.92)
+of its NUMA node and refuses to start when the page cache holds part of it ("Available
+memory on node 0 (8.4/9.71 GiB) on startup is less than desired CPU memory
+utilization"), which is whenever the machine has recently read a few GiB of files. So on
+a CPU build with no `--kv-cache-memory-bytes` and no `VLLM_CPU_KVCACHE_SPACE`, Switchboard
+asks for `DEFAULT_KV_CACHE_BYTES`, or a quarter of the memory available at start when
+that is less, and logs what it chose.
+
+Frontend: vLLM binds its OpenMP threads to some cores (on a 2-core machine, core 0) and
+leaves the rest for the frontend, but does not move the frontend. A frontend thread that
+lands on an engine core waits behind spinning OpenMP threads and streams in bursts (TTFT
+x10 at concurrency 1). `pin_frontend` reads the binding vLLM actually applied (the
+affinity of the engine processes' threads) and restricts every thread of this process to
+the other cores. Threads created later inherit it.
+
+Linux only (`/proc`, `sched_setaffinity`); elsewhere both are no-ops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+GiB = 1 << 30
+DEFAULT_KV_CACHE_BYTES = 4 * GiB
+_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def kv_cache_default(engine_args: Mapping[str, Any], available_bytes: int) -> int | None:
+    """The KV cache size to ask for on a CPU build, or None when the user chose one."""
+    if engine_args.get("kv_cache_memory_bytes") is not None or os.environ.get(_KV_ENV):
+        return None
+    return max(GiB // 4, min(DEFAULT_KV_CACHE_BYTES, available_bytes // 4))
+
+
+def with_cpu_kv_cache(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """`engine_args` with a KV cache size when vLLM's CPU build would otherwise reserve
+    most of the NUMA node."""
+    chosen = kv_cache_default(engine_args, psutil.virtual_memory().available)
+    if chosen is None:
+        return engine_args
+    logger.info(
+        "CPU build: no --kv-cache-memory-bytes or %s given; using a %.2f GiB KV cache "
+        "(min of %d GiB and a quarter of available memory)",
+        _KV_ENV,
+        chosen / GiB,
+        DEFAULT_KV_CACHE_BYTES // GiB,
+    )
+    return {**engine_args, "kv_cache_memory_bytes": chosen}
+
+
+def _thread_affinities(process: psutil.Process) -> Iterable[frozenset[int]]:
+    try:
+        threads = process.threads()
+    except psutil.Error:
+        return
+    for thread in threads:
+        try:
+            yield frozenset(os.sched_getaffinity(thread.id))
+        except OSError:  # the thread ended meanwhile
+            continue
+
+
+def engine_cpus(everything: frozenset[int]) -> frozenset[int]:
+    """The cores some thread of a child process of ours is bound to (a thread allowed on
+    every core is not bound and says nothing)."""
+    bound: set[int] = set()
+    for child in psutil.Process().children(recursive=True):
+        for cpus in _thread_affinities(child):
+            if cpus < everything:
+                bound |= cpus
+    return frozenset(bound)
+
+
+def pin_frontend() -> frozenset[int] | None:
+    """Restrict every thread of this process to the cores vLLM's engine left free; the
+    cores chosen, or None when there is nothing to do (no binding seen, or no core
+    left over)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    everything = frozenset(os.sched_getaffinity(0))
+    free = everything - engine_cpus(everything)
+    if not free or free == everything:
+        return None
+    for thread in psutil.Process().threads():
+        try:
+            os.sched_setaffinity(thread.id, free)
+        except OSError:  # the thread ended meanwhile
+            continue
+    logger.info("frontend pinned to CPUs %s (the engine's threads run on the others)", sorted(free))
+    return free
