@@ -37,6 +37,14 @@ def machine() -> dict[str, Any]:
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` itself, every thread, no children (so a
+    server's engine-core child is excluded): /proc/PID/stat fields 14 and 15."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def write_table(name: str, table: str, document: Path = ROOT / "README.md") -> None:
     """Replace what stands between the `bench:NAME` markers of `document` with `table`."""
     pattern = re.compile(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench:{name} -->)", re.S)

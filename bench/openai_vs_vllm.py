@@ -2,8 +2,14 @@
 
 Load: vLLM's own `vllm bench serve` client (driven from Python, since the CPU build's
 `vllm` command dies on its distribution name), random prompts of 128 tokens, 64 output
-tokens, `ignore_eos`, concurrency 1, 8 and 32. The bare engine (AsyncLLM in process, no
-HTTP) gets the same load shape and is the physical limit.
+tokens, `ignore_eos`, concurrency 1, 16 and 32. The bare engine (AsyncLLM in process, no
+HTTP) gets the same load shape and is the physical limit. Switchboard runs twice: as it
+starts by default (its frontend pinned off the engine's cores) and with
+`--pin-frontend false`, as it ran before pinning existed.
+
+Beside tok/s and latencies: frontend CPU per output token, the server process's own
+user+sys CPU time over the load (every thread; the engine-core child excluded), which is
+far steadier than tok/s on a shared 2-core machine.
 
 Two CPU engines alive at once slow each other, so exactly one runs at a time, and the
 targets alternate A, B, C, A, B, C, ... over several rounds; the figures are medians over
@@ -26,22 +32,23 @@ import time
 from pathlib import Path
 
 import httpx
-from common import machine, start_server, stop_server, write_table
+from common import cpu_seconds, machine, start_server, stop_server, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 MODEL = ROOT / ".cache" / "tiny-model"
 PY = sys.executable
 INPUT_LEN, OUTPUT_LEN = 128, 64
-CONCURRENCY = {1: 16, 8: 64, 32: 128}  # concurrency -> number of prompts
+CONCURRENCY = {1: 16, 16: 96, 32: 128}  # concurrency -> number of prompts
 ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "1024"]
 # The bare-engine child; servers get the same from common.start_server.
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-TARGETS = ("switchboard", "vllm serve", "bare engine")
+TARGETS = ("switchboard", "switchboard unpinned", "vllm serve", "bare engine")
 
 
 def server_command(target: str, port: int) -> list[str]:
-    if target == "switchboard":
+    if target.startswith("switchboard"):
+        pin = ["--pin-frontend", "false"] if target.endswith("unpinned") else []
         return [
             PY,
             "-m",
@@ -55,6 +62,7 @@ def server_command(target: str, port: int) -> list[str]:
             str(port),
             "--log-level",
             "warning",
+            *pin,
             *ENGINE_FLAGS,
         ]
     return [
@@ -85,7 +93,7 @@ def warm_server(target: str, port: int, log: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-def bench_serve(port: int, concurrency: int, prompts: int) -> dict[str, float]:
+def bench_serve(port: int, concurrency: int, prompts: int, pid: int) -> dict[str, float]:
     from vllm.benchmarks.serve import add_cli_args, main_async
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -121,8 +129,11 @@ def bench_serve(port: int, concurrency: int, prompts: int) -> dict[str, float]:
             "--disable-tqdm",
         ]
     )
+    cpu = cpu_seconds(pid)
     result = asyncio.run(main_async(args))
+    cpu = cpu_seconds(pid) - cpu
     return {
+        "frontend_cpu_us_per_tok": cpu / result["total_output_tokens"] * 1e6,
         "output_tok_s": result["output_throughput"],
         "ttft_p50_ms": result["median_ttft_ms"],
         "ttft_p99_ms": result["p99_ttft_ms"],
@@ -144,6 +155,11 @@ def bare_engine_round(log: Path) -> dict[int, dict[str, float]]:
         raise RuntimeError(f"bare engine run failed; see {log}")
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return {int(k): v for k, v in json.loads(line[len("RESULT ") :]).items()}
+
+
+def _own_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 async def _bare_engine() -> dict[int, dict[str, float]]:
@@ -192,6 +208,7 @@ async def _bare_engine() -> dict[int, dict[str, float]]:
             async with gate:
                 return await one(rid, ttfts, itls)
 
+        cpu = _own_cpu()
         start = time.perf_counter()
         tokens = sum(
             await asyncio.gather(
@@ -200,6 +217,7 @@ async def _bare_engine() -> dict[int, dict[str, float]]:
         )
         elapsed = time.perf_counter() - start
         results[concurrency] = {
+            "frontend_cpu_us_per_tok": (_own_cpu() - cpu) / tokens * 1e6,
             "output_tok_s": tokens / elapsed,
             "ttft_p50_ms": float(np.percentile(ttfts, 50) * 1000),
             "ttft_p99_ms": float(np.percentile(ttfts, 99) * 1000),
@@ -221,21 +239,24 @@ def table(summary: dict[str, dict[int, dict[str, float]]], rounds: int) -> str:
         f"Tiny model, random {INPUT_LEN}-token prompts, {OUTPUT_LEN} output tokens, "
         f"ignore_eos; medians of {rounds} alternating rounds; ratio = Switchboard / peer.",
         "",
-        "| concurrency | target | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms |",
-        "|---|---|---|---|---|---|",
+        "| concurrency | target | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms "
+        "| frontend CPU us/tok |",
+        "|---|---|---|---|---|---|---|",
     ]
     for c in CONCURRENCY:
         for target in TARGETS:
             m = summary[target][c]
             lines.append(
                 f"| {c} | {target} | {m['output_tok_s']:.0f} | {m['ttft_p50_ms']:.1f} | "
-                f"{m['ttft_p99_ms']:.1f} | {m['itl_p50_ms']:.2f} |"
+                f"{m['ttft_p99_ms']:.1f} | {m['itl_p50_ms']:.2f} | "
+                f"{m['frontend_cpu_us_per_tok']:.0f} |"
             )
-        sb, peer, bare = (summary[t][c] for t in TARGETS)
+        sb, _, peer, bare = (summary[t][c] for t in TARGETS)
         lines.append(
             f"| {c} | **ratio** | **{sb['output_tok_s'] / peer['output_tok_s']:.2f}x peer, "
             f"{sb['output_tok_s'] / bare['output_tok_s']:.2f}x bare** | "
-            f"{sb['ttft_p50_ms'] / peer['ttft_p50_ms']:.2f}x peer | | |"
+            f"{sb['ttft_p50_ms'] / peer['ttft_p50_ms']:.2f}x peer | | | "
+            f"**{sb['frontend_cpu_us_per_tok'] / peer['frontend_cpu_us_per_tok']:.2f}x peer** |"
         )
     return "\n".join(lines)
 
@@ -262,7 +283,7 @@ def main() -> None:
             proc = warm_server(target, args.port, log)
             try:
                 raw[target].append(
-                    {c: bench_serve(args.port, c, n) for c, n in CONCURRENCY.items()}
+                    {c: bench_serve(args.port, c, n, proc.pid) for c, n in CONCURRENCY.items()}
                 )
             finally:
                 stop_server(proc)
