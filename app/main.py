@@ -2,7 +2,8 @@
 
 The lifespan owns the engine: with no engine given it starts the one vLLM engine of the
 process from the settings and shuts it down on exit; tests may pass a ready engine (real
-or fake), which the app then uses but does not stop.
+or fake), which the app then uses but does not stop. Either way the native gRPC server
+(`app.routes.grpc_server`) runs on that engine while the app does, unless --grpc-port is 0.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from app.errors import SwitchboardError
 from app.metrics import install_metrics
 from app.routes import evergreen, graphpipe, openai, salience
 from app.routes.bodies import describe_errors
+from app.routes.grpc_server import serve_grpc
 from app.routes.responses import OrjsonResponse
 
 
@@ -38,14 +40,16 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if engine is not None:
             app.state.engine = engine
-            yield
+            async with serve_grpc(app):
+                yield
             return
         from app.engine.vllm import VllmEngine
 
         started = await VllmEngine.start(settings)
         app.state.engine = started
         try:
-            yield
+            async with serve_grpc(app):
+                yield
         finally:
             started.shutdown()
 

@@ -1,0 +1,82 @@
+"""The gRPC server the app's lifespan runs, on a fake engine: it starts and stops with the
+app, is off with port 0, refuses a port in use, and its health service follows
+`engine.check_health()`. (Reflection, auth and the protocol services on real vLLM:
+tests/e2e/test_grpc_*.py.)"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import grpc
+import pytest
+from fastapi.testclient import TestClient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from app.config import Settings
+from app.errors import ConfigError, EngineDead
+from app.main import create_app
+from tests.conftest import free_port
+from tests.fake_engine import FakeEngine
+
+
+@contextmanager
+def app_on(port: int, engine: FakeEngine | None = None) -> Iterator[grpc.Channel]:
+    app = create_app(Settings(model="fake", grpc_port=port), engine=engine or FakeEngine())
+    with TestClient(app), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield channel
+
+
+def check(channel: grpc.Channel, service: str = "") -> int:
+    stub = health_pb2_grpc.HealthStub(channel)
+    reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+    return int(reply.status)
+
+
+def test_serves_while_the_app_runs_and_stops_with_it() -> None:
+    port = free_port()
+    with app_on(port) as channel:
+        assert check(channel) == health_pb2.HealthCheckResponse.SERVING
+    with socket.socket() as sock:  # the port is free again
+        sock.bind(("127.0.0.1", port))
+
+
+def test_health_follows_the_engine() -> None:
+    engine = FakeEngine()
+    with app_on(free_port(), engine) as channel:
+        assert check(channel) == health_pb2.HealthCheckResponse.SERVING
+
+        async def dead() -> None:
+            raise EngineDead("engine process died")
+
+        engine.check_health = dead  # type: ignore[method-assign]
+        assert check(channel) == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.RpcError) as info:
+            check(channel, "no.such.Service")
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_port_zero_turns_it_off() -> None:
+    app = create_app(Settings(model="fake", grpc_port=0), engine=FakeEngine())
+    with TestClient(app) as client:
+        assert client.get("/health").status_code == 200
+
+
+def test_a_port_in_use_stops_the_start() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        app = create_app(Settings(model="fake", grpc_port=port), engine=FakeEngine())
+        with pytest.raises(ConfigError, match="cannot listen for gRPC"), TestClient(app):
+            pass
+
+
+def test_the_flag() -> None:
+    from app.cli import _settings_parser
+
+    known, _ = _settings_parser().parse_known_args(["--model", "m", "--grpc-port", "0"])
+    given = {k: v for k, v in vars(known).items() if v is not None and k != "help"}
+    assert Settings(**given).grpc_port == 0
+    assert Settings.model_fields["grpc_port"].default == 50051
