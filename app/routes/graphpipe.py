@@ -27,18 +27,17 @@ from app import __version__
 from app.engine.base import Engine
 from app.errors import EngineError, ModelNotFound, SwitchboardError
 from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_request
-from app.protocols.graphpipe.encode import encode_errors, encode_infer_response, encode_metadata
+from app.protocols.graphpipe.encode import encode_infer_response, encode_metadata
 from app.protocols.graphpipe.inference import InferCore
 from app.protocols.graphpipe.model import describe
 from app.routes.deps import EngineDep, SettingsDep, check_credentials
 from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
+from app.routes.failures import OCTET_STREAM, graphpipe_error
 from app.routes.responses import OrjsonResponse
+from schemas.graphpipe_json import GraphPipeErrors, GraphPipeMetadata
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
-
-_OCTET = "application/octet-stream"
-# Not an HTTP status anyone reads: the client that would read it is gone.
 
 
 def _target(engine: Engine, model: str | None) -> tuple[str, str | None]:
@@ -87,11 +86,7 @@ async def _generate(engine: Engine, core: InferCore) -> None:
 
 
 def _octet(body: bytes | memoryview, status_code: int = 200) -> Response:
-    return Response(body, status_code=status_code, media_type=_OCTET)
-
-
-def _error(exc: SwitchboardError) -> Response:
-    return _octet(encode_errors([(exc.graphpipe_code, exc.message)]), exc.http_status)
+    return Response(body, status_code=status_code, media_type=OCTET_STREAM)
 
 
 async def _post(request: Request, engine: Engine, limit: int, model: str | None) -> Response:
@@ -105,12 +100,12 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
         await unless_disconnected(request, _generate(engine, core))
         return _octet(encode_infer_response(core.outputs()))
     except SwitchboardError as exc:
-        return _error(exc)
+        return graphpipe_error(exc)
     except (ClientDisconnect, ClientGone):
         return Response(status_code=CLIENT_GONE)
     except Exception as exc:  # a bug must still answer in GraphPipe's shape
         logger.exception("GraphPipe request failed")
-        return _error(EngineError(f"Internal error: {exc!r}"))
+        return graphpipe_error(EngineError(f"Internal error: {exc!r}"))
 
 
 def _how_to_call(path: str, engine: Engine) -> list[str]:
@@ -145,23 +140,56 @@ def _get(request: Request, engine: Engine, model: str | None) -> Response:
     return OrjsonResponse(body)
 
 
-@router.post("/graphpipe", response_class=Response)
+_BINARY = {OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}}}
+_POST_DOCS: dict[str, Any] = {
+    "openapi_extra": {
+        "requestBody": {
+            "required": True,
+            "description": "exactly one GraphPipe `Request` flatbuffer (fbs/graphpipe.fbs)",
+            "content": _BINARY,
+        }
+    },
+    "responses": {
+        200: {
+            "description": "an `InferResponse` or `MetadataResponse` flatbuffer",
+            "content": _BINARY,
+        },
+        "4XX": {
+            "description": "an `InferResponse` whose one `Error` has the HTTP status as code",
+            "content": _BINARY,
+        },
+        "5XX": {
+            "description": "an `InferResponse` whose one `Error` has the HTTP status as code",
+            "content": _BINARY,
+        },
+    },
+}
+_GET_DOCS: dict[str, Any] = {
+    "responses": {
+        200: {"model": GraphPipeMetadata},
+        "4XX": {"model": GraphPipeErrors},
+        "5XX": {"model": GraphPipeErrors},
+    }
+}
+
+
+@router.post("/graphpipe", response_class=Response, **_POST_DOCS)
 async def infer(request: Request, engine: EngineDep, settings: SettingsDep) -> Response:
     return await _post(request, engine, settings.graphpipe_max_request_bytes, None)
 
 
-@router.post("/graphpipe/{model:path}", response_class=Response)
+@router.post("/graphpipe/{model:path}", response_class=Response, **_POST_DOCS)
 async def infer_model(
     request: Request, engine: EngineDep, settings: SettingsDep, model: str
 ) -> Response:
     return await _post(request, engine, settings.graphpipe_max_request_bytes, model)
 
 
-@router.get("/graphpipe", response_class=Response)
+@router.get("/graphpipe", response_class=Response, **_GET_DOCS)
 async def metadata(request: Request, engine: EngineDep) -> Response:
     return _get(request, engine, None)
 
 
-@router.get("/graphpipe/{model:path}", response_class=Response)
+@router.get("/graphpipe/{model:path}", response_class=Response, **_GET_DOCS)
 async def metadata_model(request: Request, engine: EngineDep, model: str) -> Response:
     return _get(request, engine, model)
