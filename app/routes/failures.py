@@ -83,10 +83,7 @@ def _from_http(request: Request, exc: HTTPException) -> SwitchboardError:
     if exc.status_code == 404:
         return NotFound(f"No route for {where}")
     if exc.status_code == 405:
-        allowed = (exc.headers or {}).get("allow", "")
-        return InvalidRequest(
-            f"Method not allowed: {where} (allowed: {allowed})", code="method_not_allowed"
-        )
+        return InvalidRequest(f"Method not allowed: {where}", code="method_not_allowed")
     if exc.status_code == 401:
         return Unauthenticated(str(exc.detail))
     if exc.status_code < 500:
