@@ -59,9 +59,10 @@ _DONE = b"data: [DONE]\n\n"
 
 # What /openapi.json says each route answers (documentation only: the handlers return
 # ready Responses, never validated through these models).
+_ERROR_BODY = {"application/json": {"schema": documented(ErrorResponse)}}
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    "4XX": {"model": ErrorResponse, "description": "OpenAI error body"},
-    "5XX": {"model": ErrorResponse, "description": "OpenAI error body (503: engine down)"},
+    "4XX": {"description": "OpenAI error body", "content": _ERROR_BODY},
+    "5XX": {"description": "OpenAI error body (503: the engine is down)", "content": _ERROR_BODY},
 }
 
 
@@ -79,8 +80,13 @@ def _answers(model: type[BaseModel], chunk: type[BaseModel] | None = None) -> di
             "properties": {
                 "data": {
                     "type": "string",
-                    "contentMediaType": "application/json",
-                    "contentSchema": documented(chunk, ErrorResponse),
+                    "anyOf": [
+                        {"const": "[DONE]"},
+                        {
+                            "contentMediaType": "application/json",
+                            "contentSchema": documented(chunk, ErrorResponse),
+                        },
+                    ],
                 }
             },
         }
