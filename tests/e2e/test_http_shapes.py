@@ -60,7 +60,6 @@ HOSTILE: list[tuple[str, str, bytes, str, int]] = [
     ("POST", "/v1/chat/completions", bytes(range(256)) * 64, "application/octet-stream", 400),
     ("POST", "/v1/completions", b'{"prompt": [[-1]], "max_tokens": 1}', JSON, 400),
     ("POST", "/v1/completions", b'{"prompt": "a", "max_tokens": 1, "n": "x"}', JSON, 400),
-    ("POST", "/v1/completions", b'{"prompt": "a " , "max_tokens": 1}', JSON, 400),
     # The typed routes answered FastAPI's {"detail": ...}, or a 500 on a lone surrogate.
     ("POST", "/detokenize", b'{"model": "\\ud800", "tokens": [1]}', JSON, 400),
     ("POST", "/detokenize", b'{"tokens": [1]', JSON, 400),

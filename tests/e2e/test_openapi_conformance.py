@@ -31,7 +31,7 @@ from tests.fake_engine import FakeEngine
 pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 2
-EXAMPLES = 10  # per operation and generation mode
+EXAMPLES = 25  # per operation and generation mode
 CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
