@@ -21,18 +21,23 @@ from starlette.requests import Request
 from app.errors import InvalidRequest
 
 M = TypeVar("M", bound=BaseModel)
-_NOT_A_FIELD = ("body", "query")
+# FastAPI prefixes each error location with where the value came from.
 _REF = "#/components/schemas/{model}"
 
 
-def describe_errors(errors: Sequence[Mapping[str, Any]]) -> InvalidRequest:
+def describe_errors(
+    errors: Sequence[Mapping[str, Any]], *, sourced: bool = False
+) -> InvalidRequest:
     """One `InvalidRequest` for a list of pydantic/FastAPI validation errors: every
-    problem in the message, the first offending field as `param`."""
+    problem in the message, the first offending field as `param`. FastAPI's errors
+    (`sourced`) start each location with where the value came from ("body", "query",
+    "path", ...), which is not part of the field's name."""
     if not errors:
         return InvalidRequest("Invalid request")
 
     def where(error: Mapping[str, Any]) -> str:
-        return ".".join(str(p) for p in error.get("loc", ()) if p not in _NOT_A_FIELD)
+        loc = tuple(error.get("loc", ()))[1 if sourced else 0 :]
+        return ".".join(str(p) for p in loc)
 
     message = "; ".join(f"{where(e) or 'body'}: {e['msg']}" for e in errors)
     return InvalidRequest(message, param=where(errors[0]) or None)

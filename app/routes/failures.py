@@ -98,7 +98,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-        return error_response(request.url.path, describe_errors(exc.errors()))
+        return error_response(request.url.path, describe_errors(exc.errors(), sourced=True))
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> Response:
