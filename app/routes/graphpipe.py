@@ -30,6 +30,7 @@ from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_requ
 from app.protocols.graphpipe.encode import encode_infer_response, encode_metadata
 from app.protocols.graphpipe.inference import InferCore
 from app.protocols.graphpipe.model import describe
+from app.routes.bodies import documented
 from app.routes.deps import EngineDep, SettingsDep, check_credentials
 from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.failures import OCTET_STREAM, graphpipe_error
@@ -164,12 +165,14 @@ _POST_DOCS: dict[str, Any] = {
         },
     },
 }
+# GET's own errors are JSON; an error no route handled (a bug, a framework error) is the
+# InferResponse every /graphpipe path answers.
+_GET_ERRORS = {
+    "description": "`GraphPipeErrors` as JSON, or an `InferResponse` flatbuffer",
+    "content": {"application/json": {"schema": documented(GraphPipeErrors)}, **_BINARY},
+}
 _GET_DOCS: dict[str, Any] = {
-    "responses": {
-        200: {"model": GraphPipeMetadata},
-        "4XX": {"model": GraphPipeErrors},
-        "5XX": {"model": GraphPipeErrors},
-    }
+    "responses": {200: {"model": GraphPipeMetadata}, "4XX": _GET_ERRORS, "5XX": _GET_ERRORS}
 }
 
 
