@@ -5,6 +5,7 @@ and the server serves a real request on it afterwards with the engine left idle.
 
 from __future__ import annotations
 
+import json
 import socket
 from typing import Any
 
@@ -160,4 +161,40 @@ def test_hostile_requests_are_answered_in_shape_on_one_connection(live_server) -
         assert orjson.loads(answer)["object"] == "chat.completion"
     finally:
         connection.close()
+    assert live_server.wait_idle() == 0
+
+
+ODD_VALUES: list[Any] = [{"a": [1]}, [None], -(2**64), 1e308, "\u0000"]
+
+
+def test_an_odd_value_in_every_field_is_answered_in_shape(live_server) -> None:  # type: ignore[no-untyped-def]
+    """Each field of the completions and chat bodies given each odd value in turn: a
+    valid answer or a 4xx in shape, never a 5xx or a dropped connection."""
+    from schemas.openai import ChatCompletionRequest, CompletionRequest
+
+    bases = {
+        "/v1/completions": (CompletionRequest, {"prompt": "def f():"}),
+        "/v1/chat/completions": (
+            ChatCompletionRequest,
+            {"messages": [{"role": "user", "content": "hi"}]},
+        ),
+    }
+    connection = Connection(live_server.base_url)
+    statuses = []
+    try:
+        for path, (model, base) in bases.items():
+            for field in model.model_fields:
+                for value in ODD_VALUES:
+                    body = {"model": live_server.model, **base, "max_tokens": 2, field: value}
+                    status, headers, answer = connection.request(
+                        "POST", path, json.dumps(body).encode()
+                    )
+                    statuses.append(status)
+                    label = f"{path} {field}={value!r}: {status} {answer[:300]!r}"
+                    assert status == 200 or 400 <= status < 500, label
+                    if status >= 400:
+                        _in_shape(path, status, headers, answer)
+    finally:
+        connection.close()
+    assert 200 in statuses  # the base bodies are valid: the odd value is what is refused
     assert live_server.wait_idle() == 0
