@@ -21,7 +21,6 @@ from starlette.requests import Request
 from app.errors import InvalidRequest
 
 M = TypeVar("M", bound=BaseModel)
-# FastAPI prefixes each error location with where the value came from.
 _REF = "#/components/schemas/{model}"
 
 
