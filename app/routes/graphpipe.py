@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import uuid
 from typing import Any
 
@@ -25,7 +24,7 @@ from starlette.requests import ClientDisconnect
 
 from app import __version__
 from app.engine.base import Engine
-from app.errors import EngineError, ModelNotFound, SwitchboardError
+from app.errors import InternalError, ModelNotFound, SwitchboardError
 from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_request
 from app.protocols.graphpipe.encode import encode_errors, encode_infer_response, encode_metadata
 from app.protocols.graphpipe.inference import InferCore
@@ -34,7 +33,6 @@ from app.routes.deps import EngineDep, SettingsDep, check_credentials
 from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.responses import OrjsonResponse
 
-logger = logging.getLogger(__name__)
 router = APIRouter()
 
 _OCTET = "application/octet-stream"
@@ -109,8 +107,7 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
     except (ClientDisconnect, ClientGone):
         return Response(status_code=CLIENT_GONE)
     except Exception as exc:  # a bug must still answer in GraphPipe's shape
-        logger.exception("GraphPipe request failed")
-        return _error(EngineError(f"Internal error: {exc!r}"))
+        return _error(InternalError.wrap(exc))
 
 
 def _how_to_call(path: str, engine: Engine) -> list[str]:
