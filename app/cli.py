@@ -104,7 +104,8 @@ def _serve(argv: list[str]) -> None:
     except ConfigError as exc:
         # The operator's mistake, not a crash: one line on stderr, exit status 2 (as
         # argparse ends on a bad flag).
-        parser.exit(2, f"switchboard serve: error: {exc}\n")
+        message = " ".join(str(exc).split())
+        parser.exit(2, f"switchboard serve: error: {message}\n")
     except KeyboardInterrupt:  # uvicorn re-raises the signal it handled
         pass
 

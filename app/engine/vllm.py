@@ -34,6 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from vllm import AsyncEngineArgs, SamplingParams
 from vllm import __version__ as vllm_version
 from vllm.config import VllmConfig
@@ -216,9 +217,15 @@ def _engine_config(args: dict[str, Any]) -> VllmConfig:
     or OSError for a model it cannot find)."""
     try:
         return AsyncEngineArgs(**args).create_engine_config(UsageContext.ENGINE_CONTEXT)
+    except ValidationError as exc:  # its first line only counts the errors
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(
+            f"the engine arguments do not work: {where + ': ' if where else ''}{first['msg']}"
+        ) from exc
     except (TypeError, ValueError, OSError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"the engine arguments do not work: {first_line}") from exc
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise ConfigError(f"the engine arguments do not work: {lines[0]}") from exc
 
 
 async def _setup_readouts(llm: AsyncLLM, path: Path, concepts: Concepts) -> ReadoutManifest:
