@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -72,18 +73,35 @@ async def _run(settings: Settings) -> None:
     from app.main import create_app
 
     engine = await VllmEngine.start(settings)
+    stopped = False
+
+    def stop_engine() -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            engine.shutdown()
+
+    class Server(uvicorn.Server):
+        # After a signal uvicorn shuts down, then raises the signal again, which ends the
+        # process: the engine must be stopped before that, with the server.
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            try:
+                await super().shutdown(sockets)
+            finally:
+                stop_engine()
+
+    config = uvicorn.Config(
+        create_app(settings, engine=engine),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        http="httptools",
+        access_log=False,
+    )
     try:
-        config = uvicorn.Config(
-            create_app(settings, engine=engine),
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            http="httptools",
-            access_log=False,
-        )
-        await uvicorn.Server(config).serve()
+        await Server(config).serve()
     finally:
-        engine.shutdown()
+        stop_engine()
 
 
 def _serve(argv: list[str]) -> None:
