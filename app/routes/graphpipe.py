@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import uuid
 from typing import Any
 
@@ -25,7 +24,7 @@ from starlette.requests import ClientDisconnect
 
 from app import __version__
 from app.engine.base import Engine
-from app.errors import EngineError, ModelNotFound, SwitchboardError
+from app.errors import InternalError, ModelNotFound, SwitchboardError
 from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_request
 from app.protocols.graphpipe.encode import encode_infer_response, encode_metadata
 from app.protocols.graphpipe.inference import InferCore
@@ -37,7 +36,6 @@ from app.routes.failures import OCTET_STREAM, graphpipe_error
 from app.routes.responses import OrjsonResponse
 from schemas.graphpipe_json import GraphPipeErrors, GraphPipeMetadata
 
-logger = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -105,8 +103,7 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
     except (ClientDisconnect, ClientGone):
         return Response(status_code=CLIENT_GONE)
     except Exception as exc:  # a bug must still answer in GraphPipe's shape
-        logger.exception("GraphPipe request failed")
-        return graphpipe_error(EngineError(f"Internal error: {exc!r}"))
+        return graphpipe_error(InternalError.wrap(exc))
 
 
 def _how_to_call(path: str, engine: Engine) -> list[str]:

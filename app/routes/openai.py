@@ -8,7 +8,6 @@ are cancelled by sse-starlette, non-streamed calls by `unless_disconnected`.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,7 +20,8 @@ from sse_starlette import EventSourceResponse
 
 from app import __version__
 from app.engine.base import Engine
-from app.errors import EngineError, InvalidRequest, ModelNotFound, SwitchboardError
+from app.engine.validation import check_token_ids
+from app.errors import InternalError, ModelNotFound, SwitchboardError
 from app.protocols.openai.chat import ChatCore
 from app.protocols.openai.completions import CompletionCore
 from app.routes.bodies import documented, json_body, parse_json, read_body, validate
@@ -50,7 +50,6 @@ from schemas.openai_responses import (
     VersionResponse,
 )
 
-logger = logging.getLogger(__name__)
 router = APIRouter()
 v1 = APIRouter(dependencies=[AuthDep])
 
@@ -119,8 +118,7 @@ async def _stream(engine: Engine, core: Core) -> AsyncIterator[bytes]:
     except SwitchboardError as exc:
         yield _sse(exc.openai_body())
     except Exception as exc:  # a bug must still end the stream in OpenAI's shape
-        logger.exception("stream %s failed", core.response_id)
-        yield _sse(EngineError(f"Internal error: {exc!r}").openai_body())
+        yield _sse(InternalError.wrap(exc).openai_body())
     yield _DONE
 
 
@@ -138,6 +136,10 @@ async def _serve(request: Request, engine: Engine, core: Core, stream: bool) -> 
         body = await unless_disconnected(request, _collect(engine, core))
     except ClientGone:
         return Response(status_code=CLIENT_GONE)
+    except SwitchboardError:
+        raise
+    except Exception as exc:  # a bug: the client gets its id, never its text
+        raise InternalError.wrap(exc) from exc
     return OrjsonResponse(body)
 
 
@@ -254,8 +256,7 @@ async def tokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
 async def detokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
     body = await read_body(request, DetokenizeRequest)
     _model(engine, body.model)
-    if any(t >= engine.info.vocab_size for t in body.tokens):
-        raise InvalidRequest(f"Token ids must be in [0, {engine.info.vocab_size})", param="tokens")
+    check_token_ids(body.tokens, engine.info, "tokens")
     return {"prompt": engine.tokenizer.decode(body.tokens)}
 
 
