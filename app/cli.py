@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
+from pydantic import ValidationError
+
 from app.config import Settings
+from app.errors import ConfigError
 
 
 def _help(description: str | None) -> str | None:
@@ -47,31 +51,81 @@ def _settings_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _serve(argv: list[str]) -> None:
+def _settings(known: argparse.Namespace, rest: list[str]) -> Settings:
+    from app.engine.cli_args import parse_engine_args
+
+    given = {k: v for k, v in vars(known).items() if v is not None and k != "help"}
+    try:
+        return Settings(**given, engine_args=parse_engine_args(rest))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "settings"
+        raise ConfigError(f"{where}: {first['msg']}") from None
+
+
+async def _run(settings: Settings) -> None:
+    """Start the engine, then serve until a signal; the engine stops either way. The
+    engine starts before uvicorn so that a `ConfigError` (a bad flag or file) ends the
+    command with one line rather than a failed ASGI lifespan's traceback."""
     import uvicorn
 
-    from app.engine.cli_args import parse_engine_args
+    from app.engine.vllm import VllmEngine
     from app.main import create_app
+
+    engine = await VllmEngine.start(settings)
+    stopped = False
+
+    def stop_engine() -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            engine.shutdown()
+
+    class Server(uvicorn.Server):
+        # After a signal uvicorn shuts down, then raises the signal again, which ends the
+        # process: the engine must be stopped before that, with the server.
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            try:
+                await super().shutdown(sockets)
+            finally:
+                stop_engine()
+
+    config = uvicorn.Config(
+        create_app(settings, engine=engine),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        http="httptools",
+        access_log=False,
+    )
+    try:
+        await Server(config).serve()
+    finally:
+        stop_engine()
+
+
+def _serve(argv: list[str]) -> None:
+    import uvloop
 
     parser = _settings_parser()
     known, rest = parser.parse_known_args(argv)
     if known.help:
         parser.print_help()
         return
-    given = {k: v for k, v in vars(known).items() if v is not None and k != "help"}
-    settings = Settings(**given, engine_args=parse_engine_args(rest))
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-    )
+    try:
+        settings = _settings(known, rest)
+        logging.basicConfig(
+            level=settings.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        uvloop.run(_run(settings))
+    except ConfigError as exc:
+        # The operator's mistake, not a crash: one line on stderr, exit status 2 (as
+        # argparse ends on a bad flag).
+        message = " ".join(str(exc).split())
+        parser.exit(2, f"switchboard serve: error: {message}\n")
+    except KeyboardInterrupt:  # uvicorn re-raises the signal it handled
+        pass
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,6 +39,8 @@ import logging
 import uuid
 from typing import ClassVar
 
+from app.text import well_formed
+
 logger = logging.getLogger(__name__)
 
 # gRPC's numeric status codes, for the names used below.
@@ -63,9 +65,12 @@ class SwitchboardError(Exception):
     evergreen_reason: ClassVar[str] = "INTERNAL"
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        # Messages and params quote the client's input; repaired here, once, so that
+        # every protocol's encoder can carry them (see app.text).
+        message = well_formed(message)
         super().__init__(message)
         self.message = message
-        self.param = param
+        self.param = None if param is None else well_formed(param)
         self.code = code
 
     @property

@@ -10,29 +10,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi import FastAPI
 
 from app.config import Settings
 from app.engine.base import Engine
-from app.errors import SwitchboardError
 from app.metrics import install_metrics
 from app.routes import evergreen, graphpipe, openai, salience
-from app.routes.bodies import describe_errors
+from app.routes.bodies import collect_definitions
+from app.routes.failures import install_error_handlers
 from app.routes.grpc_server import serve_grpc
 from app.routes.responses import OrjsonResponse
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(SwitchboardError)
-    async def _switchboard_error(request: Request, exc: SwitchboardError) -> Response:
-        return OrjsonResponse(exc.openai_body(), status_code=exc.http_status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-        return OrjsonResponse(describe_errors(exc.errors()).openai_body(), status_code=400)
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
@@ -57,8 +46,21 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.settings = settings
     if engine is not None:
         app.state.engine = engine
-    _install_error_handlers(app)
+    install_error_handlers(app)
     for module in (openai, graphpipe, salience, evergreen):
         app.include_router(module.router)
     install_metrics(app)
+    _document_bodies(app)
     return app
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """/openapi.json with the hand-parsed request bodies declared (`routes.bodies`)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = collect_definitions(build())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

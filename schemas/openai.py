@@ -3,9 +3,9 @@
 
 Fields follow the OpenAI API plus the extensions `vllm serve` accepts (top_k, min_p,
 repetition_penalty, ignore_eos, min_tokens, stop_token_ids, priority, ...), so clients of
-either work unchanged. Unknown fields are ignored, as vLLM does. Range checks that the
-OpenAI API documents are here; checks that need the model (context length, vocabulary)
-are in `app.protocols.openai`.
+either work unchanged. Unknown fields are ignored, as vLLM does. Types are checked here;
+the sampling limits (ranges, context length, vocabulary) are the ones every protocol
+shares, in `app.engine.validation`.
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ class SamplingFields(_Body):
 
     model: str | None = None
     n: Annotated[int, Field(ge=1, le=128)] = 1
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(ge=0)] = 0
+    min_tokens: int = 0
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -53,9 +53,9 @@ class SamplingFields(_Body):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: Annotated[int, Field(ge=0)] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
     add_special_tokens: bool = True
@@ -81,10 +81,10 @@ class ChatMessage(_Body):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: int | None = None
     add_generation_prompt: bool = True
     echo: bool = False
     tools: list[dict[str, Any]] | None = None

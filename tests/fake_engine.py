@@ -19,7 +19,8 @@ from app.engine.base import (
     TokenEvent,
     TokenLogprob,
 )
-from app.errors import ContextLengthExceeded, ModelNotFound, NotFound
+from app.engine.validation import check_prompt, validate_sampling
+from app.errors import ModelNotFound, NotFound
 
 EOS = 0
 
@@ -107,11 +108,9 @@ class FakeEngine:
             if request.prompt_token_ids is not None
             else self._tokenizer.encode(request.prompt_text or "")
         )
-        sampling = request.sampling
-        if len(prompt) + sampling.max_tokens > self._info.max_model_len:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {self._info.max_model_len} tokens"
-            )
+        # The real engine's safety net, so a core that skipped a check fails here too.
+        sampling = validate_sampling(request.sampling, self._info, prefill_only=True)
+        check_prompt(prompt, sampling.max_tokens, self._info)
         self.requests.append(request)
         self.running.add(request.request_id)
         k = sampling.logprobs

@@ -23,9 +23,9 @@ FinishReason = Literal["stop", "length", "abort"]
 
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
-    """Sampling parameters, already validated and with defaults applied."""
+    """Sampling parameters with defaults applied; `app.engine.validation` checks them."""
 
-    max_tokens: int = 16
+    max_tokens: int = 16  # 0: prefill only (the prompt is scored, nothing generated)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 means all tokens (vLLM's -1)
@@ -162,6 +162,9 @@ class EngineInfo:
     eos_token_ids: tuple[int, ...]
     has_chat_template: bool
     max_loras: int
+    # Top-k logprobs a request may ask for (vLLM's --max-logprobs, -1 resolved to the
+    # vocabulary size).
+    max_logprobs: int = 20
     engine_version: str = ""
     readout: ReadoutManifest | None = None  # None: readouts are not configured
     vision: VisionInfo | None = None  # None: the model takes no images

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
-from app.errors import InvalidRequest
+from app.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -38,21 +39,41 @@ class Concepts:
         """Floats per position: n_layers * n_concepts."""
         return len(self.layers) * len(self.names)
 
+    def check_model(self, hidden_size: int, num_layers: int) -> None:
+        """The file fits a model of `num_layers` decoder layers of `hidden_size`."""
+        if self.hidden_size != hidden_size:
+            raise ConfigError(
+                f"concept directions are {self.hidden_size} wide; the model's hidden size "
+                f"is {hidden_size}"
+            )
+        missing = [layer for layer in self.layers if not 0 <= layer < num_layers]
+        if missing:
+            raise ConfigError(
+                f"concept layers {missing} do not exist; the model has {num_layers} layers"
+            )
+
 
 def load_concepts(path: str | Path) -> Concepts:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="numpy") as handle:
-        metadata = handle.metadata() or {}
-    tensors = load_file(str(path))
+    """The concepts in `path`; a file that is not one is a `ConfigError` (it is given at
+    start-up by the operator, never by a client)."""
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(str(path))
+    except (OSError, SafetensorError) as exc:
+        raise ConfigError(f"cannot read the concept file {path}: {exc}") from exc
     try:
         names = tuple(str(n) for n in json.loads(metadata["concepts"]))
         directions = np.ascontiguousarray(tensors["directions"], dtype=np.float32)
         layers = tuple(int(x) for x in tensors["layers"].tolist())
-    except (KeyError, ValueError, TypeError) as exc:
-        raise InvalidRequest(f"{path} is not a concept file: {exc!r}") from exc
+    except KeyError as exc:
+        raise ConfigError(f"{path} is not a concept file: it has no {exc}") from exc
+    except (ValueError, TypeError) as exc:  # of json and numpy, on the file's contents
+        raise ConfigError(f"{path} is not a concept file: {exc}") from exc
+    if not layers or not names:
+        raise ConfigError(f"{path}: a concept file needs at least one layer and one concept")
     if directions.ndim != 3 or directions.shape[:2] != (len(layers), len(names)):
-        raise InvalidRequest(
+        raise ConfigError(
             f"{path}: directions {directions.shape} do not match "
             f"{len(layers)} layers x {len(names)} concepts"
         )

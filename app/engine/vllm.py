@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import uuid
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -33,14 +34,24 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from vllm import AsyncEngineArgs, SamplingParams
 from vllm import __version__ as vllm_version
-from vllm.exceptions import VLLMClientError, VLLMNotFoundError, VLLMValidationError
+from vllm.config import VllmConfig
+from vllm.exceptions import (
+    GracefulHTTPError,
+    VLLMClientError,
+    VLLMError,
+    VLLMNotFoundError,
+    VLLMUnprocessableEntityError,
+    VLLMValidationError,
+)
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
+from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
@@ -56,18 +67,20 @@ from app.engine.base import (
     TokenLogprob,
     VisionInfo,
 )
-from app.engine.concepts import load_concepts
+from app.engine.concepts import Concepts, load_concepts
 from app.engine.cpu_host import pin_frontend, with_cpu_kv_cache
 from app.engine.images import ImageReader, collapse_blocks
 from app.engine.readout_client import ReadoutBatcher, ReadoutTracker
 from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY, ReadoutWorkerExtension
+from app.engine.validation import check_prompt, validate_sampling
 from app.errors import (
-    ContextLengthExceeded,
+    ConfigError,
     EngineDead,
     EngineError,
     InvalidRequest,
     ModelNotFound,
     NotFound,
+    ResourceExhausted,
     SwitchboardError,
 )
 
@@ -85,24 +98,31 @@ ENGINE_DEFAULTS: dict[str, Any] = {
 
 @contextmanager
 def map_engine_errors() -> Iterator[None]:
-    """Translate vLLM's exceptions into `app.errors`, most specific first."""
+    """Translate vLLM's exceptions into `app.errors` by their types, most specific first.
+
+    Wraps calls into vLLM only, never our own code: anything else escaping (a built-in
+    ValueError included) is a bug, ours or vLLM's, and reaches the transport as an
+    `InternalError`. vLLM has no type for a prompt over the context (it raises a plain
+    `VLLMValidationError`), so `app.engine.validation.check_prompt` runs before it is
+    asked and its `ContextLengthExceeded` is the only one there is.
+    """
     try:
         yield
-    except SwitchboardError:
-        raise
     except EngineDeadError as exc:
-        raise EngineDead(f"The engine is not running: {exc}") from exc
+        raise EngineDead("The engine is not running; the server must be restarted") from exc
     except VLLMNotFoundError as exc:
         raise NotFound(str(exc)) from exc
-    except VLLMValidationError as exc:
-        message = str(exc)
-        if "context length" in message or "max_model_len" in message:
-            raise ContextLengthExceeded(message, param=exc.parameter) from exc
-        raise InvalidRequest(message, param=exc.parameter) from exc
-    except (VLLMClientError, ValueError, TypeError) as exc:
+    except (VLLMValidationError, VLLMUnprocessableEntityError) as exc:
+        # str() of these appends the rejected value, which may be anything a client sent.
+        raise InvalidRequest(str(exc.args[0]) if exc.args else "", param=exc.parameter) from exc
+    except VLLMClientError as exc:
         raise InvalidRequest(str(exc)) from exc
-    except EngineGenerateError as exc:
-        raise EngineError(f"The engine failed the request: {exc.__cause__!r}") from exc
+    except GracefulHTTPError as exc:  # admission control: busy now, fine later
+        raise ResourceExhausted(exc.message) from exc
+    except (EngineGenerateError, VLLMError) as exc:
+        error_id = uuid.uuid4().hex[:16]
+        logger.error("engine error %s", error_id, exc_info=exc)
+        raise EngineError(f"The engine failed the request (error id {error_id})") from exc
 
 
 # vLLM clamps a logit bias to [-100, 100]; -100 is the customary ban.
@@ -191,8 +211,24 @@ class HfTokenizer:
         return str(self._tok.decode([token_id], skip_special_tokens=False))
 
 
-async def _setup_readouts(llm: AsyncLLM, path: Path) -> ReadoutManifest:
-    concepts = load_concepts(path)
+def _engine_config(args: dict[str, Any]) -> VllmConfig:
+    """vLLM's configuration from the engine arguments; arguments that do not work are a
+    `ConfigError` (vLLM reports them as TypeError, ValueError, pydantic's ValidationError,
+    or OSError for a model it cannot find)."""
+    try:
+        return AsyncEngineArgs(**args).create_engine_config(UsageContext.ENGINE_CONTEXT)
+    except ValidationError as exc:  # its first line only counts the errors
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(
+            f"the engine arguments do not work: {where + ': ' if where else ''}{first['msg']}"
+        ) from exc
+    except (TypeError, ValueError, OSError) as exc:
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise ConfigError(f"the engine arguments do not work: {lines[0]}") from exc
+
+
+async def _setup_readouts(llm: AsyncLLM, path: Path, concepts: Concepts) -> ReadoutManifest:
     with map_engine_errors():
         await llm.collective_rpc("readout_setup", args=(str(path),))
     return ReadoutManifest(
@@ -280,34 +316,68 @@ class VllmEngine:
         if args.get("enable_lora"):
             # Runtime loading through /v1/load_lora_adapter, as vLLM's server gates it.
             os.environ.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
+        # Every start-up check that needs no engine runs before it: a bad flag or file
+        # should not cost an engine start.
+        concepts = None
+        if settings.readout_concepts is not None:
+            concepts = load_concepts(settings.readout_concepts)
+        for name, path in settings.lora_pairs():
+            if not os.path.isdir(path):
+                raise ConfigError(f"--lora-modules {name}={path}: no such directory")
         cpu = current_platform.is_cpu()
         if cpu:
             args = with_cpu_kv_cache(args)
-        with map_engine_errors():
-            engine_args = AsyncEngineArgs(**args)
-        llm = AsyncLLM.from_engine_args(engine_args)
-        if cpu and settings.pin_frontend:
+        vllm_config = _engine_config(args)
+        if concepts is not None:
+            model_config = vllm_config.model_config
+            concepts.check_model(
+                model_config.get_hidden_size(), model_config.get_total_num_hidden_layers()
+            )
+        llm = AsyncLLM.from_vllm_config(
+            vllm_config,
+            enable_log_requests=bool(args.get("enable_log_requests", False)),
+            disable_log_stats=bool(args.get("disable_log_stats", False)),
+        )
+        try:
+            return await cls._started(llm, settings, concepts)
+        except BaseException:
+            llm.shutdown()
+            raise
+
+    @classmethod
+    async def _started(
+        cls, llm: AsyncLLM, settings: Settings, concepts: Concepts | None
+    ) -> VllmEngine:
+        if current_platform.is_cpu() and settings.pin_frontend:
             pin_frontend()
         tokenizer = HfTokenizer(llm.get_tokenizer())
         model_config = llm.model_config
         eos = getattr(tokenizer._tok, "eos_token_id", None)
         lora_config = llm.vllm_config.lora_config
+        max_logprobs = int(model_config.max_logprobs)
+        vocab_size = int(model_config.get_vocab_size())
         info = EngineInfo(
             model_name=settings.model_name,
             model_path=settings.model,
             max_model_len=int(model_config.max_model_len),
-            vocab_size=int(model_config.get_vocab_size()),
+            vocab_size=vocab_size,
             eos_token_ids=(int(eos),) if eos is not None else (),
             has_chat_template=tokenizer.has_chat_template,
             max_loras=int(lora_config.max_loras) if lora_config is not None else 0,
+            max_logprobs=vocab_size if max_logprobs == -1 else max_logprobs,
             engine_version=f"vllm {vllm_version}",
             vision=_vision_info(llm),
         )
-        if settings.readout_concepts is not None:
-            info = replace(info, readout=await _setup_readouts(llm, settings.readout_concepts))
+        if concepts is not None and settings.readout_concepts is not None:
+            info = replace(
+                info, readout=await _setup_readouts(llm, settings.readout_concepts, concepts)
+            )
         engine = cls(llm, info, tokenizer)
         for name, path in settings.lora_pairs():
-            await engine.load_lora(name, path)
+            try:
+                await engine.load_lora(name, path)
+            except InvalidRequest as exc:
+                raise ConfigError(f"--lora-modules {name}={path}: {exc.message}") from exc
         return engine
 
     def shutdown(self) -> None:
@@ -379,38 +449,20 @@ class VllmEngine:
         with map_engine_errors():
             await self._llm.abort(request_id)
 
-    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        if request.prompt_token_ids is not None:
-            ids = list(request.prompt_token_ids)
-            vocab = self._info.vocab_size
-            if any(t < 0 or t >= vocab for t in ids):
-                raise InvalidRequest(f"Token ids must be in [0, {vocab})", param="prompt_token_ids")
-            return ids
-        return self._tokenizer.encode(request.prompt_text or "")
-
-    def _check_length(self, prompt_len: int, max_tokens: int) -> None:
-        limit = self._info.max_model_len
-        if prompt_len == 0:
-            raise InvalidRequest("The prompt is empty", param="prompt")
-        if prompt_len + max_tokens > limit:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
-                f"{max_tokens} for the completion). Please reduce the length of the prompt "
-                "or the completion.",
-                param="max_tokens" if prompt_len < limit else "prompt",
-                code="context_length_exceeded",
-            )
-
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
-        prompt_ids = self._prompt_ids(request)
-        options = request.sampling
+        if request.prompt_token_ids is not None:
+            prompt_ids = list(request.prompt_token_ids)
+        else:
+            prompt_ids = self._tokenizer.encode(request.prompt_text or "")
+        # The cores validated already; this is the safety net, and the one context check
+        # (vLLM has no exception type for it).
+        options = validate_sampling(request.sampling, self._info, prefill_only=True)
+        check_prompt(prompt_ids, options.max_tokens, self._info)
         # vLLM always samples at least one token: a prefill-only request (scoring) samples
         # one and drops it.
         prefill_only = options.max_tokens == 0
         if prefill_only:
             options = replace(options, max_tokens=1, logprobs=None)
-        self._check_length(len(prompt_ids), options.max_tokens)
         lora = self._lora_request(request.lora_name)
         readouts = self._readout_args(request)
         vision = self._info.vision
@@ -430,39 +482,45 @@ class VllmEngine:
         echo_due = bool(request.images)
         self._running.add(request.request_id)
         try:
-            with map_engine_errors():
-                async for output in stream:
-                    if echo_due:
-                        _check_expansion(prompt_ids, output.prompt_token_ids)
-                        echo_due = False
-                    event = converter.convert(output)
-                    if event is None:
-                        continue
-                    output_tokens += len(event.token_ids)
-                    if tracker is not None and tracker.due(output_tokens):
-                        taken = await self._readouts.take(request.request_id)
-                        event = replace(event, readouts=taken)
-                    if prefill_only:
-                        yield replace(
-                            event,
-                            token_ids=[],
-                            text="",
-                            logprobs=None,
-                            finish_reason="length",
-                            stop_reason=None,
-                            readouts=_prompt_only(event.readouts, len(prompt_ids)),
-                        )
-                        return
-                    yield event
+            while True:
+                # Only the call into vLLM is mapped: a bug in what follows is ours.
+                with map_engine_errors():
+                    try:
+                        output = await anext(stream)
+                    except StopAsyncIteration:
+                        break
+                if echo_due:
+                    _check_expansion(prompt_ids, output.prompt_token_ids)
+                    echo_due = False
+                event = converter.convert(output)
+                if event is None:
+                    continue
+                output_tokens += len(event.token_ids)
+                if tracker is not None and tracker.due(output_tokens):
+                    taken = await self._readouts.take(request.request_id)
+                    event = replace(event, readouts=taken)
+                if prefill_only:
+                    yield replace(
+                        event,
+                        token_ids=[],
+                        text="",
+                        logprobs=None,
+                        finish_reason="length",
+                        stop_reason=None,
+                        readouts=_prompt_only(event.readouts, len(prompt_ids)),
+                    )
+                    return
+                yield event
         finally:
             self._running.discard(request.request_id)
             # Closing vLLM's generator aborts the request if it has not finished; shield
             # it so a cancelled consumer still completes the abort.
             await asyncio.shield(stream.aclose())
             if readouts is not None:
-                await asyncio.shield(
-                    self._llm.collective_rpc("readout_drop", args=(request.request_id,))
-                )
+                with map_engine_errors():
+                    await asyncio.shield(
+                        self._llm.collective_rpc("readout_drop", args=(request.request_id,))
+                    )
 
     def _prompt(self, prompt_ids: list[int], request: GenerationRequest) -> TokensPrompt:
         if not request.images:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import uuid
 from typing import Any
 
@@ -25,20 +24,19 @@ from starlette.requests import ClientDisconnect
 
 from app import __version__
 from app.engine.base import Engine
-from app.errors import EngineError, ModelNotFound, SwitchboardError
+from app.errors import InternalError, ModelNotFound, SwitchboardError
 from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_request
-from app.protocols.graphpipe.encode import encode_errors, encode_infer_response, encode_metadata
+from app.protocols.graphpipe.encode import encode_infer_response, encode_metadata
 from app.protocols.graphpipe.inference import InferCore
 from app.protocols.graphpipe.model import describe
+from app.routes.bodies import documented
 from app.routes.deps import EngineDep, SettingsDep, check_credentials
 from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
+from app.routes.failures import OCTET_STREAM, graphpipe_error
 from app.routes.responses import OrjsonResponse
+from schemas.graphpipe_json import GraphPipeErrors, GraphPipeMetadata
 
-logger = logging.getLogger(__name__)
 router = APIRouter()
-
-_OCTET = "application/octet-stream"
-# Not an HTTP status anyone reads: the client that would read it is gone.
 
 
 def _target(engine: Engine, model: str | None) -> tuple[str, str | None]:
@@ -87,11 +85,7 @@ async def _generate(engine: Engine, core: InferCore) -> None:
 
 
 def _octet(body: bytes | memoryview, status_code: int = 200) -> Response:
-    return Response(body, status_code=status_code, media_type=_OCTET)
-
-
-def _error(exc: SwitchboardError) -> Response:
-    return _octet(encode_errors([(exc.graphpipe_code, exc.message)]), exc.http_status)
+    return Response(body, status_code=status_code, media_type=OCTET_STREAM)
 
 
 async def _post(request: Request, engine: Engine, limit: int, model: str | None) -> Response:
@@ -105,12 +99,11 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
         await unless_disconnected(request, _generate(engine, core))
         return _octet(encode_infer_response(core.outputs()))
     except SwitchboardError as exc:
-        return _error(exc)
+        return graphpipe_error(exc)
     except (ClientDisconnect, ClientGone):
         return Response(status_code=CLIENT_GONE)
     except Exception as exc:  # a bug must still answer in GraphPipe's shape
-        logger.exception("GraphPipe request failed")
-        return _error(EngineError(f"Internal error: {exc!r}"))
+        return graphpipe_error(InternalError.wrap(exc))
 
 
 def _how_to_call(path: str, engine: Engine) -> list[str]:
@@ -145,23 +138,58 @@ def _get(request: Request, engine: Engine, model: str | None) -> Response:
     return OrjsonResponse(body)
 
 
-@router.post("/graphpipe", response_class=Response)
+_BINARY = {OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}}}
+_POST_DOCS: dict[str, Any] = {
+    "openapi_extra": {
+        "requestBody": {
+            "required": True,
+            "description": "exactly one GraphPipe `Request` flatbuffer (fbs/graphpipe.fbs)",
+            "content": _BINARY,
+        }
+    },
+    "responses": {
+        200: {
+            "description": "an `InferResponse` or `MetadataResponse` flatbuffer",
+            "content": _BINARY,
+        },
+        "4XX": {
+            "description": "an `InferResponse` whose one `Error` has the HTTP status as code",
+            "content": _BINARY,
+        },
+        "5XX": {
+            "description": "an `InferResponse` whose one `Error` has the HTTP status as code",
+            "content": _BINARY,
+        },
+    },
+}
+# GET's own errors are JSON; an error no route handled (a bug, a framework error) is the
+# InferResponse every /graphpipe path answers.
+_GET_ERRORS = {
+    "description": "`GraphPipeErrors` as JSON, or an `InferResponse` flatbuffer",
+    "content": {"application/json": {"schema": documented(GraphPipeErrors)}, **_BINARY},
+}
+_GET_DOCS: dict[str, Any] = {
+    "responses": {200: {"model": GraphPipeMetadata}, "4XX": _GET_ERRORS, "5XX": _GET_ERRORS}
+}
+
+
+@router.post("/graphpipe", response_class=Response, **_POST_DOCS)
 async def infer(request: Request, engine: EngineDep, settings: SettingsDep) -> Response:
     return await _post(request, engine, settings.graphpipe_max_request_bytes, None)
 
 
-@router.post("/graphpipe/{model:path}", response_class=Response)
+@router.post("/graphpipe/{model:path}", response_class=Response, **_POST_DOCS)
 async def infer_model(
     request: Request, engine: EngineDep, settings: SettingsDep, model: str
 ) -> Response:
     return await _post(request, engine, settings.graphpipe_max_request_bytes, model)
 
 
-@router.get("/graphpipe", response_class=Response)
+@router.get("/graphpipe", response_class=Response, **_GET_DOCS)
 async def metadata(request: Request, engine: EngineDep) -> Response:
     return _get(request, engine, None)
 
 
-@router.get("/graphpipe/{model:path}", response_class=Response)
+@router.get("/graphpipe/{model:path}", response_class=Response, **_GET_DOCS)
 async def metadata_model(request: Request, engine: EngineDep, model: str) -> Response:
     return _get(request, engine, model)

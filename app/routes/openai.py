@@ -8,27 +8,27 @@ are cancelled by sse-starlette, non-streamed calls by `unless_disconnected`.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
+from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 
 from app import __version__
 from app.engine.base import Engine
-from app.errors import EngineError, InvalidRequest, ModelNotFound, SwitchboardError
+from app.engine.validation import check_token_ids
+from app.errors import InternalError, ModelNotFound, SwitchboardError
 from app.protocols.openai.chat import ChatCore
 from app.protocols.openai.completions import CompletionCore
-from app.routes.bodies import parse_json, read_body, validate
+from app.routes.bodies import documented, json_body, parse_json, read_body, validate
 from app.routes.deps import AuthDep, EngineDep
 from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.fanout import merge_generations
-from app.routes.responses import OrjsonResponse
+from app.routes.responses import OrjsonResponse, dump_json
 from schemas.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -38,13 +38,62 @@ from schemas.openai import (
     TokenizeCompletionRequest,
     UnloadLoraRequest,
 )
+from schemas.openai_responses import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    CompletionChunk,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelList,
+    TokenizeResponse,
+    VersionResponse,
+)
 
-logger = logging.getLogger(__name__)
 router = APIRouter()
 v1 = APIRouter(dependencies=[AuthDep])
 
 Core = CompletionCore | ChatCore
 _DONE = b"data: [DONE]\n\n"
+
+# What /openapi.json says each route answers (documentation only: the handlers return
+# ready Responses, never validated through these models).
+_ERROR_BODY = {"application/json": {"schema": documented(ErrorResponse)}}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    "4XX": {"description": "OpenAI error body", "content": _ERROR_BODY},
+    "5XX": {"description": "OpenAI error body (503: the engine is down)", "content": _ERROR_BODY},
+}
+
+
+def _answers(model: type[BaseModel], chunk: type[BaseModel] | None = None) -> dict[int | str, Any]:
+    ok: dict[str, Any] = {"model": model}
+    if chunk is not None:
+        ok["description"] = (
+            f"`{model.__name__}`, or with `stream: true` server-sent events: each "
+            f"`data: <{chunk.__name__}>` (an error after the first event comes as "
+            "`data: <ErrorResponse>`), ending with `data: [DONE]`"
+        )
+        event = {
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "data": {
+                    "type": "string",
+                    "anyOf": [
+                        {"const": "[DONE]"},
+                        {
+                            "contentMediaType": "application/json",
+                            "contentSchema": documented(chunk, ErrorResponse),
+                        },
+                    ],
+                }
+            },
+        }
+        ok["content"] = {"text/event-stream": {"itemSchema": event}}
+    return {200: ok, **_ERRORS}
+
+
+_PLAIN_ANSWER = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **_ERRORS}
 
 
 def _model(engine: Engine, requested: str | None) -> str:
@@ -55,7 +104,7 @@ def _model(engine: Engine, requested: str | None) -> str:
 
 
 def _sse(body: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(body) + b"\n\n"
+    return b"data: " + dump_json(body) + b"\n\n"
 
 
 async def _stream(engine: Engine, core: Core) -> AsyncIterator[bytes]:
@@ -69,8 +118,7 @@ async def _stream(engine: Engine, core: Core) -> AsyncIterator[bytes]:
     except SwitchboardError as exc:
         yield _sse(exc.openai_body())
     except Exception as exc:  # a bug must still end the stream in OpenAI's shape
-        logger.exception("stream %s failed", core.response_id)
-        yield _sse(EngineError(f"Internal error: {exc!r}").openai_body())
+        yield _sse(InternalError.wrap(exc).openai_body())
     yield _DONE
 
 
@@ -88,6 +136,10 @@ async def _serve(request: Request, engine: Engine, core: Core, stream: bool) -> 
         body = await unless_disconnected(request, _collect(engine, core))
     except ClientGone:
         return Response(status_code=CLIENT_GONE)
+    except SwitchboardError:
+        raise
+    except Exception as exc:  # a bug: the client gets its id, never its text
+        raise InternalError.wrap(exc) from exc
     return OrjsonResponse(body)
 
 
@@ -99,7 +151,11 @@ def _core_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]
     }
 
 
-@v1.post("/v1/completions")
+@v1.post(
+    "/v1/completions",
+    openapi_extra=json_body(CompletionRequest),
+    responses=_answers(Completion, CompletionChunk),
+)
 async def completions(request: Request, engine: EngineDep) -> Response:
     body = await read_body(request, CompletionRequest)
     core = CompletionCore(
@@ -108,7 +164,11 @@ async def completions(request: Request, engine: EngineDep) -> Response:
     return await _serve(request, engine, core, body.stream)
 
 
-@v1.post("/v1/chat/completions")
+@v1.post(
+    "/v1/chat/completions",
+    openapi_extra=json_body(ChatCompletionRequest),
+    responses=_answers(ChatCompletion, ChatCompletionChunk),
+)
 async def chat_completions(request: Request, engine: EngineDep) -> Response:
     body = await read_body(request, ChatCompletionRequest)
     core = ChatCore(
@@ -117,7 +177,7 @@ async def chat_completions(request: Request, engine: EngineDep) -> Response:
     return await _serve(request, engine, core, body.stream)
 
 
-@v1.get("/v1/models")
+@v1.get("/v1/models", responses=_answers(ModelList))
 async def models(engine: EngineDep) -> dict[str, Any]:
     info = engine.info
     created = int(time.time())
@@ -138,19 +198,35 @@ async def models(engine: EngineDep) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-@v1.post("/v1/load_lora_adapter")
-async def load_lora_adapter(body: LoadLoraRequest, engine: EngineDep) -> Response:
+@v1.post(
+    "/v1/load_lora_adapter",
+    openapi_extra=json_body(LoadLoraRequest),
+    response_class=PlainTextResponse,
+    responses=_PLAIN_ANSWER,
+)
+async def load_lora_adapter(request: Request, engine: EngineDep) -> Response:
+    body = await read_body(request, LoadLoraRequest)
     await engine.load_lora(body.lora_name, body.lora_path)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
-@v1.post("/v1/unload_lora_adapter")
-async def unload_lora_adapter(body: UnloadLoraRequest, engine: EngineDep) -> Response:
+@v1.post(
+    "/v1/unload_lora_adapter",
+    openapi_extra=json_body(UnloadLoraRequest),
+    response_class=PlainTextResponse,
+    responses=_PLAIN_ANSWER,
+)
+async def unload_lora_adapter(request: Request, engine: EngineDep) -> Response:
+    body = await read_body(request, UnloadLoraRequest)
     await engine.unload_lora(body.lora_name)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
-@v1.post("/tokenize")
+@v1.post(
+    "/tokenize",
+    openapi_extra=json_body(TokenizeCompletionRequest, TokenizeChatRequest),
+    responses=_answers(TokenizeResponse),
+)
 async def tokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
     data = parse_json(await request.body())
     chat = isinstance(data, dict) and "messages" in data
@@ -172,21 +248,29 @@ async def tokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
     return result
 
 
-@v1.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, engine: EngineDep) -> dict[str, Any]:
+@v1.post(
+    "/detokenize",
+    openapi_extra=json_body(DetokenizeRequest),
+    responses=_answers(DetokenizeResponse),
+)
+async def detokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
+    body = await read_body(request, DetokenizeRequest)
     _model(engine, body.model)
-    if any(t >= engine.info.vocab_size for t in body.tokens):
-        raise InvalidRequest(f"Token ids must be in [0, {engine.info.vocab_size})", param="tokens")
+    check_token_ids(body.tokens, engine.info, "tokens")
     return {"prompt": engine.tokenizer.decode(body.tokens)}
 
 
-@router.get("/health")
+@router.get(
+    "/health",
+    response_class=Response,
+    responses={200: {"description": "The engine is up (empty body)"}, **_ERRORS},
+)
 async def health(engine: EngineDep) -> Response:
     await engine.check_health()
     return Response(status_code=200)
 
 
-@router.get("/version")
+@router.get("/version", responses=_answers(VersionResponse))
 async def version(engine: EngineDep) -> dict[str, str]:
     return {"version": __version__, "engine": engine.info.engine_version}
 

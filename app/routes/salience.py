@@ -65,7 +65,6 @@ def _shared(websocket: WebSocket, engine: Engine) -> _Shared:
             ttl_s=settings.salience_session_ttl_s,
             max_sessions=settings.salience_max_sessions,
             max_session_tokens=settings.salience_max_session_tokens,
-            vocab_size=engine.info.vocab_size,
             max_images=engine.info.vision.max_images if engine.info.vision else 0,
         )
         shared = _Shared(SessionStore(engine.info.model_name, limits, time.monotonic))

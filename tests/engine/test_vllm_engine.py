@@ -156,3 +156,37 @@ def test_bad_requests_raise_app_errors(live_server, request_, error) -> None:  #
     with pytest.raises(error):
         live_server.call(_run(live_server.engine, request_))
     assert live_server.running_requests() == 0
+
+
+def test_a_bug_of_ours_in_the_generate_loop_is_not_a_client_error(
+    live_server, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Only calls into vLLM are mapped: a built-in error in our own converter escapes as
+    itself (the transport makes it an InternalError), never as InvalidRequest, and the
+    request is aborted in the engine all the same."""
+    from app.engine import vllm as engine_module
+
+    def broken(self: Any, output: Any) -> None:
+        raise ValueError("a bug in our converter")
+
+    monkeypatch.setattr(engine_module._EventConverter, "convert", broken)
+    request = GenerationRequest("eng-bug", prompt_text="x = 1", sampling=greedy(200))
+    with pytest.raises(ValueError, match="a bug in our converter"):
+        live_server.call(_run(live_server.engine, request))
+
+    async def unfinished() -> int:  # vLLM's own count, not our wrapper's
+        return int(live_server.engine._llm.get_num_unfinished_requests())
+
+    assert live_server.call(unfinished()) == 0
+
+
+def test_a_prompt_over_the_context_is_ours_to_refuse_before_vllm(live_server) -> None:  # type: ignore[no-untyped-def]
+    """vLLM has no exception type for it, so the shared prompt-fit check answers it."""
+    engine = live_server.engine
+    limit = engine.info.max_model_len
+    for ids, max_tokens, param in (([1] * limit, 0, "prompt"), ([1] * 10, limit, "max_tokens")):
+        request = GenerationRequest("eng-ctx", prompt_token_ids=ids, sampling=greedy(max_tokens))
+        with pytest.raises(ContextLengthExceeded) as refused:
+            live_server.call(_run(engine, request))
+        assert refused.value.param == param
+    assert live_server.running_requests() == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,25 @@ def test_the_evergreen_file_root_must_be_a_directory(tmp_path: Path) -> None:
     assert Settings(model="m", evergreen_file_root=tmp_path).evergreen_file_root == tmp_path
     with pytest.raises(ValidationError, match="not a directory"):
         Settings(model="m", evergreen_file_root=tmp_path / "missing")
+
+
+def test_a_bad_concept_file_ends_serve_with_one_line_and_a_nonzero_status(
+    tmp_path: Path,
+) -> None:
+    """A start-up ConfigError is the operator's: one line on stderr, no traceback, and no
+    engine started for it."""
+    bad = tmp_path / "concepts.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve", "--model", "unused", "--readout-concepts", bad],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr + done.stdout
+    ours = [line for line in done.stderr.splitlines() if line.startswith("switchboard")]
+    assert len(ours) == 1
+    assert ours[0].startswith(f"switchboard serve: error: cannot read the concept file {bad}: ")

@@ -109,7 +109,7 @@ def test_bad_inputs_and_outputs_are_refused_by_name(c: InferCall, message: str) 
 
 def test_id_prompts_that_cannot_fit_the_context_are_refused_before_any_request() -> None:
     ids = np.array([[1] * 60, [1, -1] + [-1] * 58])
-    with pytest.raises(ContextLengthExceeded, match=r"prompt_ids\[0\] has 60 tokens"):
+    with pytest.raises(ContextLengthExceeded, match=r"60 in prompt_ids\[0\], 5 for the completion"):
         core(call(ids, config={"max_tokens": 5}))
     assert len(core(call(ids, config={"max_tokens": 4})).requests) == 2
 
@@ -138,8 +138,7 @@ def test_config_maps_onto_sampling_options() -> None:
 
 
 def test_an_empty_config_means_every_default() -> None:
-    assert parse_config(b"", 64) == parse_config(b"  ", 64) == parse_config(b"{}", 64)
-    assert parse_config(b"{}", 64) == InferConfig()
+    assert parse_config(b"") == parse_config(b"  ") == parse_config(b"{}") == InferConfig()
 
 
 @pytest.mark.parametrize(
@@ -156,7 +155,7 @@ def test_an_empty_config_means_every_default() -> None:
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -2}, "top_k"),
         ({"top_k": 1.5}, "top_k"),
-        ({"seed": -1}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
         ({"seed": 2**63}, "seed"),
         ({"seed": "7"}, "seed"),
         ({"stop": ""}, "stop"),
@@ -177,7 +176,7 @@ def test_an_invalid_config_names_the_field(config: dict[str, Any], field: str) -
     [
         (b"{not json", "config is not valid JSON"),
         (b"\xff\xfe", "config is not valid JSON"),
-        (b'{"temperature": NaN}', "config.temperature must be a number >= 0"),
+        (b'{"temperature": NaN}', "config.temperature must be a number; got NaN"),
         (b"[1, 2]", "config must be a JSON object of sampling parameters"),
     ],
 )

@@ -4,6 +4,7 @@ fan-out of `n`. The same behaviour on real vLLM is in tests/e2e."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncGenerator
 
 import httpx
@@ -111,3 +112,46 @@ async def test_lora_admin_routes() -> None:
         assert (
             await c.post("/v1/unload_lora_adapter", json={"lora_name": "a1"})
         ).status_code == 200
+
+
+class BuggyEngine(FakeEngine):
+    """A bug of ours in the generate path, raising a built-in ValueError (which the old
+    boundary caught and answered as the client's 400)."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        inner = super().generate(request)
+        try:
+            async for event in inner:
+                yield event
+                raise ValueError("secret detail of a bug")
+        finally:
+            await inner.aclose()
+
+
+def _internal_error_id(error: dict[str, object]) -> str:
+    """The id of an InternalError body; the exception's text must not be in it."""
+    assert error["type"] == "server_error" and error["code"] == "internal_error"
+    message = str(error["message"])
+    assert "secret" not in message and "ValueError" not in message
+    found = re.fullmatch(r"Internal server error \(error id (\w+)\)", message)
+    assert found is not None, message
+    return found[1]
+
+
+async def test_a_bug_in_the_generate_path_is_an_internal_error_with_an_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = BuggyEngine()
+    async with client(engine) as c:
+        response = await c.post("/v1/completions", json={"prompt": "a", "max_tokens": 3})
+        assert response.status_code == 500
+        error_id = _internal_error_id(response.json()["error"])
+        assert f"internal error {error_id}" in caplog.text
+        assert "secret detail of a bug" in caplog.text  # the log has what the client has not
+        body = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 3, "stream": True}
+        streamed = await c.post("/v1/chat/completions", json=body)
+        assert streamed.status_code == 200
+        events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        _internal_error_id(json.loads(events[-2])["error"])
+    assert engine.running == set()

@@ -6,8 +6,9 @@
   rather than being ignored: a typo must not silently change what is generated.
 - Configs are `google.protobuf.Struct`s in `Action.configs` (a JSON-mappable generation
   config): max_tokens (alias max_output_tokens), temperature, top_p, top_k, seed, stop
-  (alias stop_sequences), in snake_case or camelCase. Without max_tokens, generation may
-  use the rest of the context, as an OpenAI chat completion does.
+  (alias stop_sequences), in snake_case or camelCase, within the limits every protocol
+  shares (`app.engine.validation`; errors name the key as sent). Without max_tokens,
+  generation may use the rest of the context, as an OpenAI chat completion does.
 - `target_spec.id` is empty or the served model's name (the base model), or the name of
   a loaded LoRA adapter; anything else is NOT_FOUND.
 - `prompt_token_ids` turns the flattened input into a prompt. Text chunks (`text/*` and
@@ -24,7 +25,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,7 +33,8 @@ from google.protobuf import json_format, struct_pb2
 from google.protobuf.message import DecodeError
 
 from app.engine.base import EngineInfo, SamplingOptions, Tokenizer
-from app.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from app.engine.validation import check_prompt, validate_sampling
+from app.errors import InvalidRequest, ModelNotFound
 from schemas import evergreen_pb2 as pb
 
 ACTION = "GENERATE"
@@ -62,6 +64,7 @@ class GeneratePlan:
     sampling: SamplingOptions
     max_tokens: int | None  # None: the rest of the context
     lora_name: str | None  # None: the base model
+    fields: Mapping[str, str]  # neutral name -> how errors name it (the client's key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,19 +94,19 @@ def plan_action(
     if len(outputs) > 1:
         raise InvalidRequest(f"{ACTION} has one output; name it one of {OUTPUT_NAMES}")
     config = _config(action.configs)
-    max_tokens = _config_int(config, "max_tokens", 1, info.max_model_len)
-    top_k = _config_int(config, "top_k", -1, info.vocab_size)
-    seed = _config_int(config, "seed", -(2**63), 2**63 - 1)
-    sampling = SamplingOptions(
-        max_tokens=max_tokens or 1,
-        temperature=_config_float(config, "temperature", 0.0, None, 1.0),
-        top_p=_config_float(config, "top_p", 0.0, 1.0, 1.0),
-        top_k=max(top_k or 0, 0),
-        seed=seed,
+    # Errors of the shared limits name the key as the client wrote it.
+    fields = {name: f"{ACTION} config {key!r}" for name, (key, _) in config.items()}
+    max_tokens = _config_int(config, "max_tokens")
+    options = SamplingOptions(
+        # Without max_tokens, the rest of the context: known once the prompt is.
+        max_tokens=max_tokens if max_tokens is not None else 1,
+        temperature=_config_float(config, "temperature", 1.0),
+        top_p=_config_float(config, "top_p", 1.0),
+        top_k=_config_int(config, "top_k") or 0,
+        seed=_config_int(config, "seed"),
         stop=_config_stop(config),
     )
-    if sampling.top_p == 0.0:
-        raise InvalidRequest(f"{ACTION} config top_p must be in (0, 1]")
+    sampling = validate_sampling(options, info, fields)
     target = action.target_spec.id
     lora_name: str | None = None
     if target and target != info.model_name:
@@ -121,6 +124,7 @@ def plan_action(
         sampling=sampling,
         max_tokens=max_tokens,
         lora_name=lora_name,
+        fields=fields,
     )
 
 
@@ -143,8 +147,11 @@ def _snake(key: str) -> str:
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).lower()
 
 
-def _config(configs: Sequence[Any]) -> dict[str, object]:
-    merged: dict[str, object] = {}
+Config = dict[str, tuple[str, object]]  # neutral name -> (the client's key, its value)
+
+
+def _config(configs: Sequence[Any]) -> Config:
+    merged: Config = {}
     for config in configs:
         type_name = config.TypeName()
         if type_name != _STRUCT:
@@ -169,47 +176,41 @@ def _config(configs: Sequence[Any]) -> dict[str, object]:
                 )
             if name in merged:
                 raise InvalidRequest(f"{ACTION} config {name!r} is given twice")
-            merged[name] = value
+            merged[name] = (key, value)
     return merged
 
 
-def _config_number(config: dict[str, object], key: str) -> float | None:
-    value = config.get(key)
-    if value is None:
+# Types only: the ranges are the shared ones (`app.engine.validation`).
+def _config_number(config: Config, name: str) -> float | None:
+    if name not in config:
         return None
+    key, value = config[name]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidRequest(f"{ACTION} config {key!r} must be a number, not {value!r}")
     return float(value)
 
 
-def _config_int(config: dict[str, object], key: str, low: int, high: int) -> int | None:
-    value = _config_number(config, key)
+def _config_int(config: Config, name: str) -> int | None:
+    value = _config_number(config, name)
     if value is None:
         return None
-    if not value.is_integer() or not low <= value <= high:
-        raise InvalidRequest(f"{ACTION} config {key!r} must be an integer in [{low}, {high}]")
+    if not value.is_integer():
+        raise InvalidRequest(f"{ACTION} config {config[name][0]!r} must be an integer")
     return int(value)
 
 
-def _config_float(
-    config: dict[str, object], key: str, low: float, high: float | None, default: float
-) -> float:
-    value = _config_number(config, key)
-    if value is None:
-        return default
-    if value < low or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise InvalidRequest(f"{ACTION} config {key!r} must be {bound}, not {value}")
-    return value
+def _config_float(config: Config, name: str, default: float) -> float:
+    value = _config_number(config, name)
+    return default if value is None else value
 
 
-def _config_stop(config: dict[str, object]) -> tuple[str, ...]:
-    value = config.get("stop")
-    if value is None:
+def _config_stop(config: Config) -> tuple[str, ...]:
+    if "stop" not in config:
         return ()
+    key, value = config["stop"]
     stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise InvalidRequest(f"{ACTION} config 'stop' must be a string or a list of strings")
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise InvalidRequest(f"{ACTION} config {key!r} must be a string or a list of strings")
     return tuple(stops)
 
 
@@ -279,12 +280,8 @@ def prompt_token_ids(
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     else:
         ids = tokenizer.encode("".join(t.text for t in conversation))
-    room = info.max_model_len - len(ids)
-    max_tokens = plan.max_tokens if plan.max_tokens is not None else room
-    if room <= 0 or max_tokens > room:
-        raise ContextLengthExceeded(
-            f"{ACTION}: the prompt is {len(ids)} tokens and {max_tokens} more were asked for; "
-            f"the model's context is {info.max_model_len} tokens"
-        )
-    sampling = replace(plan.sampling, max_tokens=max_tokens)
-    return ids, sampling
+    max_tokens = plan.max_tokens if plan.max_tokens is not None else info.max_model_len - len(ids)
+    check_prompt(
+        ids, max_tokens, info, {**plan.fields, "prompt": f"{ACTION} input {plan.input_name!r}"}
+    )
+    return ids, replace(plan.sampling, max_tokens=max_tokens)

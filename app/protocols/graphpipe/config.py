@@ -1,15 +1,17 @@
 """An `InferRequest.config`: a JSON object of sampling parameters.
 
-All fields are optional; anything else in the object, or a value of the wrong type or
-out of range, is an `InvalidRequest` whose message names the field (and whose `param` is
-`config.<field>`):
+All fields are optional; anything else in the object, or a value of the wrong type, is an
+`InvalidRequest` whose message names the field (and whose `param` is `config.<field>`).
+The ranges are the ones every protocol shares (`app.engine.validation`), checked with the
+same names:
 
-    max_tokens   int, 1 .. the model's context length      (default 16)
-    temperature  number >= 0; 0 is greedy                  (default 1)
-    top_p        number in (0, 1]                          (default 1)
-    top_k        int >= -1; -1 and 0 mean every token      (default every token)
-    seed         int in [0, 2**63) or null                 (default none: not reproducible)
-    stop         string or list of non-empty strings       (default none)
+    max_tokens   int >= 1; prompt + max_tokens within the context  (default 16)
+    temperature  number in [0, 2]; 0 is greedy                      (default 1)
+    top_p        number in (0, 1]                                   (default 1)
+    top_k        int >= -1; -1, 0 and the vocabulary size or more mean every token
+                                                                    (default every token)
+    seed         int in [-2**63, 2**63) or null; -1 is none         (default none)
+    stop         string or list of non-empty strings                (default none)
     logprobs     bool: with no `output_names`, return `logprobs` after `text`  (default false)
 
 An empty config means every default. `bool` is not accepted where a number is (JSON's
@@ -26,8 +28,6 @@ from typing import Any
 
 from app.errors import InvalidRequest
 
-_SEED_LIMIT = 2**63
-
 
 @dataclass(frozen=True, slots=True)
 class InferConfig:
@@ -41,6 +41,8 @@ class InferConfig:
 
 
 FIELDS = tuple(InferConfig.__dataclass_fields__)
+# What errors of the shared validation call each field.
+NAMES = {name: f"config.{name}" for name in FIELDS}
 
 
 def _invalid(field: str, expected: str, value: object) -> InvalidRequest:
@@ -49,15 +51,8 @@ def _invalid(field: str, expected: str, value: object) -> InvalidRequest:
     )
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
-
-
-def parse_config(raw: bytes, max_model_len: int) -> InferConfig:
+def parse_config(raw: bytes) -> InferConfig:
+    """The config's fields, type-checked; their ranges are checked with the prompt."""
     if not raw.strip():
         return InferConfig()
     try:
@@ -75,61 +70,45 @@ def parse_config(raw: bytes, max_model_len: int) -> InferConfig:
             f"config.{unknown[0]} is not a sampling parameter; known: {', '.join(FIELDS)}",
             param=f"config.{unknown[0]}",
         )
-    return InferConfig(
-        **{name: _CHECKS[name](value, max_model_len) for name, value in data.items()}
-    )
+    return InferConfig(**{name: _TYPES[name](name, value) for name, value in data.items()})
 
 
-def _max_tokens(value: Any, max_model_len: int) -> int:
-    if not _is_int(value) or not 1 <= value <= max_model_len:
-        raise _invalid("max_tokens", f"an integer from 1 to {max_model_len}", value)
-    return int(value)
-
-
-def _temperature(value: Any, _: int) -> float:
-    if not _is_number(value) or value < 0:
-        raise _invalid("temperature", "a number >= 0", value)
-    return float(value)
-
-
-def _top_p(value: Any, _: int) -> float:
-    if not _is_number(value) or not 0 < value <= 1:
-        raise _invalid("top_p", "a number in (0, 1]", value)
-    return float(value)
-
-
-def _top_k(value: Any, _: int) -> int:
-    if not _is_int(value) or value < -1:
-        raise _invalid("top_k", "an integer >= -1 (-1 or 0: every token)", value)
-    return 0 if value == -1 else int(value)
-
-
-def _seed(value: Any, _: int) -> int | None:
-    if value is None:
-        return None
-    if not _is_int(value) or not 0 <= value < _SEED_LIMIT:
-        raise _invalid("seed", "an integer in [0, 2**63) or null", value)
-    return int(value)
-
-
-def _stop(value: Any, _: int) -> tuple[str, ...]:
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise _invalid("stop", "a non-empty string or a list of non-empty strings", value)
-    return tuple(stops)
-
-
-def _logprobs(value: Any, _: int) -> bool:
-    if not isinstance(value, bool):
-        raise _invalid("logprobs", "true or false", value)
+def _int(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _invalid(name, "an integer", value)
     return value
 
 
-_CHECKS: dict[str, Callable[[Any, int], Any]] = {
-    "max_tokens": _max_tokens,
-    "temperature": _temperature,
-    "top_p": _top_p,
-    "top_k": _top_k,
+def _number(name: str, value: Any) -> float:
+    # json.loads reads NaN and Infinity; neither is a number a limit can hold.
+    finite = isinstance(value, int | float) and not isinstance(value, bool)
+    if not finite or not math.isfinite(value):
+        raise _invalid(name, "a number", value)
+    return float(value)
+
+
+def _seed(name: str, value: Any) -> int | None:
+    return None if value is None else _int(name, value)
+
+
+def _stop(name: str, value: Any) -> tuple[str, ...]:
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _invalid(name, "a string or a list of strings", value)
+    return tuple(stops)
+
+
+def _logprobs(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _invalid(name, "true or false", value)
+    return value
+
+
+_TYPES: dict[str, Callable[[str, Any], Any]] = {
+    "max_tokens": _int,
+    "temperature": _number,
+    "top_p": _number,
+    "top_k": _int,
     "seed": _seed,
     "stop": _stop,
     "logprobs": _logprobs,

@@ -4,8 +4,10 @@ events -> output tensors.
 `InferCore(call, info, ...)` validates everything the model needs (which input, its type
 and shape, every token id, the outputs asked for, the config) before any engine request
 exists; the first problem raises `InvalidRequest` (`ContextLengthExceeded` for a prompt
-that cannot fit). Then `requests` holds one `GenerationRequest` per prompt, in batch
-order; the caller runs them, passes every event to `feed(index, event)`, and takes
+that cannot fit). Limits and the prompt's fit are `app.engine.validation`'s, with the
+config's field names; a text prompt's fit is checked once the engine has tokenised it.
+Then `requests` holds one `GenerationRequest` per prompt, in batch order; the caller
+runs them, passes every event to `feed(index, event)`, and takes
 `outputs()`: one array per output name, in the order asked for.
 
 Every prompt of a batch samples with the same options, seed included, so a prompt's
@@ -19,8 +21,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from app.engine.base import EngineInfo, GenerationRequest, SamplingOptions, TokenEvent
-from app.errors import ContextLengthExceeded, InvalidRequest
-from app.protocols.graphpipe.config import InferConfig, parse_config
+from app.engine.validation import check_prompt, validate_sampling
+from app.errors import InvalidRequest
+from app.protocols.graphpipe.config import NAMES, InferConfig, parse_config
 from app.protocols.graphpipe.decode import InferCall
 from app.protocols.graphpipe.model import (
     INPUT_NAMES,
@@ -89,7 +92,8 @@ def _prompts(tensor: np.ndarray) -> list[str]:
     return prompts
 
 
-def _prompt_ids(tensor: np.ndarray, info: EngineInfo) -> list[list[int]]:
+def _prompt_ids(tensor: np.ndarray) -> list[list[int]]:
+    """The rows without their padding; the ids themselves are checked with the prompt."""
     if tensor.dtype not in _ID_DTYPES:
         raise InvalidRequest(
             f"Input `{PROMPT_IDS}` must be an Int64 or Int32 tensor; got {type_of(tensor).name}",
@@ -101,14 +105,6 @@ def _prompt_ids(tensor: np.ndarray, info: EngineInfo) -> list[list[int]]:
             param=PROMPT_IDS,
         )
     ids = tensor.astype(np.int64, copy=False)
-    bad = (ids < PAD_ID) | (ids >= info.vocab_size)
-    if bad.any():
-        row, col = (int(x) for x in np.argwhere(bad)[0])
-        raise InvalidRequest(
-            f"{PROMPT_IDS}[{row}][{col}] is {int(ids[row, col])}; token ids must be in "
-            f"[0, {info.vocab_size}) and padding is {PAD_ID}",
-            param=PROMPT_IDS,
-        )
     pad = ids == PAD_ID
     # Padding is a suffix: once a row has a pad, everything after it must be a pad too.
     misplaced = pad & ~np.logical_and.accumulate(pad[:, ::-1], axis=1)[:, ::-1]
@@ -144,9 +140,9 @@ class InferCore:
         self, call: InferCall, info: EngineInfo, *, request_id: str, lora_name: str | None
     ) -> None:
         name, tensor = _input(call)
-        config = parse_config(call.config, info.max_model_len)
+        config = parse_config(call.config)
         self.output_names = _outputs(call.output_names, config)
-        sampling = SamplingOptions(
+        options = SamplingOptions(
             max_tokens=config.max_tokens,
             temperature=config.temperature,
             top_p=config.top_p,
@@ -155,6 +151,7 @@ class InferCore:
             stop=config.stop,
             logprobs=0 if LOGPROBS in self.output_names else None,
         )
+        sampling = validate_sampling(options, info, NAMES)
 
         def request(
             i: int, text: str | None = None, ids: list[int] | None = None
@@ -170,15 +167,11 @@ class InferCore:
         if name == PROMPT:
             self.requests = tuple(request(i, text=p) for i, p in enumerate(_prompts(tensor)))
         else:
-            rows = _prompt_ids(tensor, info)
+            rows = _prompt_ids(tensor)
             for i, row in enumerate(rows):
-                if len(row) + config.max_tokens > info.max_model_len:
-                    raise ContextLengthExceeded(
-                        f"{PROMPT_IDS}[{i}] has {len(row)} tokens; with max_tokens "
-                        f"{config.max_tokens} that is over the context of "
-                        f"{info.max_model_len} tokens",
-                        param=PROMPT_IDS,
-                    )
+                check_prompt(
+                    row, sampling.max_tokens, info, {**NAMES, "prompt": f"{PROMPT_IDS}[{i}]"}
+                )
             self.requests = tuple(request(i, ids=row) for i, row in enumerate(rows))
         self._tokens: list[list[int]] = [[] for _ in self.requests]
         self._texts: list[list[str]] = [[] for _ in self.requests]

@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
+from app.engine.validation import check_prompt
 from app.errors import InvalidRequest
-from app.protocols.openai.choices import ChoicesCore, check_context
+from app.protocols.openai.choices import ChoicesCore
 from app.protocols.openai.logprobs import chat_logprobs
-from app.protocols.openai.sampling import reject_unsupported, sampling_options
+from app.protocols.openai.sampling import for_choice, reject_unsupported, sampling_options
 from schemas.openai import ChatCompletionRequest
 
 
@@ -55,22 +56,24 @@ class ChatCore(ChoicesCore):
         ids = tokenizer.apply_chat_template(
             messages, add_generation_prompt=body.add_generation_prompt
         )
-        requested = body.max_completion_tokens or body.max_tokens
+        if body.max_completion_tokens is not None:
+            requested, name = body.max_completion_tokens, "max_completion_tokens"
+        else:
+            requested, name = body.max_tokens, "max_tokens"
+        fields = {"prompt": "messages", "max_tokens": name, "logprobs": "top_logprobs"}
         max_tokens = requested if requested is not None else info.max_model_len - len(ids)
-        check_context(len(ids), max_tokens, info)
+        check_prompt(ids, max_tokens, info, fields)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        options = sampling_options(body, info, fields, max_tokens=max_tokens, logprobs=logprobs)
         self._want_logprobs = body.logprobs
         self._contents: dict[int, list[dict[str, Any]]] = {}
         for choice in range(body.n):
-            options = sampling_options(
-                body, info, max_tokens=max_tokens, logprobs=logprobs, choice=choice
-            )
             self._add_plan(
                 0,
                 GenerationRequest(
                     request_id=f"{response_id}-{choice}",
                     prompt_token_ids=ids,
-                    sampling=options,
+                    sampling=for_choice(options, choice),
                     lora_name=self.lora_name,
                     priority=body.priority,
                 ),

@@ -2,19 +2,18 @@
 checks made before anything reaches the engine, per-choice accounting, usage.
 
 A core is built from a validated body (raising `app.errors` on bad input, so errors
-happen before a stream starts), exposes `plans` (the engine requests), and is then fed the
-engine's events per choice index. Streaming asks `chunk(index, event)` for the chunk to
+happen before a stream starts; the limits themselves are `app.engine.validation`'s),
+exposes `plans` (the engine requests), and is then fed the engine's events per choice
+index. Streaming asks `chunk(index, event)` for the chunk to
 send; non-streaming calls `feed(index, event)` and finally `response()`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
-from app.errors import ContextLengthExceeded, InvalidRequest
 from schemas.openai import SamplingFields
 
 
@@ -32,26 +31,6 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     started: bool = False
-
-
-def check_prompt_ids(ids: Sequence[int], info: EngineInfo, param: str) -> None:
-    if not ids:
-        raise InvalidRequest("The prompt is empty", param=param)
-    if any(t < 0 or t >= info.vocab_size for t in ids):
-        raise InvalidRequest(f"Token ids must be in [0, {info.vocab_size})", param=param)
-
-
-def check_context(prompt_len: int, max_tokens: int, info: EngineInfo) -> None:
-    limit = info.max_model_len
-    if prompt_len + max_tokens > limit:
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages/prompt, "
-            f"{max_tokens} for the completion). Please reduce the length of the prompt or "
-            "the completion.",
-            param="max_tokens" if prompt_len < limit else "prompt",
-            code="context_length_exceeded",
-        )
 
 
 class ChoicesCore:

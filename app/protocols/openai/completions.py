@@ -7,13 +7,15 @@ None) to each choice; `max_tokens: 0` with `echo` scores a prompt without genera
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
+from app.engine.validation import NEUTRAL, Fields, check_prompt
 from app.errors import InvalidRequest
-from app.protocols.openai.choices import ChoicesCore, check_context, check_prompt_ids
+from app.protocols.openai.choices import ChoicesCore
 from app.protocols.openai.logprobs import CompletionLogprobs
-from app.protocols.openai.sampling import reject_unsupported, sampling_options
+from app.protocols.openai.sampling import for_choice, reject_unsupported, sampling_options
 from schemas.openai import CompletionRequest
 
 
@@ -31,6 +33,10 @@ def _prompts(body: CompletionRequest, tokenizer: Tokenizer) -> list[tuple[list[i
     if all(isinstance(p, list) for p in prompt):
         return [(list(p), None) for p in prompt]
     raise InvalidRequest("prompt mixes text and token ids", param="prompt")
+
+
+# Completions name their fields as the neutral validation does.
+_FIELDS: Fields = NEUTRAL
 
 
 class CompletionCore(ChoicesCore):
@@ -54,34 +60,35 @@ class CompletionCore(ChoicesCore):
         reject_unsupported(body)
         if body.suffix:
             raise InvalidRequest("suffix is not supported", param="suffix")
-        if body.max_tokens == 0 and not body.echo:
-            raise InvalidRequest("max_tokens must be at least 1 without echo", param="max_tokens")
-        prompt_logprobs = body.prompt_logprobs
-        if body.echo and body.logprobs is not None:
-            prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
         self._prompt_texts: list[str] = []
         self._logprobs: list[CompletionLogprobs | None] = []
         self._merged: dict[int, dict[str, list[Any]]] = {}  # non-streamed logprobs per choice
         for prompt_index, (ids, text) in enumerate(_prompts(body, tokenizer)):
-            check_prompt_ids(ids, info, "prompt")
             max_tokens = (
                 body.max_tokens if body.max_tokens is not None else info.max_model_len - len(ids)
             )
-            check_context(len(ids), max_tokens, info)
+            check_prompt(ids, max_tokens, info, _FIELDS)
+            options = sampling_options(
+                body,
+                info,
+                _FIELDS,
+                max_tokens=max_tokens,
+                logprobs=body.logprobs,
+                prompt_logprobs=body.prompt_logprobs,
+                # max_tokens 0 with echo scores the prompt, as vLLM serves it.
+                prefill_only=body.echo,
+            )
+            if body.echo and options.logprobs is not None:
+                # The echoed prompt carries logprobs too.
+                options = replace(
+                    options, prompt_logprobs=max(options.prompt_logprobs or 0, options.logprobs)
+                )
             self._prompt_texts.append(text if text is not None else tokenizer.decode(ids))
             for choice in range(body.n):
-                options = sampling_options(
-                    body,
-                    info,
-                    max_tokens=max_tokens,
-                    logprobs=body.logprobs,
-                    prompt_logprobs=prompt_logprobs,
-                    choice=choice,
-                )
                 request = GenerationRequest(
                     request_id=f"{response_id}-{prompt_index}-{choice}",
                     prompt_token_ids=ids,
-                    sampling=options,
+                    sampling=for_choice(options, choice),
                     lora_name=self.lora_name,
                     priority=body.priority,
                 )

@@ -1,12 +1,17 @@
-"""OpenAI sampling fields -> neutral `SamplingOptions`, with the checks that need the model.
+"""OpenAI sampling fields -> neutral `SamplingOptions`, validated by `app.engine.validation`.
 
-Defaults are OpenAI's (temperature 1, top_p 1) unless the request says otherwise. Options
-vLLM has but the OpenAI API does not (top_k, min_p, ...) keep vLLM's meaning.
+This module keeps only what is OpenAI's: the defaults (temperature 1, top_p 1 unless the
+request says otherwise; options vLLM has and the OpenAI API does not, such as top_k and
+min_p, keep vLLM's meaning), the names of the fields that errors point at, and the
+per-choice seeds. Every limit is the shared one.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from app.engine.base import EngineInfo, SamplingOptions
+from app.engine.validation import SEED_MAX, SEED_MIN, Fields, validate_sampling
 from app.errors import InvalidRequest
 from schemas.openai import SamplingFields
 
@@ -22,38 +27,36 @@ def reject_unsupported(body: SamplingFields) -> None:
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    if any(s == "" for s in stops):
-        raise InvalidRequest("stop strings must not be empty", param="stop")
-    return stops
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _default(value: float | None, default: float) -> float:
+    return value if value is not None else default
 
 
 def sampling_options(
     body: SamplingFields,
     info: EngineInfo,
+    fields: Fields,
     *,
     max_tokens: int,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
-    choice: int = 0,
+    prefill_only: bool = False,
 ) -> SamplingOptions:
-    """Options for choice `choice` of `body`. With a seed, choice i samples with seed+i
-    (as vLLM does for n > 1), so choices differ yet the whole response is reproducible."""
-    if body.stop_token_ids and any(t < 0 or t >= info.vocab_size for t in body.stop_token_ids):
-        raise InvalidRequest(
-            f"stop_token_ids must be in [0, {info.vocab_size})", param="stop_token_ids"
-        )
-    top_k = body.top_k if body.top_k is not None else 0
-    return SamplingOptions(
+    """The validated options of `body`'s first choice (see `for_choice` for the others).
+    `fields` names the request's fields for the neutral ones that differ (max_tokens,
+    logprobs, prompt)."""
+    options = SamplingOptions(
         max_tokens=max_tokens,
-        temperature=body.temperature if body.temperature is not None else 1.0,
-        top_p=body.top_p if body.top_p is not None else 1.0,
-        top_k=0 if top_k == -1 else top_k,
-        min_p=body.min_p or 0.0,
-        seed=body.seed + choice if body.seed is not None else None,
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        repetition_penalty=body.repetition_penalty or 1.0,
+        temperature=_default(body.temperature, 1.0),
+        top_p=_default(body.top_p, 1.0),
+        top_k=body.top_k if body.top_k is not None else 0,
+        min_p=_default(body.min_p, 0.0),
+        seed=body.seed,
+        presence_penalty=_default(body.presence_penalty, 0.0),
+        frequency_penalty=_default(body.frequency_penalty, 0.0),
+        repetition_penalty=_default(body.repetition_penalty, 1.0),
         stop=_stops(body.stop),
         stop_token_ids=tuple(body.stop_token_ids or ()),
         include_stop_str_in_output=body.include_stop_str_in_output,
@@ -63,10 +66,14 @@ def sampling_options(
         prompt_logprobs=prompt_logprobs,
         skip_special_tokens=body.skip_special_tokens,
     )
+    return validate_sampling(options, info, fields, prefill_only=prefill_only)
 
 
-def check_max_tokens(requested: int | None, prompt_len: int, info: EngineInfo) -> int:
-    """The max_tokens to use: the requested one, or what is left of the context."""
-    if requested is not None:
-        return requested
-    return max(info.max_model_len - prompt_len, 0)
+def for_choice(options: SamplingOptions, choice: int) -> SamplingOptions:
+    """Choice `choice`'s options. With a seed, choice i samples with seed+i (as vLLM does
+    for n > 1), so choices differ yet the whole response is reproducible; the sum wraps
+    within the seed's range."""
+    if options.seed is None or choice == 0:
+        return options
+    seed = (options.seed + choice - SEED_MIN) % (SEED_MAX - SEED_MIN + 1) + SEED_MIN
+    return replace(options, seed=seed)

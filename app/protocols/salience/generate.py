@@ -16,13 +16,16 @@ touched. The events:
 - a final Done with the counts and the finish reason.
 
 Defaults as the proto says: temperature 0 means 1.0, top_p 0 means 1.0, top_k 0 is off
-(top_k 1 is greedy). max_tokens 0 is prefill only (scoring).
+(top_k 1 is greedy). max_tokens 0 is prefill only (scoring). Every sampling field, whether
+or not the call decodes, is held to the limits all protocols share
+(`app.engine.validation`), as is the prompt's fit in the context (RESOURCE_EXHAUSTED).
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from dataclasses import replace
 
 from app.engine.base import (
     EngineInfo,
@@ -31,12 +34,19 @@ from app.engine.base import (
     TokenEvent,
     TokenLogprob,
 )
+from app.engine.validation import check_fit, check_token_ids, validate_sampling
 from app.errors import InvalidRequest
 from app.protocols.salience.images import read_attachments
 from app.protocols.salience.sessions import Session, SessionStore
 from schemas import salience_pb2 as pb
 
 Ranges = tuple[tuple[int, int], ...]
+# How errors of the shared limits (`app.engine.validation`) name the request's fields.
+FIELDS = {
+    "prompt": "the session (with append_tokens)",
+    "logprobs": "logprob_top_k",
+    "prompt_logprobs": "logprob_top_k",
+}
 Finish = pb.GenerateDone.FinishReason
 _FINISH = {
     "stop": Finish.FINISH_REASON_EOS,
@@ -71,10 +81,25 @@ class GenerateCall:
                 "readout_ranges: this server has no readouts configured (--readout-concepts)"
             )
         append = list(request.append_tokens)
+        check_token_ids(append, info, "append_tokens")
         images = read_attachments(request.images, append, int(request.offset), info)
         self._store = store
         self._top_k = int(request.logprob_top_k)
         max_tokens = int(request.max_tokens)
+        # Checked whether or not they will be used, before the session is touched.
+        sampling = validate_sampling(
+            SamplingOptions(
+                max_tokens=max_tokens,
+                temperature=request.temperature or 1.0,
+                top_p=request.top_p or 1.0,
+                top_k=int(request.top_k),
+                stop_token_ids=tuple(request.stop_token_ids),
+                logprobs=self._top_k,
+            ),
+            info,
+            FIELDS,
+            prefill_only=True,
+        )
         # The session's length once the call is applied (begin_generate rejects the call
         # otherwise), known up front to size the context check.
         self.prompt_len = int(request.offset) + len(append)
@@ -92,28 +117,30 @@ class GenerateCall:
         self._held: list[pb.Token] = []
         self._readouts: dict[int, bytes] = {}
         self._finish: int = Finish.FINISH_REASON_UNSPECIFIED
-        if self.prompt_len == 0 and needs_engine:
+        try:
+            # Without the engine the tokens are only kept: a no-op Generate (the TTL
+            # refresh) works on an empty or a full session.
+            check_fit(self.prompt_len, max_tokens, info, FIELDS, stored_only=not needs_engine)
+        except InvalidRequest:
             store.end_generate(self.session, rollback=True)
-            raise InvalidRequest("the session is empty: append tokens before generating")
+            raise
         decode_end = self.prompt_len + max_tokens
         self.engine_request: GenerationRequest | None = None
         if needs_engine:
             self.engine_request = GenerationRequest(
                 request_id=request_id,
                 prompt_token_ids=self.session.tokens.tolist(),
-                sampling=SamplingOptions(
-                    max_tokens=max_tokens,
-                    temperature=request.temperature or 1.0,
-                    top_p=request.top_p or 1.0,
-                    top_k=int(request.top_k),
-                    stop_token_ids=tuple(request.stop_token_ids),
+                sampling=replace(
+                    sampling,
                     logprobs=(
-                        self._top_k
+                        sampling.logprobs
                         if _meets(self._logprob_ranges, self.prompt_len, decode_end)
                         else None
                     ),
                     prompt_logprobs=(
-                        self._top_k if _meets(self._logprob_ranges, 0, self.prompt_len) else None
+                        sampling.logprobs
+                        if _meets(self._logprob_ranges, 0, self.prompt_len)
+                        else None
                     ),
                 ),
                 priority=int(request.priority),

@@ -13,8 +13,10 @@ state a session has and all its transitions live here:
   Generate sends the whole session);
 - `begin_generate` validates one Generate's (offset, truncating) against the session:
   offset == length, or offset < length with truncating (the session rewinds to offset
-  first); anything else is FAILED_PRECONDITION. It then appends, checks the limits, and
-  marks the session busy; a second Generate while busy is ABORTED ("session busy").
+  first); anything else is FAILED_PRECONDITION. It then appends, checks the session's
+  limits, and marks the session busy (the token ids and the context are the shared
+  prompt-fit check's, made by the Generate call); a second Generate while busy is
+  ABORTED ("session busy").
   `append_decoded` adds the tokens the engine produced, `end_generate` frees the session.
   A call that fails before decoding anything is rolled back (`rollback=True`): the client
   got an error, so its view of the session is the one from before the call;
@@ -74,7 +76,6 @@ class Limits:
     ttl_s: float = 30 * 60
     max_sessions: int = 1024
     max_session_tokens: int = 1_000_000
-    vocab_size: int = 1 << 32
     max_images: int = 1 << 31
 
 
@@ -168,18 +169,11 @@ class SessionStore:
             )
         if offset < length and session.cuts_image(offset):
             raise FailedPrecondition(f"truncating to {offset} would split an image block")
-        if any(t >= self._limits.vocab_size for t in append):
-            raise InvalidRequest(f"append_tokens must be token ids below {self._limits.vocab_size}")
         new_length = offset + len(append)
         if new_length + max_tokens > self._limits.max_session_tokens:
             raise ResourceExhausted(
                 f"the session would hold {new_length} tokens plus max_tokens {max_tokens}; "
                 f"the limit is {self._limits.max_session_tokens}"
-            )
-        if new_length + max_tokens > self._limits.max_model_len:
-            raise ResourceExhausted(
-                f"{new_length} tokens plus max_tokens {max_tokens} exceed the model's "
-                f"context of {self._limits.max_model_len}"
             )
         for block in images:
             if not offset <= block.start < block.end <= new_length:
