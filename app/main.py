@@ -18,7 +18,7 @@ from app.config import Settings
 from app.engine.base import Engine
 from app.errors import SwitchboardError
 from app.metrics import install_metrics
-from app.routes import evergreen, graphpipe, openai, salience
+from app.routes import evergreen, graphpipe, openai, playground, salience
 from app.routes.bodies import describe_errors
 from app.routes.responses import OrjsonResponse
 
@@ -56,5 +56,6 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     _install_error_handlers(app)
     for module in (openai, graphpipe, salience, evergreen):
         app.include_router(module.router)
+    app.include_router(playground.router)
     install_metrics(app)
     return app
