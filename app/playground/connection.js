@@ -8,8 +8,10 @@ export function apiKey() {
   return keyField().value.trim();
 }
 
+// A new key applies when the field changes (blur or Enter).
 export function onKeyChange(listener) {
   keyField().addEventListener("change", listener);
+  document.getElementById("key-form").addEventListener("submit", (event) => event.preventDefault());
 }
 
 export function apiFetch(path, init = {}) {

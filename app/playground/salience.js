@@ -379,11 +379,23 @@ function renderCell(session, cell) {
   item.setAttribute("role", "listitem");
   item.dataset.position = cell.position;
   item.append(cellButton(session, cell));
-  const existing = strip.querySelector(`[role="listitem"][data-position="${cell.position}"]`);
+  // The strip holds positions 0, 1, ... in order: position p is child p.
+  const existing = strip.children[cell.position];
   if (existing) existing.replaceWith(item);
   else strip.append(item);
   $("sal-offset").value = session.tokens.length;
-  renderHeatmap();
+  scheduleHeatmap();
+}
+
+// Redrawn at most once a frame: a long Generate streams far faster than that.
+let heatmapPending = false;
+function scheduleHeatmap() {
+  if (heatmapPending) return;
+  heatmapPending = true;
+  requestAnimationFrame(() => {
+    heatmapPending = false;
+    renderHeatmap();
+  });
 }
 
 function render() {

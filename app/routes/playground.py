@@ -40,9 +40,7 @@ def _file(name: str) -> Response:
         raise NotFound(f"no playground file {name!r}")
     # no-cache: the browser revalidates, so a page reloaded after an upgrade never mixes
     # old and new modules.
-    return FileResponse(
-        path, media_type=_TYPES[path.suffix], headers={"cache-control": "no-cache"}
-    )
+    return FileResponse(path, media_type=_TYPES[path.suffix], headers={"cache-control": "no-cache"})
 
 
 @router.get("/")
