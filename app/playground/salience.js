@@ -90,7 +90,8 @@ async function onOpen() {
     const session = currentSession();
     if (session) await resync(session);
   } catch (error) {
-    showError(error.message);
+    // A socket that closed under the call said why itself (an error frame, its status).
+    if (error instanceof CallError) showError(error.message);
   }
 }
 
@@ -163,6 +164,7 @@ async function resync(session) {
       render();
     }
   } catch (error) {
+    if (!(error instanceof CallError)) throw error;
     showError(`session ${session.id}: ${error.message}`);
   }
 }

@@ -296,6 +296,7 @@ def test_salience_cells_and_readouts_are_what_the_protocol_sent(
     decoded = page.find_element(
         By.CSS_SELECTOR, f'#sal-tokens button.tok[data-position="{len(cells) - 4}"]'
     )
+    page.execute_script("document.activeElement.blur()")
     ActionChains(page).move_to_element(decoded).perform()
     top = by_position[len(cells) - 4]["logprobs"]
     wait_for(page, lambda: len(page.find_elements(By.CSS_SELECTOR, "#sal-detail li")) == len(top))
