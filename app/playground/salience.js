@@ -339,6 +339,8 @@ function cellButton(session, cell) {
     button.style.background = logprobColour(cell.logprob);
   }
   if (cell.prefill) button.classList.add("prefill");
+  // One tab stop for the whole strip (the selected cell, else the first); arrows move.
+  button.tabIndex = cell.position === (state.selected ?? 0) ? 0 : -1;
   if (state.selected === cell.position) button.setAttribute("aria-pressed", "true");
   else button.setAttribute("aria-pressed", "false");
   button.textContent = "\u2026";
@@ -363,7 +365,7 @@ function cellButton(session, cell) {
   return button;
 }
 
-// Arrow keys move between token cells (one tab stop for the whole strip).
+// Arrow keys, Home and End move between token cells.
 function moveFocus(event) {
   const step = { ArrowRight: 1, ArrowLeft: -1, Home: -Infinity, End: Infinity }[event.key];
   if (step === undefined || !event.target.classList.contains("tok")) return;
@@ -371,7 +373,11 @@ function moveFocus(event) {
   const cells = [...$("sal-tokens").querySelectorAll("button.tok")];
   const here = cells.indexOf(event.target);
   const next = cells[Math.max(0, Math.min(cells.length - 1, here + step))];
-  if (next) next.focus();
+  if (next) {
+    event.target.tabIndex = -1;
+    next.tabIndex = 0;
+    next.focus();
+  }
 }
 
 function renderCell(session, cell) {

@@ -312,9 +312,11 @@ def test_salience_fork_and_cancel(page: WebDriver, live_server: LiveServer) -> N
     wait_for(page, lambda: "finish:" in text_of(page, "sal-meta"))
     ids = [c["id"] for c in token_cells(page)]
 
-    # Keyboard: focus the first cell, arrow to the fourth, Enter selects it.
-    page.find_element(By.CSS_SELECTOR, "#sal-tokens button.tok").click()
-    page.find_element(By.CSS_SELECTOR, "#sal-tokens button.tok").click()  # unselect
+    # Keyboard: Tab from Generate (Cancel is disabled) reaches the strip, one tab stop
+    # on its first cell; arrows move to the fourth, Enter selects it.
+    page.execute_script("document.getElementById('sal-generate').focus()")
+    page.switch_to.active_element.send_keys(Keys.TAB)
+    assert page.switch_to.active_element.get_attribute("data-position") == "0"
     for _ in range(3):
         page.switch_to.active_element.send_keys(Keys.ARROW_RIGHT)
     page.switch_to.active_element.send_keys(Keys.ENTER)
