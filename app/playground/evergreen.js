@@ -123,10 +123,10 @@ function renderTurn(turn) {
   }
   item.querySelector(".assistant .content").textContent = turn.response;
   item.querySelector(".assistant").classList.toggle("streaming", !turn.done && !turn.failed);
-  const state_ = turn.failed ? "failed" : turn.done ? "done" : "streaming";
-  item.dataset.state = state_;
+  const phase = turn.failed ? "failed" : turn.done ? "done" : "streaming";
+  item.dataset.state = phase;
   item.querySelector(".meta").textContent =
-    `${state_} · ${turn.fragments} fragments of r${turn.k} · sent ${turn.sent.join(", ")}; reused ${turn.reused.length ? turn.reused.join(", ") : "nothing"}`;
+    `${phase} · ${turn.fragments} fragments of r${turn.k} · sent ${turn.sent.join(", ")}; reused ${turn.reused.length ? turn.reused.join(", ") : "nothing"}`;
 }
 
 async function send(event) {
