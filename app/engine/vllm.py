@@ -17,6 +17,10 @@ Invariants:
 - A request whose consumer stops (closes the iterator, or its task is cancelled) is
   aborted in the engine before `generate`'s iterator finishes closing.
 - `num_running_requests()` counts requests between submission and their final event.
+- `engine_requests()` is the engine core's own count (its scheduler's running + waiting),
+  as reported with the outputs of its latest step: it drops only once the engine core has
+  finished or aborted a request, and is stale while the engine core has not stepped since
+  a request was submitted (a step follows every abort, so an abort always shows).
 - A request with images runs on exactly its token ids: if vLLM expands an image to a
   different number of pads than the request's block holds, the request fails.
 """
@@ -43,6 +47,8 @@ from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
 from app.config import Settings
 from app.engine.base import (
@@ -250,11 +256,42 @@ def _vision_info(llm: AsyncLLM) -> VisionInfo | None:
     )
 
 
+class SchedulerCounts(StatLoggerBase):  # type: ignore[misc]  # mypy skips vLLM: Any
+    """The requests the engine core holds, from the scheduler stats that come with the
+    outputs of each of its steps (the source of `vllm:num_requests_running` and
+    `vllm:num_requests_waiting`, kept here because a second engine in the process takes
+    those gauges over). The frontend's own request table is no substitute: an abort
+    empties it before the engine core has heard of the abort."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: MultiModalCacheStats | None = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None:
+            self.requests = (
+                scheduler_stats.num_running_reqs
+                + scheduler_stats.num_waiting_reqs
+                + scheduler_stats.num_skipped_waiting_reqs
+            )
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
 class VllmEngine:
     """One `AsyncLLM` for the whole process."""
 
-    def __init__(self, llm: AsyncLLM, info: EngineInfo, tokenizer: HfTokenizer) -> None:
+    def __init__(
+        self, llm: AsyncLLM, info: EngineInfo, tokenizer: HfTokenizer, counts: SchedulerCounts
+    ) -> None:
         self._llm = llm
+        self._counts = counts
         self._info = info
         self._tokenizer = tokenizer
         self._loras: dict[str, LoraAdapter] = {}
@@ -285,7 +322,8 @@ class VllmEngine:
             args = with_cpu_kv_cache(args)
         with map_engine_errors():
             engine_args = AsyncEngineArgs(**args)
-        llm = AsyncLLM.from_engine_args(engine_args)
+        counts = SchedulerCounts()
+        llm = AsyncLLM.from_engine_args(engine_args, stat_loggers=[lambda _c, _i: counts])
         if cpu and settings.pin_frontend:
             pin_frontend()
         tokenizer = HfTokenizer(llm.get_tokenizer())
@@ -305,7 +343,7 @@ class VllmEngine:
         )
         if settings.readout_concepts is not None:
             info = replace(info, readout=await _setup_readouts(llm, settings.readout_concepts))
-        engine = cls(llm, info, tokenizer)
+        engine = cls(llm, info, tokenizer, counts)
         for name, path in settings.lora_pairs():
             await engine.load_lora(name, path)
         return engine
@@ -370,6 +408,9 @@ class VllmEngine:
 
     def num_running_requests(self) -> int:
         return len(self._running)
+
+    def engine_requests(self) -> int:
+        return self._counts.requests
 
     async def check_health(self) -> None:
         with map_engine_errors():
