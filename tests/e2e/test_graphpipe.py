@@ -2,7 +2,8 @@
 GET, batches of prompts and of token ids (checked against the OpenAI routes on the same
 engine), the LoRA path, a bad request beside a good one, a client that disconnects
 (tests/aborts.py), and GraphPipe's own reference Python client (oracle's `graphpipe`
-package) when its venv exists. Requests are built and answers read with the flatc-generated classes only."""
+package) when its venv exists. Requests are built and answers read with the
+flatc-generated classes only."""
 
 from __future__ import annotations
 
