@@ -36,6 +36,10 @@ from app.engine.base import GenerationRequest, SamplingOptions
 WORKERS = 96  # concurrent requests; vLLM's CPU default runs up to 128 at once
 PROMPT_ROOM = 64  # tokens left for each chat-templated prompt
 MIN_NATURAL = 5.0  # seconds
+# A websocket client that has stopped reading (its queue full of the workload's output)
+# cannot complete a close handshake: the server's close frame waits behind that output.
+# Abort tests close such sockets with this timeout (seconds), then drop the connection.
+CLOSE_TIMEOUT = 1.0
 
 
 @dataclass(frozen=True)
