@@ -119,8 +119,9 @@ class AbortWatch:
 
     @classmethod
     async def start(cls, engine: Any, workload: Workload, requests: int = WORKERS) -> AbortWatch:
-        # A previous test's leftovers (a broken abort) must not count as this one's.
-        left = await wait_engine(engine, lambda n: n == 0, timeout=workload.natural)
+        # A previous test's leftovers (a broken abort) must not count as this one's; they
+        # drain slower than the workload alone ran (their output still flows).
+        left = await wait_engine(engine, lambda n: n == 0, timeout=3 * workload.natural)
         assert left == 0, f"{left} engine requests before the test"
         return cls(engine, workload, requests)
 
