@@ -6,15 +6,17 @@ to be idle again within `Workload.bound` (a third of the workload's natural leng
 rules make a broken abort fail rather than pass by luck:
 
 - The count is the engine core's own (`Engine.engine_requests()`: its scheduler's running
-  + waiting requests, reported with each engine step), not our wrapper's counter, which
-  drops in a `finally` whether or not vLLM aborted anything.
+  + waiting requests, reported with the outputs of every engine step, the step that
+  follows an abort included), not our wrapper's counter, which drops in a `finally`
+  whether or not vLLM aborted anything.
 - The workload is long. `measure_workload` runs it once to completion on the engine and
   times it from submission to the engine's idle (`natural`, required >= 5 s): `WORKERS`
-  chat prompts (as token ids), decoded greedily for `max_tokens` each, beyond what one
-  request can take in a 1,024-token context. The abort must come within `bound` of the
-  submission (`AbortWatch.all_in_engine`) and the engine be idle within `bound` after it
-  (`AbortWatch.idle`), so a request left running would still hold the engine for two
-  thirds of `natural` past the point where the test gives up.
+  chat prompts (as token ids) decoded greedily for `max_tokens` each, all at once (one
+  request cannot run 5 s in the live server's 1,024-token context). The abort must come
+  within `bound` of the submission (`AbortWatch.all_in_engine`) and the engine be idle
+  within `bound` after it (`AbortWatch.idle`), so a workload left running would still
+  hold the engine for at least a third of `natural` past the point where the test gives
+  up.
 
 Why `natural` holds for every protocol: greedy decoding is deterministic, so the same
 prompts decode to the same tokens (and stop at the same EOS) on any route; the
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +95,7 @@ async def measure_workload(engine: Any) -> Workload:
     return workload
 
 
-async def wait_engine(engine: Any, done: Any, timeout: float) -> int:
+async def wait_engine(engine: Any, done: Callable[[int], bool], timeout: float) -> int:
     """Poll the engine's own request count until `done(count)`; return the last count."""
     deadline = time.monotonic() + timeout
     while not done(count := int(engine.engine_requests())) and time.monotonic() < deadline:
@@ -110,28 +113,28 @@ class AbortWatch:
     await watch.idle()  # vLLM holds none of it, well before it could have finished
     """
 
-    def __init__(self, engine: Any, workload: Workload, requests: int) -> None:
+    def __init__(self, engine: Any, workload: Workload) -> None:
         self.engine = engine
         self.workload = workload
-        self.requests = requests
         self.started = time.monotonic()
         self.aborted = self.started
 
     @classmethod
-    async def start(cls, engine: Any, workload: Workload, requests: int = WORKERS) -> AbortWatch:
+    async def start(cls, engine: Any, workload: Workload) -> AbortWatch:
         # A previous test's leftovers (a broken abort) must not count as this one's; they
         # drain slower than the workload alone ran (their output still flows).
         left = await wait_engine(engine, lambda n: n == 0, timeout=3 * workload.natural)
         assert left == 0, f"{left} engine requests before the test"
-        return cls(engine, workload, requests)
+        return cls(engine, workload)
 
     async def all_in_engine(self) -> None:
-        bound = self.workload.bound
-        seen = await wait_engine(self.engine, lambda n: n >= self.requests, timeout=bound)
-        assert seen >= self.requests, (
-            f"the engine held {seen} of the workload's {self.requests} requests after {bound:.1f} s"
-        )
+        deadline = self.started + self.workload.bound
+        seen = await wait_engine(self.engine, lambda n: n >= WORKERS, deadline - time.monotonic())
         self.aborted = time.monotonic()
+        assert seen >= WORKERS, (
+            f"the engine held {seen} of the workload's {WORKERS} requests "
+            f"{self.aborted - self.started:.1f} s after its submission"
+        )
 
     async def idle(self) -> None:
         deadline = self.aborted + self.workload.bound
