@@ -251,6 +251,9 @@ async def _close_sessions(ws: Any, sessions: list[str]) -> None:
         await ws.send(
             json.dumps({"id": session, "method": "CloseSession", "request": {"sessionId": session}})
         )
+    # Read the replies: a client that leaves them unread stalls its own close handshake.
+    for _ in sessions:
+        assert "response" in json.loads(await asyncio.wait_for(ws.recv(), timeout=60))
 
 
 async def test_cancel_aborts_engine_requests(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
@@ -296,8 +299,6 @@ async def test_closing_the_sessions_from_another_socket_aborts_engine_requests( 
         await watch.idle()
         dones = await _dones(ws, sessions)
         assert {d["finishReason"] for d in dones.values()} == {"FINISH_REASON_CANCELLED"}
-        for _ in sessions:
-            assert "response" in json.loads(await other.recv())
 
 
 async def test_full_context_scoring_and_an_instant_cancel(live_server) -> None:  # type: ignore[no-untyped-def]
