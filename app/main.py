@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from app.config import Settings
 from app.engine.base import Engine
 from app.metrics import install_metrics
-from app.routes import evergreen, graphpipe, openai, salience
+from app.routes import evergreen, graphpipe, openai, playground, salience
 from app.routes.bodies import collect_definitions
 from app.routes.failures import install_error_handlers
 from app.routes.grpc_server import serve_grpc
@@ -47,7 +47,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     if engine is not None:
         app.state.engine = engine
     install_error_handlers(app)
-    for module in (openai, graphpipe, salience, evergreen):
+    for module in (openai, graphpipe, salience, evergreen, playground):
         app.include_router(module.router)
     install_metrics(app)
     _document_bodies(app)
