@@ -15,7 +15,8 @@ with the failure's code), or None.
 - `send` must not raise when the client has gone: it drops the message (the transport's
   reading side sees the end).
 - `file://` refs are read in a worker thread, under the configured root, each at most
-  the session's byte budget; the core checks the input's total (`inputs.join`).
+  the session's byte budget; the core checks the input's total (`inputs.join`). The
+  prompt is tokenized in a worker thread too (an input may be megabytes of text).
 - Any exception that is not a `SwitchboardError` fails the session as `InternalError`
   (`client_error`), never with the exception's text.
 """
@@ -110,7 +111,11 @@ class EvergreenRun:
             files = {ref: await self._read_file(ref) for ref in inputs.file_refs(leaves)}
             chunks = inputs.join(leaves, files, session.limits.max_bytes)
             engine = self._engine
-            ids, sampling = prompt_token_ids(plan, chunks, engine.tokenizer, engine.info)
+            # Tokenizing (a chat template over up to max_bytes of text) is CPU-bound for
+            # as long as the input is large: off the loop, like the file reads.
+            ids, sampling = await asyncio.to_thread(
+                prompt_token_ids, plan, chunks, engine.tokenizer, engine.info
+            )
             if plan.output_ids:
                 request = GenerationRequest(
                     request_id=f"evg-{uuid.uuid4().hex}",
