@@ -88,7 +88,8 @@ def _parse_json(frame: str) -> Call | Cancel:
     call_id = body["id"]
     if body.get("cancel") is True:
         return Cancel(call_id, False)
-    method = METHODS.get(body.get("method"))  # type: ignore[arg-type]
+    name = body.get("method")
+    method = METHODS.get(name) if isinstance(name, str) else None
     if method is None:
         raise BadFrame(
             call_id, False, f"unknown method {body.get('method')!r}; one of {list(METHODS)}"
