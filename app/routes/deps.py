@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
 from app.auth import bearer_token, check_key
 from app.config import Settings
 from app.engine.base import Engine
+from app.sessions.salience import SalienceRunner
 
 
 def get_engine(conn: HTTPConnection) -> Engine:
@@ -38,6 +40,16 @@ async def _settings_dependency(conn: HTTPConnection) -> Settings:
 
 EngineDep = Annotated[Engine, Depends(_engine_dependency)]
 SettingsDep = Annotated[Settings, Depends(_settings_dependency)]
+
+
+def salience_runner(app: Starlette) -> SalienceRunner:
+    """The process's Salience service on the engine, made on first use. One for every
+    connection of every transport (websocket, gRPC): sessions outlive connections."""
+    state = app.state
+    runner: SalienceRunner | None = getattr(state, "salience", None)
+    if runner is None:
+        runner = state.salience = SalienceRunner.from_settings(state.engine, state.settings)
+    return runner
 
 
 def check_credentials(conn: HTTPConnection) -> None:

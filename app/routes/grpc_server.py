@@ -42,6 +42,7 @@ from app.auth import bearer_token, check_key
 from app.config import Settings
 from app.engine.base import Engine
 from app.errors import ConfigError, Unauthenticated
+from app.routes import grpc_evergreen, grpc_salience
 from app.routes.grpc_calls import Context, Service, abort
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ _Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs 
 
 
 # The protocol services, each from its adapter module.
-SERVICES: tuple[Service, ...] = ()
+SERVICES: tuple[Service, ...] = (grpc_salience.SERVICE, grpc_evergreen.SERVICE)
 
 
 # -- auth -----------------------------------------------------------------------------

@@ -17,22 +17,12 @@ from fastapi import APIRouter, WebSocket
 from app.errors import SwitchboardError
 from app.protocols.salience import envelope
 from app.protocols.salience.envelope import Call, CallIds, Cancel
-from app.routes.deps import check_credentials, get_engine, get_settings
+from app.routes.deps import check_credentials, salience_runner
 from app.routes.ws_pump import WebSocketPump
 from app.sessions.salience import SalienceRunner
 from schemas import salience_pb2 as pb
 
 router = APIRouter()
-
-
-def _runner(websocket: WebSocket) -> SalienceRunner:
-    state = websocket.app.state
-    runner: SalienceRunner | None = getattr(state, "salience", None)
-    if runner is None:
-        runner = state.salience = SalienceRunner.from_settings(
-            get_engine(websocket), get_settings(websocket)
-        )
-    return runner
 
 
 @router.websocket("/salience/ws")
@@ -45,7 +35,7 @@ async def salience_socket(websocket: WebSocket) -> None:
         await pump.send(envelope.error("", False, exc))
         await pump.close(1008)
         return
-    runner, calls = _runner(websocket), CallIds()
+    runner, calls = salience_runner(websocket.app), CallIds()
     async with pump:
         async for frame in pump.frames():
             try:

@@ -1,7 +1,7 @@
 """The gRPC server the app's lifespan runs, on a fake engine: it starts and stops with the
-app, is off with port 0, refuses a port in use, and its health service follows
-`engine.check_health()`. (Reflection, auth and the protocol services on real vLLM:
-tests/e2e/test_grpc_*.py.)"""
+app, is off with port 0, refuses a port in use, its health service follows
+`engine.check_health()`, and `--api-key` guards the protocol services (not health and
+reflection). (The protocol services on real vLLM: tests/e2e/test_grpc_*.py.)"""
 
 from __future__ import annotations
 
@@ -13,17 +13,25 @@ import grpc
 import pytest
 from fastapi.testclient import TestClient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from app.config import Settings
 from app.errors import ConfigError, EngineDead
 from app.main import create_app
+from schemas import evergreen_service_pb2 as service_pb
+from schemas import evergreen_service_pb2_grpc as evergreen_grpc
+from schemas import salience_pb2 as pb
+from schemas import salience_pb2_grpc as salience_grpc
 from tests.conftest import free_port
 from tests.fake_engine import FakeEngine
 
 
 @contextmanager
-def app_on(port: int, engine: FakeEngine | None = None) -> Iterator[grpc.Channel]:
-    app = create_app(Settings(model="fake", grpc_port=port), engine=engine or FakeEngine())
+def app_on(
+    port: int, engine: FakeEngine | None = None, api_key: str | None = None
+) -> Iterator[grpc.Channel]:
+    settings = Settings(model="fake", grpc_port=port, api_key=api_key)
+    app = create_app(settings, engine=engine or FakeEngine())
     with TestClient(app), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         yield channel
 
@@ -80,3 +88,31 @@ def test_the_flag() -> None:
     given = {k: v for k, v in vars(known).items() if v is not None and k != "help"}
     assert Settings(**given).grpc_port == 0
     assert Settings.model_fields["grpc_port"].default == 50051
+
+
+def test_the_api_key_guards_the_protocol_services_only() -> None:
+    with app_on(free_port(), api_key="sekrit") as channel:
+        salience = salience_grpc.SalienceStub(channel)
+        evergreen = evergreen_grpc.EvergreenServiceStub(channel)
+        request = pb.OpenSessionRequest(model="fake")
+        refused = []
+        for metadata in ((), (("authorization", "Bearer wrong"),), (("authorization", "sekrit"),)):
+            with pytest.raises(grpc.RpcError) as info:
+                salience.OpenSession(request, metadata=metadata, timeout=10)
+            refused.append((info.value.code(), info.value.details()))
+            with pytest.raises(grpc.RpcError) as info:
+                list(evergreen.StartSession(iter([service_pb.SessionMessage()]), metadata=metadata))
+            refused.append((info.value.code(), info.value.details()))
+        assert set(refused) == {(grpc.StatusCode.UNAUTHENTICATED, "Missing or invalid API key")}
+        key = (("authorization", "Bearer sekrit"),)
+        assert salience.OpenSession(request, metadata=key, timeout=10).session_id
+        assert list(evergreen.StartSession(iter([]), metadata=key, timeout=10)) == []
+        # Health and reflection stay open, as /health and /openapi.json do.
+        assert check(channel) == health_pb2.HealthCheckResponse.SERVING
+        listing = next(
+            reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+            )
+        )
+        names = {s.name for s in listing.list_services_response.service}
+        assert {"salience.v1.Salience", "evergreen.v2.EvergreenService"} <= names
