@@ -1,9 +1,13 @@
 """The live server's gRPC port as standard gRPC tooling sees it (real vLLM): the health
-service over the engine, and reflection complete enough to list the services and call
-one with no generated code (what grpcurl does)."""
+service over the engine, reflection complete enough to list the services and call one
+with no generated code (what grpcurl does), and the README's client example as written."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,6 +22,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 pytestmark = pytest.mark.e2e
 
+ROOT = Path(__file__).resolve().parents[2]
 SALIENCE = "salience.v1.Salience"
 EVERGREEN = "evergreen.v2.EvergreenService"
 
@@ -66,3 +71,18 @@ def test_reflection_lists_the_services_and_calls_one_without_generated_code(live
         assert manifest.dtype == "float32" and list(manifest.layers) == [0, 1]
         evergreen = pool.FindServiceByName(EVERGREEN).methods_by_name["StartSession"]
         assert evergreen.client_streaming and evergreen.server_streaming
+
+
+def test_the_readme_example_runs(live_server) -> None:  # type: ignore[no-untyped-def]
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Native gRPC") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    program = code.group(1).replace("http://127.0.0.1:8000", live_server.base_url)
+    program = program.replace("127.0.0.1:50051", live_server.grpc_target)
+    run = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    # Sampled at temperature 1: an early EOS may end it before max_tokens.
+    assert 1 <= run.stdout.count("token {") <= 8 and "done {" in run.stdout
