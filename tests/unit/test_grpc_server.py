@@ -1,13 +1,15 @@
 """The gRPC server the app's lifespan runs, on a fake engine: it starts and stops with the
 app, is off with port 0, refuses a port in use, its health service follows
-`engine.check_health()`, and `--api-key` guards the protocol services (not health and
-reflection). (The protocol services on real vLLM: tests/e2e/test_grpc_*.py.)"""
+`engine.check_health()`, `--api-key` guards the protocol services (not health and
+reflection), and messages are bounded by `--grpc-max-message-bytes`. (The protocol
+services on real vLLM: tests/e2e/test_grpc_*.py.)"""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import grpc
 import pytest
@@ -28,9 +30,9 @@ from tests.fake_engine import FakeEngine
 
 @contextmanager
 def app_on(
-    port: int, engine: FakeEngine | None = None, api_key: str | None = None
+    port: int, engine: FakeEngine | None = None, api_key: str | None = None, **more: Any
 ) -> Iterator[grpc.Channel]:
-    settings = Settings(model="fake", grpc_port=port, api_key=api_key)
+    settings = Settings(model="fake", grpc_port=port, api_key=api_key, **more)
     app = create_app(settings, engine=engine or FakeEngine())
     with TestClient(app), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         yield channel
@@ -116,3 +118,22 @@ def test_the_api_key_guards_the_protocol_services_only() -> None:
         )
         names = {s.name for s in listing.list_services_response.service}
         assert {"salience.v1.Salience", "evergreen.v2.EvergreenService"} <= names
+
+
+def test_messages_are_bounded_both_ways() -> None:
+    engine = FakeEngine(max_model_len=2048)
+    with app_on(free_port(), engine, grpc_max_message_bytes=1024) as channel:
+        salience = salience_grpc.SalienceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            salience.OpenSession(pb.OpenSessionRequest(model="x" * 2000), timeout=10)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        session = salience.OpenSession(pb.OpenSessionRequest(model="fake"), timeout=10)
+        # Two requests of 400 two-byte ids each fit; the dump of all 800 does not.
+        for offset in (0, 400):
+            request = pb.GenerateRequest(
+                session_id=session.session_id, append_tokens=[200] * 400, offset=offset
+            )
+            assert list(salience.Generate(request, timeout=10))[-1].HasField("done")
+        with pytest.raises(grpc.RpcError) as info:
+            salience.DumpSession(pb.DumpSessionRequest(session_id=session.session_id))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
