@@ -1,6 +1,9 @@
 """Salience image attachments over native gRPC, on the live server of the tiny
 vision-language model (real vLLM): the image reaches the model as it does over the
-websocket, and a bad attachment is INVALID_ARGUMENT that leaves the session as it was."""
+websocket, and a bad attachment is INVALID_ARGUMENT that leaves the session as it was.
+
+Named to run after the text server's tests (as test_salience_images.py does): a second
+engine in the process takes vLLM's Prometheus gauges over, which /metrics tests read."""
 
 from __future__ import annotations
 
