@@ -170,6 +170,8 @@ def _serve(settings: Any, model: str, lora: str = "") -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="session")
 def live_server() -> Iterator[LiveServer]:
+    from vllm.config import StructuredOutputsConfig
+
     from app.config import Settings
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -184,6 +186,12 @@ def live_server() -> Iterator[LiveServer]:
             "enable_lora": True,
             "max_loras": 2,
             "max_lora_rank": 8,
+            # `--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace":
+            # true}'`: a random model left free to write whitespace inside JSON rarely
+            # stops, so constrained tests would end at max_tokens.
+            "structured_outputs_config": StructuredOutputsConfig(
+                backend="xgrammar", disable_any_whitespace=True
+            ),
         },
     )
     with _serve(settings, LIVE_MODEL, LIVE_LORA) as live:

@@ -19,7 +19,8 @@ from app.engine.base import (
     TokenEvent,
     TokenLogprob,
 )
-from app.errors import ContextLengthExceeded, ModelNotFound, NotFound
+from app.engine.constraints import Constraint
+from app.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, NotFound
 
 EOS = 0
 
@@ -48,6 +49,12 @@ def _logprob(token_id: int, k: int) -> TokenLogprob:
     return TokenLogprob(token_id=token_id, logprob=-math.log(2.0), rank=1, top=top)
 
 
+def _check_constraint(constraint: Constraint) -> None:
+    """The fake's structured-output backend compiles anything but a marked spec."""
+    if isinstance(constraint.spec, str) and "UNCOMPILABLE" in constraint.spec:
+        raise InvalidRequest("cannot compile", param=constraint.param)
+
+
 class FakeEngine:
     def __init__(self, max_model_len: int = 512, step_delay: float = 0.0) -> None:
         self._info = EngineInfo(
@@ -58,6 +65,7 @@ class FakeEngine:
             eos_token_ids=(EOS,),
             has_chat_template=True,
             max_loras=2,
+            check_constraint=_check_constraint,
         )
         self._tokenizer = FakeTokenizer()
         self._loras: dict[str, LoraAdapter] = {}

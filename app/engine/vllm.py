@@ -1,6 +1,7 @@
 """`VllmEngine`: the one in-process vLLM `AsyncLLM` of the server, behind `Engine`.
 
-The only module that imports vLLM (with `app.engine.cli_args`). It turns neutral
+The only module that imports vLLM (with `app.engine.cli_args`, and its helpers
+`app.engine.vllm_structured` and `app.engine.vllm_tools`). It turns neutral
 `GenerationRequest`s into vLLM calls (always token-id prompts, so every protocol shares
 one tokenisation and vLLM's prefix cache sees identical prefixes) and vLLM's
 `RequestOutput`s into neutral `TokenEvent` deltas. vLLM's exceptions are translated into
@@ -61,6 +62,7 @@ from app.engine.cpu_host import pin_frontend, with_cpu_kv_cache
 from app.engine.images import ImageReader, collapse_blocks
 from app.engine.readout_client import ReadoutBatcher, ReadoutTracker
 from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY, ReadoutWorkerExtension
+from app.engine.vllm_structured import constraint_checker, structured_outputs
 from app.errors import (
     ContextLengthExceeded,
     EngineDead,
@@ -137,7 +139,9 @@ def sampling_params(
             skip_special_tokens=options.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra_args,
-            logit_bias={t: _BANNED for t in sorted(banned_token_ids)} or None,
+            logit_bias={**dict(options.logit_bias), **dict.fromkeys(banned_token_ids, _BANNED)}
+            or None,
+            structured_outputs=structured_outputs(options.constraint),
         )
 
 
@@ -302,6 +306,7 @@ class VllmEngine:
             max_loras=int(lora_config.max_loras) if lora_config is not None else 0,
             engine_version=f"vllm {vllm_version}",
             vision=_vision_info(llm),
+            check_constraint=constraint_checker(llm),
         )
         if settings.readout_concepts is not None:
             info = replace(info, readout=await _setup_readouts(llm, settings.readout_concepts))

@@ -8,13 +8,16 @@ served here and are refused rather than ignored.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
+from app.engine.constraints import validate_constraints
 from app.errors import InvalidRequest
 from app.protocols.openai.choices import ChoicesCore, check_context
 from app.protocols.openai.logprobs import chat_logprobs
 from app.protocols.openai.sampling import reject_unsupported, sampling_options
+from app.protocols.openai.structured import request_constraint, request_logit_bias
 from schemas.openai import ChatCompletionRequest
 
 
@@ -38,10 +41,6 @@ class ChatCore(ChoicesCore):
         reject_unsupported(body)
         if body.tools:
             raise InvalidRequest("tools are not supported by this server", param="tools")
-        if body.response_format and body.response_format.get("type", "text") != "text":
-            raise InvalidRequest(
-                "only response_format {'type': 'text'} is supported", param="response_format"
-            )
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
         if not info.has_chat_template:
@@ -61,10 +60,14 @@ class ChatCore(ChoicesCore):
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         self._want_logprobs = body.logprobs
         self._contents: dict[int, list[dict[str, Any]]] = {}
+        constraint, bias = request_constraint(body), request_logit_bias(body)
         for choice in range(body.n):
             options = sampling_options(
                 body, info, max_tokens=max_tokens, logprobs=logprobs, choice=choice
             )
+            options = replace(options, constraint=constraint, logit_bias=bias)
+            if choice == 0:
+                validate_constraints(options, info)
             self._add_plan(
                 0,
                 GenerationRequest(

@@ -7,13 +7,16 @@ None) to each choice; `max_tokens: 0` with `echo` scores a prompt without genera
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
+from app.engine.constraints import validate_constraints
 from app.errors import InvalidRequest
 from app.protocols.openai.choices import ChoicesCore, check_context, check_prompt_ids
 from app.protocols.openai.logprobs import CompletionLogprobs
 from app.protocols.openai.sampling import reject_unsupported, sampling_options
+from app.protocols.openai.structured import request_constraint, request_logit_bias
 from schemas.openai import CompletionRequest
 
 
@@ -62,6 +65,8 @@ class CompletionCore(ChoicesCore):
         self._prompt_texts: list[str] = []
         self._logprobs: list[CompletionLogprobs | None] = []
         self._merged: dict[int, dict[str, list[Any]]] = {}  # non-streamed logprobs per choice
+        constraint, bias = request_constraint(body), request_logit_bias(body)
+        checked = False
         for prompt_index, (ids, text) in enumerate(_prompts(body, tokenizer)):
             check_prompt_ids(ids, info, "prompt")
             max_tokens = (
@@ -78,6 +83,10 @@ class CompletionCore(ChoicesCore):
                     prompt_logprobs=prompt_logprobs,
                     choice=choice,
                 )
+                options = replace(options, constraint=constraint, logit_bias=bias)
+                if not checked:
+                    validate_constraints(options, info)
+                    checked = True
                 request = GenerationRequest(
                     request_id=f"{response_id}-{prompt_index}-{choice}",
                     prompt_token_ids=ids,

@@ -13,8 +13,6 @@ from schemas.openai import SamplingFields
 
 def reject_unsupported(body: SamplingFields) -> None:
     """Fail loudly on parameters we would otherwise silently ignore."""
-    if body.logit_bias:
-        raise InvalidRequest("logit_bias is not supported", param="logit_bias")
     if body.best_of is not None and body.best_of != body.n:
         raise InvalidRequest("best_of must equal n (or be omitted)", param="best_of")
 
