@@ -70,9 +70,7 @@ def chat(**body: object) -> ChatCore:
         ),
         (
             {"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}},
-            Constraint(
-                "json", json.dumps(SCHEMA), "structured_outputs.json", disable_any_whitespace=True
-            ),
+            Constraint("json", json.dumps(SCHEMA), "structured_outputs.json"),
         ),
         # response_format wins over structured_outputs, as in vllm serve
         (
