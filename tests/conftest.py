@@ -29,11 +29,18 @@ T = TypeVar("T")
 
 
 def tiny_model_path() -> Path:
-    """The tiny model under .cache/, built on first use (seconds, no download)."""
-    from app.tiny_model import build_tiny_model
+    """The tiny model under .cache/, built on first use (seconds, no download), and
+    rebuilt when its chat template has changed since (a stale cache would test the old
+    template)."""
+    from app.tiny_model import CHAT_TEMPLATE, build_tiny_model
 
     model = CACHE / "tiny-model"
-    if not (model / "config.json").is_file():
+    template = model / "chat_template.jinja"  # where transformers saves it
+    if (
+        not (model / "config.json").is_file()
+        or not template.is_file()
+        or template.read_text() != CHAT_TEMPLATE
+    ):
         build_tiny_model(model)
     return model
 

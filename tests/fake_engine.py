@@ -33,7 +33,10 @@ class FakeTokenizer:
         return "".join(chr(t) for t in token_ids if not (skip_special_tokens and t == EOS))
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, object]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, object]] | None = None,
     ) -> list[int]:
         text = "".join(f"[{m['role']}]{m['content']}\n" for m in messages)
         if add_generation_prompt:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from app.engine.constraints import Constraint
+from app.engine.tools import ToolSupport
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -177,13 +178,18 @@ class EngineInfo:
     check_constraint: Callable[[Constraint], None] | None = field(
         default=None, compare=False, repr=False
     )
+    # Tool calling (the engine's parsers); None: the engine takes no tools.
+    tools: ToolSupport | None = field(default=None, compare=False, repr=False)
 
 
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, object]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, object]] | None = None,
     ) -> list[int]: ...
     def token_to_str(self, token_id: int) -> str: ...
 

@@ -11,7 +11,9 @@ its field) before any engine request exists, never a failed or dead engine.
 Invariants:
 - A `Constraint` holds exactly one kind: `json` (a JSON schema, as JSON text),
   `json_object` (any JSON object; no spec), `regex`, `choice` (one of the strings) or
-  `grammar` (EBNF/Lark text as the engine's backends read it).
+  `grammar` (EBNF/Lark text as the engine's backends read it), or `structural_tag` (the
+  engine's own tagged-format description, JSON text; made by its tool parser for forced
+  tool calls, never taken from a client).
 - `SamplingOptions.logit_bias` holds (token id, bias) pairs with ids in the vocabulary
   and biases in [-100, 100], each id once.
 """
@@ -29,8 +31,15 @@ from app.errors import InvalidRequest
 if TYPE_CHECKING:
     from app.engine.base import EngineInfo, SamplingOptions
 
-ConstraintKind = Literal["json", "json_object", "regex", "choice", "grammar"]
-KINDS: tuple[ConstraintKind, ...] = ("json", "json_object", "regex", "choice", "grammar")
+ConstraintKind = Literal["json", "json_object", "regex", "choice", "grammar", "structural_tag"]
+KINDS: tuple[ConstraintKind, ...] = (
+    "json",
+    "json_object",
+    "regex",
+    "choice",
+    "grammar",
+    "structural_tag",
+)
 MAX_BIAS = 100.0  # OpenAI's documented range, and what vLLM clamps to
 
 

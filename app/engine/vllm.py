@@ -63,6 +63,7 @@ from app.engine.images import ImageReader, collapse_blocks
 from app.engine.readout_client import ReadoutBatcher, ReadoutTracker
 from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY, ReadoutWorkerExtension
 from app.engine.vllm_structured import constraint_checker, structured_outputs
+from app.engine.vllm_tools import VllmToolSupport
 from app.errors import (
     ContextLengthExceeded,
     EngineDead,
@@ -178,13 +179,19 @@ class HfTokenizer:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, object]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, object]] | None = None,
     ) -> list[int]:
         if not self.has_chat_template:
             raise InvalidRequest("This model has no chat template", param="messages")
         try:
             text = self._tok.apply_chat_template(
-                list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+                list(messages),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                tools=list(tools) if tools else None,
             )
         except Exception as exc:  # a jinja template error is the client's input
             raise InvalidRequest(f"Could not apply the chat template: {exc}") from exc
@@ -307,6 +314,7 @@ class VllmEngine:
             engine_version=f"vllm {vllm_version}",
             vision=_vision_info(llm),
             check_constraint=constraint_checker(llm),
+            tools=VllmToolSupport(llm, settings.tool_call_parser, settings.enable_auto_tool_choice),
         )
         if settings.readout_concepts is not None:
             info = replace(info, readout=await _setup_readouts(llm, settings.readout_concepts))
