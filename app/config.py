@@ -50,6 +50,13 @@ class Settings(BaseSettings):
         "mistral, ...), as `vllm serve --tool-call-parser`; needed for any tool_choice "
         "but none.",
     )
+    tool_strict_level: str = Field(
+        default="auto",
+        description="Floor for forcing tool calls by structured decoding, as `vllm serve "
+        "--tool-strict-level`: auto (the call's envelope when tool_choice forces one; its "
+        "arguments' schema only for tools marked strict), function (the envelope always), "
+        "parameter (arguments' schemas too, as if every tool were strict).",
+    )
     pin_frontend: bool = Field(
         default=True,
         description="On vLLM's CPU build, once the engine has started, keep this process's "

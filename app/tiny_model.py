@@ -33,7 +33,7 @@ CHAT_TEMPLATE = (
     "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
     "{{ '\n</tools>\n\nFor each function call, return a json object with function name and "
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{\"name\": <function-name>, \"arguments\": <args-json-object>}'
+    '{"name": <function-name>, "arguments": <args-json-object>}'
     "\n</tool_call><|im_end|>\n' }}"
     "{% endif %}"
     "{% for message in messages %}"

@@ -187,6 +187,9 @@ def live_server() -> Iterator[LiveServer]:
         served_model_name=LIVE_MODEL,
         lora_modules=[f"{LIVE_LORA}={tiny_lora_path()}"],
         readout_concepts=concepts_path(),
+        # The tiny model's template writes hermes-style calls.
+        enable_auto_tool_choice=True,
+        tool_call_parser="hermes",
         engine_args={
             "dtype": "float32",
             "max_model_len": 1024,

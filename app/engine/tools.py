@@ -55,7 +55,16 @@ class ParsedDelta:
 class ToolCallParser(Protocol):
     def parse(self, text: str, token_ids: Sequence[int]) -> ParsedOutput: ...
 
-    def feed(self, text: str, token_ids: Sequence[int], *, finished: bool) -> ParsedDelta: ...
+    def feed(
+        self,
+        text: str,
+        token_ids: Sequence[int],
+        *,
+        prompt_token_ids: Sequence[int] | None,
+        finished: bool,
+    ) -> ParsedDelta:
+        """`prompt_token_ids` with the first delta (None after it)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

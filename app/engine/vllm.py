@@ -314,7 +314,12 @@ class VllmEngine:
             engine_version=f"vllm {vllm_version}",
             vision=_vision_info(llm),
             check_constraint=constraint_checker(llm),
-            tools=VllmToolSupport(llm, settings.tool_call_parser, settings.enable_auto_tool_choice),
+            tools=VllmToolSupport(
+                llm,
+                settings.tool_call_parser,
+                settings.enable_auto_tool_choice,
+                settings.tool_strict_level,
+            ),
         )
         if settings.readout_concepts is not None:
             info = replace(info, readout=await _setup_readouts(llm, settings.readout_concepts))

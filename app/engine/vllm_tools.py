@@ -65,8 +65,21 @@ class _Parser:
             ),
         )
 
-    def feed(self, text: str, token_ids: Sequence[int], *, finished: bool) -> ParsedDelta:
-        delta = self._parser.parse_delta(text, list(token_ids), self._request, finished=finished)
+    def feed(
+        self,
+        text: str,
+        token_ids: Sequence[int],
+        *,
+        prompt_token_ids: Sequence[int] | None,
+        finished: bool,
+    ) -> ParsedDelta:
+        delta = self._parser.parse_delta(
+            text,
+            list(token_ids),
+            self._request,
+            list(prompt_token_ids) if prompt_token_ids is not None else None,
+            finished=finished,
+        )
         if delta is None:
             return ParsedDelta(None, ())
         calls = []
@@ -84,7 +97,9 @@ class _Parser:
 
 
 class VllmToolSupport:
-    def __init__(self, llm: AsyncLLM, tool_call_parser: str | None, auto: bool) -> None:
+    def __init__(
+        self, llm: AsyncLLM, tool_call_parser: str | None, auto: bool, strict_level: str
+    ) -> None:
         self._tokenizer = llm.get_tokenizer()
         self._model_config = llm.model_config
         self._auto = auto
@@ -92,6 +107,7 @@ class VllmToolSupport:
             self._parser_cls = ParserManager.get_parser(
                 tool_parser_name=tool_call_parser,
                 enable_auto_tools=auto,
+                tool_strict_level=strict_level,
                 model_name=self._model_config.model,
                 tokenizer=self._tokenizer,
             )

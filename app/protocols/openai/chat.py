@@ -122,7 +122,10 @@ class ChatCore(ChoicesCore):
         parser = self._parsers.get(index)
         if parser is not None:
             parsed = parser.feed(
-                event.text, event.token_ids, finished=event.finish_reason is not None
+                event.text,
+                event.token_ids,
+                prompt_token_ids=event.prompt_token_ids,
+                finished=event.finish_reason is not None,
             )
             delta = {"content": parsed.content} if parsed.content else {}
             if parsed.tool_calls:
