@@ -138,10 +138,10 @@ def _literal(text: str) -> str:
 
 
 def test_auto_reads_the_models_own_text_with_the_hermes_parser(live_server) -> None:  # type: ignore[no-untyped-def]
-    # A random model will not write a call by itself: continue an assistant turn that
-    # already holds one (echo off, no generation prompt) with a regex forcing its end, so
-    # the parser sees crafted hermes text.
-    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
+    # A random model will not write a call by itself: a regex makes it write crafted
+    # hermes text, and the parser reads that as the model's own.
+    call = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}'
+    text = f"<tool_call>\n{call}\n</tool_call>"
     body = {
         "model": live_server.model,
         "messages": MESSAGES,
