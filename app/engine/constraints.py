@@ -40,6 +40,7 @@ KINDS: tuple[ConstraintKind, ...] = (
     "grammar",
     "structural_tag",
 )
+_CLIENT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 MAX_BIAS = 100.0  # OpenAI's documented range, and what vLLM clamps to
 
 
@@ -97,6 +98,41 @@ def _check_shape(constraint: Constraint) -> None:
             raise InvalidRequest(f"{param} is not valid JSON: {exc}", param=param) from exc
         if not isinstance(schema, dict):
             raise InvalidRequest(f"{param} must be a JSON schema object", param=param)
+
+
+def parse_constraint(value: object, param: str) -> Constraint:
+    """A constraint given as vLLM's `structured_outputs` names it: an object with exactly
+    one of json (a schema), regex, choice (a list of strings), grammar, json_object
+    (true); other keys (vLLM's per-request options) are accepted and ignored. The one
+    reading every protocol uses (OpenAI's extra, GraphPipe's and Evergreen's configs)."""
+    if not isinstance(value, Mapping):
+        raise InvalidRequest(
+            f"{param} must be an object with one of {', '.join(_CLIENT_KINDS)}", param=param
+        )
+    kinds = [k for k in _CLIENT_KINDS if value.get(k) is not None]
+    if len(kinds) != 1:
+        raise InvalidRequest(
+            f"{param} takes exactly one of {', '.join(_CLIENT_KINDS)}",
+            param=param,
+        )
+    kind = kinds[0]
+    where = f"{param}.{kind}"
+    spec = value[kind]
+    if kind == "json":
+        constraint = json_constraint(spec, where)
+    elif kind == "json_object":
+        if spec is not True:
+            raise InvalidRequest(f"{where} must be true if set", param=where)
+        constraint = Constraint("json_object", None, where)
+    elif kind == "choice":
+        if not isinstance(spec, list) or not all(isinstance(s, str) for s in spec):
+            raise InvalidRequest(f"{where} must be a list of strings", param=where)
+        constraint = Constraint("choice", tuple(spec), where)
+    else:
+        if not isinstance(spec, str):
+            raise InvalidRequest(f"{where} must be a string", param=where)
+        constraint = Constraint("regex" if kind == "regex" else "grammar", spec, where)
+    return constraint
 
 
 def logit_bias_pairs(

@@ -233,3 +233,26 @@ def test_invalid_constraints_are_400_naming_the_field(
     )
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "x"
     assert live_server.wait_idle() == 0
+
+
+def test_graphpipe_config_constraint_is_enforced(live_server) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    from tests.graphpipe_client import Infer, infer_request, read_infer_response
+
+    url = f"{live_server.base_url}/graphpipe"
+    prompts = np.empty(3, dtype=object)
+    prompts[:] = [b"a", b"b", b"c"]
+    config = {"max_tokens": 10, "constraint": {"choice": ["north", "south"]}}
+    response = httpx.post(
+        url, content=infer_request(Infer([prompts], config=json.dumps(config))), timeout=120
+    )
+    answer = read_infer_response(response.content)
+    assert answer.errors == []
+    assert {t.decode() for t in answer.outputs[0].tolist()} <= {"north", "south"}
+    bad = {"constraint": {"regex": "(unclosed"}}
+    response = httpx.post(
+        url, content=infer_request(Infer([prompts], config=json.dumps(bad))), timeout=60
+    )
+    [(code, message)] = read_infer_response(response.content).errors
+    assert code == 400 and "config.constraint.regex" in message

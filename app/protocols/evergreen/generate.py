@@ -6,8 +6,11 @@
   rather than being ignored: a typo must not silently change what is generated.
 - Configs are `google.protobuf.Struct`s in `Action.configs` (a JSON-mappable generation
   config): max_tokens (alias max_output_tokens), temperature, top_p, top_k, seed, stop
-  (alias stop_sequences), in snake_case or camelCase. Without max_tokens, generation may
-  use the rest of the context, as an OpenAI chat completion does.
+  (alias stop_sequences), in snake_case or camelCase, and constraint: what the output
+  must match, as vLLM's `structured_outputs` names it (exactly one of json, regex,
+  choice, grammar, json_object; e.g. `{"constraint": {"regex": "[0-9]+"}}`). Without
+  max_tokens, generation may use the rest of the context, as an OpenAI chat completion
+  does.
 - `target_spec.id` is empty or the served model's name (the base model), or the name of
   a loaded LoRA adapter; anything else is NOT_FOUND.
 - `prompt_token_ids` turns the flattened input into a prompt. Text chunks (`text/*` and
@@ -32,6 +35,7 @@ from google.protobuf import json_format, struct_pb2
 from google.protobuf.message import DecodeError
 
 from app.engine.base import EngineInfo, SamplingOptions, Tokenizer
+from app.engine.constraints import parse_constraint, validate_constraints
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from schemas import evergreen_pb2 as pb
 
@@ -50,6 +54,7 @@ _CONFIG_ALIASES = {
     "seed": "seed",
     "stop": "stop",
     "stop_sequences": "stop",
+    "constraint": "constraint",
 }
 _STRUCT = struct_pb2.Struct.DESCRIPTOR.full_name
 
@@ -101,7 +106,13 @@ def plan_action(
         top_k=max(top_k or 0, 0),
         seed=seed,
         stop=_config_stop(config),
+        constraint=(
+            parse_constraint(config["constraint"], "constraint")
+            if config.get("constraint") is not None
+            else None
+        ),
     )
+    validate_constraints(sampling, info)
     if sampling.top_p == 0.0:
         raise InvalidRequest(f"{ACTION} config top_p must be in (0, 1]")
     target = action.target_spec.id

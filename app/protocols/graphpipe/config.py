@@ -11,6 +11,12 @@ out of range, is an `InvalidRequest` whose message names the field (and whose `p
     seed         int in [0, 2**63) or null                 (default none: not reproducible)
     stop         string or list of non-empty strings       (default none)
     logprobs     bool: with no `output_names`, return `logprobs` after `text`  (default false)
+    constraint   object: what the output must match, as vLLM's `structured_outputs`
+                 names it: exactly one of {"json": schema}, {"regex": str},
+                 {"choice": [str, ...]}, {"grammar": str}, {"json_object": true}
+                 (default none). Example: {"max_tokens": 64, "constraint": {"choice":
+                 ["yes", "no"]}}. A schema, regex or grammar the engine cannot compile
+                 is `config.constraint.<kind>`'s error.
 
 An empty config means every default. `bool` is not accepted where a number is (JSON's
 `true` is not 1).
@@ -24,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from app.engine.constraints import Constraint, parse_constraint
 from app.errors import InvalidRequest
 
 _SEED_LIMIT = 2**63
@@ -38,6 +45,7 @@ class InferConfig:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: bool = False
+    constraint: Constraint | None = None
 
 
 FIELDS = tuple(InferConfig.__dataclass_fields__)
@@ -125,6 +133,10 @@ def _logprobs(value: Any, _: int) -> bool:
     return value
 
 
+def _constraint(value: Any, _: int) -> Constraint:
+    return parse_constraint(value, "config.constraint")
+
+
 _CHECKS: dict[str, Callable[[Any, int], Any]] = {
     "max_tokens": _max_tokens,
     "temperature": _temperature,
@@ -133,4 +145,5 @@ _CHECKS: dict[str, Callable[[Any, int], Any]] = {
     "seed": _seed,
     "stop": _stop,
     "logprobs": _logprobs,
+    "constraint": _constraint,
 }

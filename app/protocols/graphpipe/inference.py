@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from app.engine.base import EngineInfo, GenerationRequest, SamplingOptions, TokenEvent
+from app.engine.constraints import validate_constraints
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.protocols.graphpipe.config import InferConfig, parse_config
 from app.protocols.graphpipe.decode import InferCall
@@ -154,7 +155,9 @@ class InferCore:
             seed=config.seed,
             stop=config.stop,
             logprobs=0 if LOGPROBS in self.output_names else None,
+            constraint=config.constraint,
         )
+        validate_constraints(sampling, info)
 
         def request(
             i: int, text: str | None = None, ids: list[int] | None = None

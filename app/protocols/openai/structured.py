@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.engine.constraints import Constraint, json_constraint, logit_bias_pairs
+from app.engine.constraints import (
+    Constraint,
+    json_constraint,
+    logit_bias_pairs,
+    parse_constraint,
+)
 from app.errors import InvalidRequest
 from schemas.openai import SamplingFields
-
-_EXTRA_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 def _response_format(value: Mapping[str, Any]) -> Constraint | None:
@@ -46,33 +49,6 @@ def _response_format(value: Mapping[str, Any]) -> Constraint | None:
     )
 
 
-def _structured_outputs(value: Mapping[str, Any]) -> Constraint:
-    kinds = [k for k in _EXTRA_KINDS if value.get(k) is not None]
-    if len(kinds) != 1:
-        raise InvalidRequest(
-            f"structured_outputs takes exactly one of {', '.join(_EXTRA_KINDS)}",
-            param="structured_outputs",
-        )
-    kind = kinds[0]
-    param = f"structured_outputs.{kind}"
-    spec = value[kind]
-    if kind == "json":
-        constraint = json_constraint(spec, param)
-    elif kind == "json_object":
-        if spec is not True:
-            raise InvalidRequest(f"{param} must be true if set", param=param)
-        constraint = Constraint("json_object", None, param)
-    elif kind == "choice":
-        if not isinstance(spec, list) or not all(isinstance(s, str) for s in spec):
-            raise InvalidRequest(f"{param} must be a list of strings", param=param)
-        constraint = Constraint("choice", tuple(spec), param)
-    else:
-        if not isinstance(spec, str):
-            raise InvalidRequest(f"{param} must be a string", param=param)
-        constraint = Constraint("regex" if kind == "regex" else "grammar", spec, param)
-    return constraint
-
-
 def request_constraint(body: SamplingFields) -> Constraint | None:
     """The constraint `body` asks for, or None."""
     if body.response_format is not None:
@@ -80,7 +56,7 @@ def request_constraint(body: SamplingFields) -> Constraint | None:
         if constraint is not None:
             return constraint
     if body.structured_outputs is not None:
-        return _structured_outputs(body.structured_outputs)
+        return parse_constraint(body.structured_outputs, "structured_outputs")
     return None
 
 
