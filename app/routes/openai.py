@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP routes: completions, chat, models, LoRA admin, tokenizer, health.
+"""OpenAI-compatible HTTP routes: completions, chat, their render routes (llm-d's
+tokenization), models, LoRA admin, tokenizer, health.
 
 Thin adapter: body -> core (validation happens there, before any stream starts) -> engine
 -> core -> JSON or SSE. Once a stream has started, errors go inside it (an SSE error
@@ -24,6 +25,7 @@ from app.engine.validation import check_token_ids
 from app.errors import InternalError, ModelNotFound, SwitchboardError
 from app.protocols.openai.chat import ChatCore
 from app.protocols.openai.completions import CompletionCore
+from app.protocols.openai.render import render_chat, render_completions
 from app.routes.bodies import documented, json_body, parse_json, read_body, validate
 from app.routes.deps import AuthDep, EngineDep
 from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
@@ -46,6 +48,8 @@ from schemas.openai_responses import (
     DetokenizeResponse,
     ErrorResponse,
     ModelList,
+    RenderedRequest,
+    RenderedRequests,
     TokenizeResponse,
     VersionResponse,
 )
@@ -175,6 +179,32 @@ async def chat_completions(request: Request, engine: EngineDep) -> Response:
         body, engine.info, engine.tokenizer, **_core_args(engine, "chatcmpl", body.model)
     )
     return await _serve(request, engine, core, body.stream)
+
+
+@v1.post(
+    "/v1/completions/render",
+    openapi_extra=json_body(CompletionRequest),
+    responses=_answers(RenderedRequests),
+)
+async def render_completion(request: Request, engine: EngineDep) -> Response:
+    body = await read_body(request, CompletionRequest)
+    core = CompletionCore(
+        body, engine.info, engine.tokenizer, **_core_args(engine, "cmpl", body.model)
+    )
+    return OrjsonResponse(render_completions(core))
+
+
+@v1.post(
+    "/v1/chat/completions/render",
+    openapi_extra=json_body(ChatCompletionRequest),
+    responses=_answers(RenderedRequest),
+)
+async def render_chat_completion(request: Request, engine: EngineDep) -> Response:
+    body = await read_body(request, ChatCompletionRequest)
+    core = ChatCore(
+        body, engine.info, engine.tokenizer, **_core_args(engine, "chatcmpl", body.model)
+    )
+    return OrjsonResponse(render_chat(core))
 
 
 @v1.get("/v1/models", responses=_answers(ModelList))
