@@ -27,7 +27,7 @@ from fastapi import FastAPI
 
 from app.config import Settings
 from app.engine.base import Engine
-from app.protocols.evergreen import frames
+from app.protocols.evergreen.frames import decode
 from app.protocols.evergreen.lifecycle import abort_message
 from app.routes.grpc_calls import Context, Service, Writer, register
 from app.sessions.evergreen import EvergreenRun
@@ -46,7 +46,7 @@ class _Evergreen:
 
         async def messages() -> AsyncIterator[service_pb.SessionMessage]:
             async for data in requests:
-                yield frames.decode(data)
+                yield decode(data)
 
         run = EvergreenRun.from_settings(self._engine, self._settings, send)
         failure = await run.serve(messages(), drain=True)
