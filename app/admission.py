@@ -1,0 +1,160 @@
+"""Admission: one bound on queued work, decided once for every protocol.
+
+Every unit of engine work (an OpenAI prompt or choice, a GraphPipe batch row, an Evergreen
+action, a Salience Generate) asks `Admission.admit` for a `Ticket` before any prompt work
+(tokenizing, templating), and gives it back with `Ticket.release` when it finishes, fails
+or is aborted. A refusal is `Overloaded` (HTTP 503 + Retry-After, gRPC UNAVAILABLE), with
+a retry hint.
+
+What is bounded is the QUEUE, as vLLM's `num_requests_waiting` counts it: a ticket is
+queued from admission until `Ticket.running` (the engine's first event for it: prefill
+done) or its release; running requests are not counted. Both bounds, `max_requests` and
+`max_tokens` (prompt tokens), are optional.
+
+Priority (vLLM's priority scheduler runs lower values first): a request of priority `p`
+is measured only against queued work of priority `<= p`, the work that would be
+scheduled before it or beside it. So a higher-priority request is never refused because
+lower-priority requests wait, and what a request waits behind stays bounded at every
+priority. (The total queue can then exceed the bound by lower-priority work that was
+admitted first; it drains first-come within a priority.)
+
+Tokens before tokenizing: the caller passes an upper bound (a text prompt's UTF-8 length:
+a byte-level tokenizer never makes more tokens than bytes, plus its few specials) and may
+correct it with `Ticket.measured` once the prompt is tokenized.
+
+Retry hint: the median-ish recent queue wait (an exponentially weighted mean of
+admission-to-running times), at least `min_retry_after_s`.
+
+No I/O and no framework; single-threaded by design (the event loop's thread), like the
+engine seam it guards.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from app.errors import Overloaded
+
+# Weight of the newest sample in the queue-wait average.
+_EWMA_WEIGHT = 0.2
+
+
+@dataclass(eq=False)  # identity: two tickets are never the same one
+class Ticket:
+    """One admitted unit of work; `release` it exactly once (later calls do nothing)."""
+
+    _owner: Admission = field(repr=False)
+    protocol: str
+    priority: int
+    tokens: int
+    admitted_at: float
+    queued: bool = True
+    released: bool = False
+
+    def measured(self, tokens: int) -> None:
+        """The prompt's real token count, once known (replaces the upper bound)."""
+        if self.queued and not self.released:
+            self._owner._queued_tokens += tokens - self.tokens
+        self.tokens = tokens
+
+    def running(self) -> None:
+        """The engine has started this request: it leaves the queue."""
+        if self.queued and not self.released:
+            self._owner._dequeue(self, waited=True)
+
+    def release(self) -> None:
+        if self.released:
+            return
+        if self.queued:
+            self._owner._dequeue(self, waited=False)
+        self.released = True
+        self._owner._in_flight -= 1
+
+
+class Admission:
+    """The bound every protocol shares."""
+
+    def __init__(
+        self,
+        max_requests: int | None,
+        max_tokens: int | None,
+        *,
+        min_retry_after_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_requests = max_requests
+        self.max_tokens = max_tokens
+        self.min_retry_after_s = min_retry_after_s
+        self._clock = clock
+        self._queue: list[Ticket] = []
+        self._queued_tokens = 0
+        self._in_flight = 0
+        self._wait_s = 0.0
+        self.admitted: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+
+    # -- the rule ------------------------------------------------------------------
+
+    def admit(self, protocol: str, *, priority: int = 0, tokens: int = 0) -> Ticket:
+        """A ticket, or `Overloaded` when the queued work this request would wait behind
+        (priority <= its own) is at a bound."""
+        unbounded = self.max_requests is None and self.max_tokens is None
+        ahead = [] if unbounded else [t for t in self._queue if t.priority <= priority]
+        full_requests = self.max_requests is not None and len(ahead) >= self.max_requests
+        full_tokens = (
+            self.max_tokens is not None
+            and ahead
+            and sum(t.tokens for t in ahead) + tokens > self.max_tokens
+        )
+        if full_requests or full_tokens:
+            self.refused[protocol] += 1
+            retry = self.retry_after_s()
+            what = "requests" if full_requests else "prompt tokens"
+            raise Overloaded(
+                f"The server is at its bound of queued {what}; retry after {retry} s",
+                retry_after_s=retry,
+            )
+        ticket = Ticket(self, protocol, priority, tokens, self._clock())
+        self._queue.append(ticket)
+        self._queued_tokens += tokens
+        self._in_flight += 1
+        self.admitted[protocol] += 1
+        return ticket
+
+    def retry_after_s(self) -> int:
+        return max(math.ceil(self.min_retry_after_s), math.ceil(self._wait_s))
+
+    # -- what /metrics and readiness read ------------------------------------------
+
+    def queued(self) -> Counter[str]:
+        """Queued tickets per protocol."""
+        return Counter(t.protocol for t in self._queue)
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._queued_tokens
+
+    @property
+    def in_flight(self) -> int:
+        """Tickets admitted and not yet released, queued or running."""
+        return self._in_flight
+
+    def saturated(self) -> bool:
+        """The queue is at a bound for priority-0 work (what readiness reports)."""
+        at_requests = self.max_requests is not None and len(self._queue) >= self.max_requests
+        at_tokens = self.max_tokens is not None and self._queued_tokens >= self.max_tokens
+        return at_requests or at_tokens
+
+    # -- bookkeeping ---------------------------------------------------------------
+
+    def _dequeue(self, ticket: Ticket, *, waited: bool) -> None:
+        self._queue.remove(ticket)
+        self._queued_tokens -= ticket.tokens
+        ticket.queued = False
+        if waited:
+            wait = self._clock() - ticket.admitted_at
+            self._wait_s += _EWMA_WEIGHT * (wait - self._wait_s)
