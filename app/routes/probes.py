@@ -31,7 +31,7 @@ _NOT_READY: dict[int | str, dict[str, Any]] = {
         "description": "OpenAI error body: the engine is down (503), the server is draining "
         "or its queue is at the bound (503 with Retry-After)",
         "content": _ERROR_BODY,
-    }
+    },
 }
 
 
