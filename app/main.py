@@ -22,7 +22,7 @@ from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
 from app.metrics import install_metrics
-from app.routes import evergreen, graphpipe, openai, probes, salience
+from app.routes import evergreen, graphpipe, openai, playground, probes, salience
 from app.routes.bodies import collect_definitions
 from app.routes.failures import install_error_handlers
 from app.routes.responses import OrjsonResponse
@@ -53,7 +53,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     if engine is not None:
         app.state.engine = engine
     install_error_handlers(app)
-    for module in (probes, openai, graphpipe, salience, evergreen):
+    for module in (probes, openai, graphpipe, salience, evergreen, playground):
         app.include_router(module.router)
     install_metrics(app, app.state.admission)
     _document_bodies(app)

@@ -106,13 +106,18 @@ class LiveServer:
 
         return self.call(count())
 
+    def engine_requests(self) -> int:
+        """vLLM's own count of the requests it holds (running or waiting)."""
+        return int(self.engine.engine_requests())
+
     def wait_idle(self, timeout: float = 10) -> int:
-        """Poll until no engine request runs; return the last count seen."""
+        """Poll until neither our wrapper nor vLLM itself holds a request; return the
+        larger count last seen."""
         deadline = time.monotonic() + timeout
-        count = self.running_requests()
+        count = max(self.running_requests(), self.engine_requests())
         while count and time.monotonic() < deadline:
             time.sleep(0.05)
-            count = self.running_requests()
+            count = max(self.running_requests(), self.engine_requests())
         return count
 
 
@@ -205,6 +210,14 @@ def vl_server() -> Iterator[LiveServer]:
     )
     with _serve(settings, VL_MODEL) as live:
         yield live
+
+
+@pytest.fixture(scope="session")
+def abort_workload(live_server: LiveServer) -> Any:
+    """The long workload every abort test aborts, measured once (tests/aborts.py)."""
+    from tests.aborts import measure_workload
+
+    return live_server.call(measure_workload(live_server.engine), timeout=600)
 
 
 def _warm_up(live: LiveServer) -> None:

@@ -93,6 +93,9 @@ class FakeEngine:
     def num_running_requests(self) -> int:
         return len(self.running)
 
+    def engine_requests(self) -> int:
+        return len(self.running)
+
     async def check_health(self) -> None:
         return None
 

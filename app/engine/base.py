@@ -209,4 +209,10 @@ class Engine(Protocol):
         """Requests this process has handed to the engine and not yet seen finish."""
         ...
 
+    def engine_requests(self) -> int:
+        """Requests the engine itself holds (running or waiting), in its own latest
+        report: a request leaves it once the engine has finished or aborted it, not when
+        this process stops reading it."""
+        ...
+
     async def check_health(self) -> None: ...

@@ -17,6 +17,10 @@ Invariants:
 - A request whose consumer stops (closes the iterator, or its task is cancelled) is
   aborted in the engine before `generate`'s iterator finishes closing.
 - `num_running_requests()` counts requests between submission and their final event.
+- `engine_requests()` is the engine core's own count (its scheduler's running + waiting),
+  as reported with the outputs of its latest step: it drops only once the engine core has
+  finished or aborted a request, and is stale while the engine core has not stepped since
+  a request was submitted (a step follows every abort, so an abort always shows).
 - A request with images runs on exactly its token ids: if vLLM expands an image to a
   different number of pads than the request's block holds, the request fails.
 """
@@ -54,6 +58,8 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
 from app.config import Settings
 from app.engine.base import (
@@ -286,11 +292,42 @@ def _vision_info(llm: AsyncLLM) -> VisionInfo | None:
     )
 
 
+class SchedulerCounts(StatLoggerBase):  # type: ignore[misc]  # mypy skips vLLM: Any
+    """The requests the engine core holds, from the scheduler stats that come with the
+    outputs of each of its steps (the source of `vllm:num_requests_running` and
+    `vllm:num_requests_waiting`, kept here because a second engine in the process takes
+    those gauges over). The frontend's own request table is no substitute: an abort
+    empties it before the engine core has heard of the abort."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: MultiModalCacheStats | None = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None:
+            self.requests = (
+                scheduler_stats.num_running_reqs
+                + scheduler_stats.num_waiting_reqs
+                + scheduler_stats.num_skipped_waiting_reqs
+            )
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
 class VllmEngine:
     """One `AsyncLLM` for the whole process."""
 
-    def __init__(self, llm: AsyncLLM, info: EngineInfo, tokenizer: HfTokenizer) -> None:
+    def __init__(
+        self, llm: AsyncLLM, info: EngineInfo, tokenizer: HfTokenizer, counts: SchedulerCounts
+    ) -> None:
         self._llm = llm
+        self._counts = counts
         self._info = info
         self._tokenizer = tokenizer
         self._loras: dict[str, LoraAdapter] = {}
@@ -333,20 +370,22 @@ class VllmEngine:
             concepts.check_model(
                 model_config.get_hidden_size(), model_config.get_total_num_hidden_layers()
             )
+        counts = SchedulerCounts()
         llm = AsyncLLM.from_vllm_config(
             vllm_config,
+            stat_loggers=[lambda _config, _index: counts],
             enable_log_requests=bool(args.get("enable_log_requests", False)),
             disable_log_stats=bool(args.get("disable_log_stats", False)),
         )
         try:
-            return await cls._started(llm, settings, concepts)
+            return await cls._started(llm, settings, concepts, counts)
         except BaseException:
             llm.shutdown()
             raise
 
     @classmethod
     async def _started(
-        cls, llm: AsyncLLM, settings: Settings, concepts: Concepts | None
+        cls, llm: AsyncLLM, settings: Settings, concepts: Concepts | None, counts: SchedulerCounts
     ) -> VllmEngine:
         if current_platform.is_cpu() and settings.pin_frontend:
             pin_frontend()
@@ -372,7 +411,7 @@ class VllmEngine:
             info = replace(
                 info, readout=await _setup_readouts(llm, settings.readout_concepts, concepts)
             )
-        engine = cls(llm, info, tokenizer)
+        engine = cls(llm, info, tokenizer, counts)
         for name, path in settings.lora_pairs():
             try:
                 await engine.load_lora(name, path)
@@ -440,6 +479,9 @@ class VllmEngine:
 
     def num_running_requests(self) -> int:
         return len(self._running)
+
+    def engine_requests(self) -> int:
+        return self._counts.requests
 
     async def check_health(self) -> None:
         with map_engine_errors():

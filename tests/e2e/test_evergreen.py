@@ -2,11 +2,13 @@
 the spec's examples, sent as written (file refs as inline data), in both encodings.
 
 Greedy outputs are checked against the OpenAI chat endpoint of the same server given the
-same conversation: the same text means Evergreen built the same prompt."""
+same conversation: the same text means Evergreen built the same prompt. The abort tests
+follow tests/aborts.py."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from typing import Any
 
@@ -16,6 +18,7 @@ import websockets
 from google.protobuf import json_format, struct_pb2, text_format
 
 from schemas import evergreen_service_pb2 as service_pb
+from tests.aborts import CLOSE_TIMEOUT, AbortWatch, Workload
 
 pytestmark = pytest.mark.e2e
 
@@ -201,49 +204,79 @@ async def test_a_lora_target(live_server) -> None:  # type: ignore[no-untyped-de
     assert text != chat(live_server, messages)
 
 
-async def test_an_abort_mid_generation_leaves_no_engine_request(live_server) -> None:  # type: ignore[no-untyped-def]
-    long = (
-        "configs { [type.googleapis.com/google.protobuf.Struct] { "
-        'fields { key: "max_tokens" value { number_value: 900 } } } }'
-    )
-    async with websockets.connect(f"{live_server.ws_url}/evergreen/ws") as ws:
-        session = Session(ws, binary=False)
-        await session.send(
-            f'actions {{ name: "GENERATE" {long} inputs {{ name: "prompt" id: "p" }} '
-            'outputs { name: "response" id: "r" } } '
-            'node_fragments { id: "p" chunk_fragment { metadata { mimetype: "text/plain" } '
-            'data: "Go on and on" } }'
-        )
-        first = await session.receive()
-        assert first.node_fragments[0].continued
-        assert live_server.running_requests() == 1
-        # A fragment past the final seq of a node aborts the session mid-generation.
-        await session.send(
-            'node_fragments { id: "x" chunk_fragment { metadata { mimetype: "text/plain" } } }'
-            ' node_fragments { id: "x" seq: 1 }'
-        )
-        status, code = await session.aborted()
-    assert status["code"] == "INVALID_ARGUMENT" and "past the node's final" in status["message"]
-    assert code == 4003
-    assert live_server.wait_idle() == 0
+# Sessions the abort workload is spread over: each stays under --evergreen-max-pending-actions.
+SESSIONS = 2
 
 
-async def test_a_client_that_leaves_mid_generation_leaves_no_engine_request(live_server) -> None:  # type: ignore[no-untyped-def]
-    frame = {
-        "actions": [
+def _long_actions(workload: Workload, session: int) -> str:
+    """This session's share of the abort workload: a GENERATE per prompt (greedy, the
+    workload's max_tokens), as one JSON frame."""
+    config = {
+        "@type": "type.googleapis.com/google.protobuf.Struct",
+        "value": {"max_tokens": workload.max_tokens, "temperature": 0},
+    }
+    actions, fragments = [], []
+    for i in range(session, len(workload.texts), SESSIONS):
+        actions.append(
             {
                 "name": "GENERATE",
-                "inputs": [{"name": "prompt", "id": "p"}],
-                "outputs": [{"name": "response", "id": "r"}],
+                "configs": [config],
+                "inputs": [{"name": "prompt", "id": f"p{i}"}],
+                "outputs": [{"name": "response", "id": f"r{i}"}],
             }
-        ],
-        "nodeFragments": [
-            {"id": "p", "chunkFragment": {"metadata": {"mimetype": "text/plain"}, "data": "aGk="}}
-        ],
-    }
-    async with websockets.connect(f"{live_server.ws_url}/evergreen/ws") as ws:
-        await ws.send(json.dumps(frame))
-        reply = json.loads(await ws.recv())
-        assert reply["nodeFragments"][0]["continued"] is True
-        assert live_server.running_requests() == 1
-    assert live_server.wait_idle() == 0
+        )
+        text = base64.b64encode(workload.texts[i].encode()).decode()
+        chunk = {"metadata": {"mimetype": "text/plain"}, "data": text}
+        fragments.append({"id": f"p{i}", "chunkFragment": chunk})
+    return json.dumps({"actions": actions, "nodeFragments": fragments})
+
+
+async def _closed_after_abort(ws: Any) -> tuple[dict[str, Any], int]:
+    """Skip the outputs already on their way; the ABORT's status, and the close code."""
+    while True:
+        message = json.loads(await asyncio.wait_for(ws.recv(), timeout=60))
+        if message.get("actions"):
+            break
+    [abort] = message["actions"]
+    assert abort["name"] == "ABORT"
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await ws.recv()
+    assert closed.value.rcvd is not None
+    return abort["configs"][0]["value"], closed.value.rcvd.code
+
+
+async def test_a_client_that_leaves_mid_generation_aborts_its_requests(  # type: ignore[no-untyped-def]
+    live_server, abort_workload
+) -> None:
+    url = f"{live_server.ws_url}/evergreen/ws"
+    sockets = [await websockets.connect(url, close_timeout=CLOSE_TIMEOUT) for _ in range(SESSIONS)]
+    watch = await AbortWatch.start(live_server.engine, abort_workload)
+    for session, ws in enumerate(sockets):
+        await ws.send(_long_actions(abort_workload, session))
+    await watch.all_in_engine()
+    closing = asyncio.gather(*(ws.close() for ws in sockets))
+    await watch.idle()
+    await closing
+
+
+async def test_a_session_that_aborts_mid_generation_aborts_its_requests(  # type: ignore[no-untyped-def]
+    live_server, abort_workload
+) -> None:
+    url = f"{live_server.ws_url}/evergreen/ws"
+    sockets = [await websockets.connect(url, close_timeout=CLOSE_TIMEOUT) for _ in range(SESSIONS)]
+    watch = await AbortWatch.start(live_server.engine, abort_workload)
+    for session, ws in enumerate(sockets):
+        await ws.send(_long_actions(abort_workload, session))
+    await watch.all_in_engine()
+    # A fragment past the final seq of a node aborts the session mid-generation.
+    past_the_end = [
+        {"id": "x", "chunkFragment": {"metadata": {"mimetype": "text/plain"}}},
+        {"id": "x", "seq": 1},
+    ]
+    for ws in sockets:
+        await ws.send(json.dumps({"nodeFragments": past_the_end}))
+    await watch.idle()
+    for ws in sockets:
+        status, code = await _closed_after_abort(ws)
+        assert status["code"] == "INVALID_ARGUMENT" and "past the node's final" in status["message"]
+        assert code == 4003

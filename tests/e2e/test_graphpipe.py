@@ -1,17 +1,17 @@
 """GraphPipe against the live server with real vLLM on the tiny model: metadata by POST and
 GET, batches of prompts and of token ids (checked against the OpenAI routes on the same
-engine), the LoRA path, a bad request beside a good one, a client that disconnects, and
-GraphPipe's own reference Python client (oracle's `graphpipe` package) when its venv
-exists. Requests are built and answers read with the flatc-generated classes only."""
+engine), the LoRA path, a bad request beside a good one, a client that disconnects
+(tests/aborts.py), and GraphPipe's own reference Python client (oracle's `graphpipe`
+package) when its venv exists. Requests are built and answers read with the
+flatc-generated classes only."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
 import subprocess
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.aborts import AbortWatch
 from tests.graphpipe_client import (
     Infer,
     InferAnswer,
@@ -168,37 +169,21 @@ def test_bad_requests_beside_a_good_one_do_not_disturb_it(live_server) -> None: 
     assert live_server.wait_idle() == 0
 
 
-def test_a_client_that_disconnects_aborts_its_batch(live_server) -> None:  # type: ignore[no-untyped-def]
-    url = f"{live_server.base_url}/graphpipe"
-    prompts = ["while True:", "for i in range(10):"]
-    config = json.dumps({"max_tokens": 900, "temperature": 0})
-    # Greedy on this model runs the full 900 tokens (no EOS): what finishing would take.
-    started = time.monotonic()
-    full = post(url, Infer([strings(prompts)], output_names=["token_ids"], config=config))[1]
-    natural = time.monotonic() - started
-    assert (full.outputs[0] != -1).sum(axis=1).tolist() == [900, 900]
-
-    seen_running = []
-
-    def watch() -> None:
-        deadline = time.monotonic() + natural
-        while time.monotonic() < deadline and not seen_running:
-            if live_server.running_requests() == len(prompts):
-                seen_running.append(time.monotonic())
-            time.sleep(0.01)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
-            url, content=infer_request(Infer([strings(prompts)], config=config)), timeout=0.3
-        )
-    gone = time.monotonic()
-    watcher.join()
-    assert seen_running, "the batch never ran"
-    assert live_server.wait_idle(timeout=natural) == 0
-    # Idle well before the batch could have finished: it was aborted, not completed.
-    assert time.monotonic() - gone < natural / 2
+async def test_a_client_that_disconnects_aborts_its_batch(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+    prompts = abort_workload.prompts
+    width = max(len(p) for p in prompts)
+    ids = np.array([list(p) + [-1] * (width - len(p)) for p in prompts], dtype=np.int64)
+    config = json.dumps({"max_tokens": abort_workload.max_tokens, "temperature": 0})
+    body = infer_request(Infer([ids], ["prompt_ids"], ["token_ids"], config))
+    async with httpx.AsyncClient(timeout=120) as client:
+        watch = await AbortWatch.start(live_server.engine, abort_workload)
+        call = asyncio.create_task(client.post(f"{live_server.base_url}/graphpipe", content=body))
+        await watch.all_in_engine()
+        assert not call.done()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    await watch.idle()
 
 
 def test_graphpipes_reference_client(live_server) -> None:  # type: ignore[no-untyped-def]

@@ -1,13 +1,17 @@
-"""Raw HTTP against the live server: SSE framing, disconnects, /metrics, small routes."""
+"""Raw HTTP against the live server: SSE framing, disconnects (tests/aborts.py), /metrics,
+small routes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-import time
+from typing import Any
 
 import httpx
 import pytest
+
+from tests.aborts import WORKERS, AbortWatch, Workload
 
 pytestmark = pytest.mark.e2e
 
@@ -16,10 +20,6 @@ def _metric(text: str, name: str) -> float:
     match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
     assert match, f"{name} missing from /metrics"
     return float(match.group(1))
-
-
-def _running(base_url: str) -> float:
-    return _metric(httpx.get(f"{base_url}/metrics").text, "vllm:num_requests_running")
 
 
 def test_sse_framing(live_server) -> None:  # type: ignore[no-untyped-def]
@@ -44,38 +44,45 @@ def test_sse_framing(live_server) -> None:  # type: ignore[no-untyped-def]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
 
 
-def test_stream_disconnect_aborts_engine_request(live_server) -> None:  # type: ignore[no-untyped-def]
-    body = {
-        "model": live_server.model,
-        "prompt": "while True:",
-        "max_tokens": 1000,
-        "stream": True,
+def _long_call(live: Any, workload: Workload, chat: bool, stream: bool) -> tuple[str, Any]:
+    """The abort workload in one call: its prompts as a batch, or chat's `n` copies of
+    its first message (under `ignore_eos`, at least as long; see tests/aborts.py)."""
+    common = {
+        "model": live.model,
+        "max_tokens": workload.max_tokens,
+        "temperature": 0,
         "ignore_eos": True,
+        "stream": stream,
     }
-    with httpx.stream("POST", f"{live_server.base_url}/v1/completions", json=body) as response:
-        lines = (line for line in response.iter_lines() if line)
-        for _ in range(3):
-            assert next(lines).startswith("data: ")
-        assert live_server.running_requests() == 1
-        assert _running(live_server.base_url) == 1
-    # Leaving the block closed the connection mid-stream.
-    assert live_server.wait_idle() == 0
-    deadline = time.monotonic() + 10
-    while _running(live_server.base_url) != 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _running(live_server.base_url) == 0
+    if chat:
+        message = {"role": "user", "content": workload.texts[0]}
+        return "/v1/chat/completions", {**common, "messages": [message], "n": WORKERS}
+    return "/v1/completions", {**common, "prompt": [list(p) for p in workload.prompts]}
 
 
-def test_non_stream_disconnect_aborts_engine_request(live_server) -> None:  # type: ignore[no-untyped-def]
-    body = {
-        "model": live_server.model,
-        "prompt": "for x in y:",
-        "max_tokens": 1000,
-        "ignore_eos": True,
-    }
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{live_server.base_url}/v1/completions", json=body, timeout=0.5)
-    assert live_server.wait_idle() == 0
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_a_client_that_disconnects_aborts_its_requests(  # type: ignore[no-untyped-def]
+    live_server, abort_workload, chat: bool, stream: bool
+) -> None:
+    path, body = _long_call(live_server, abort_workload, chat, stream)
+    async with httpx.AsyncClient(base_url=live_server.base_url, timeout=120) as client:
+        watch = await AbortWatch.start(live_server.engine, abort_workload)
+        if stream:
+            async with client.stream("POST", path, json=body) as response:
+                assert response.status_code == 200
+                lines = response.aiter_lines()  # held: dropping it would close the stream
+                assert (await anext(lines)).startswith("data: ")
+                await watch.all_in_engine()
+            # Leaving the block closed the connection mid-stream.
+        else:
+            call = asyncio.create_task(client.post(path, json=body))
+            await watch.all_in_engine()
+            assert not call.done()
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+    await watch.idle()
 
 
 def test_metrics_for_the_endpoint_picker(live_server) -> None:  # type: ignore[no-untyped-def]

@@ -1,5 +1,5 @@
 """Salience over a real websocket client against the live server (real vLLM), JSON and
-binary frames."""
+binary frames. The abort tests follow tests/aborts.py."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from google.protobuf import json_format
 
 from schemas import salience_pb2 as pb
 from schemas import salience_ws_pb2 as ws_pb
+from tests.aborts import CLOSE_TIMEOUT, AbortWatch, Workload
 from tests.salience_client import JsonClient, tokens_of
 
 pytestmark = pytest.mark.e2e
@@ -212,63 +213,92 @@ async def _engine_readouts(engine: Any, ids: list[int]) -> dict[int, np.ndarray]
     return out
 
 
-async def test_cancel_and_disconnect_abort_engine_requests(live_server) -> None:  # type: ignore[no-untyped-def]
-    tok = live_server.engine.tokenizer
-    ids = tok.encode("while True:")
-    async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
-        client = JsonClient(ws)
-        session = (await client.call("OpenSession", {"model": live_server.model}))["response"][
-            "sessionId"
-        ]
+async def _start_workload(live: Any, ws: Any, workload: Workload) -> tuple[list[str], AbortWatch]:
+    """A session per prompt of the abort workload, then a greedy Generate in each (call
+    id = session id); the watch starts with the Generates."""
+    client = JsonClient(ws)
+    sessions = []
+    for _ in workload.prompts:
+        opened = await client.call("OpenSession", {"model": live.model})
+        sessions.append(opened["response"]["sessionId"])
+    watch = await AbortWatch.start(live.engine, workload)
+    for session, prompt in zip(sessions, workload.prompts, strict=True):
+        request = {
+            "sessionId": session,
+            "appendTokens": list(prompt),
+            "offset": 0,
+            "maxTokens": workload.max_tokens,
+            "topK": 1,
+        }
+        await ws.send(json.dumps({"id": session, "method": "Generate", "request": request}))
+    await watch.all_in_engine()
+    return sessions, watch
+
+
+async def _dones(ws: Any, calls: list[str]) -> dict[str, dict[str, Any]]:
+    """Read on until every call in `calls` has ended; each one's `done`."""
+    dones: dict[str, dict[str, Any]] = {}
+    while len(dones) < len(calls):
+        reply = json.loads(await asyncio.wait_for(ws.recv(), timeout=60))
+        assert reply["id"] in calls and "error" not in reply, reply
+        if "done" in reply["event"]:
+            dones[reply["id"]] = reply["event"]["done"]
+    return dones
+
+
+async def _close_sessions(ws: Any, sessions: list[str]) -> None:
+    for session in sessions:
         await ws.send(
-            json.dumps(
-                {
-                    "id": "long",
-                    "method": "Generate",
-                    "request": {
-                        "sessionId": session,
-                        "appendTokens": ids,
-                        "offset": 0,
-                        "maxTokens": 900,
-                    },
-                }
-            )
+            json.dumps({"id": session, "method": "CloseSession", "request": {"sessionId": session}})
         )
-        for _ in range(3):
-            assert "token" in json.loads(await ws.recv())["event"]
-        busy = await client.generate({"sessionId": session, "offset": len(ids)})
-        assert busy[0]["error"]["code"] == "ABORTED"
-        await ws.send(json.dumps({"id": "long", "cancel": True}))
-        while True:
-            reply = json.loads(await ws.recv())
-            if "done" in reply.get("event", {}):
-                break
-        assert reply["event"]["done"]["finishReason"] == "FINISH_REASON_CANCELLED"
-        produced = reply["event"]["done"].get("completionTokens", 0)
-        assert live_server.wait_idle() == 0
+    # Read the replies: a client that leaves them unread stalls its own close handshake.
+    for _ in sessions:
+        assert "response" in json.loads(await asyncio.wait_for(ws.recv(), timeout=60))
+
+
+async def test_cancel_aborts_engine_requests(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+    async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
+        sessions, watch = await _start_workload(live_server, ws, abort_workload)
+        for session in sessions:
+            await ws.send(json.dumps({"id": session, "cancel": True}))
+        await watch.idle()
+        dones = await _dones(ws, sessions)
+        assert {d["finishReason"] for d in dones.values()} == {"FINISH_REASON_CANCELLED"}
         # The session kept what was produced, and is free again.
-        dump = await client.call("DumpSession", {"sessionId": session})
-        assert len(dump["response"]["tokens"]) == len(ids) + produced
-        await ws.send(
-            json.dumps(
-                {
-                    "id": "again",
-                    "method": "Generate",
-                    "request": {
-                        "sessionId": session,
-                        "offset": len(ids) + produced,
-                        "maxTokens": 900,
-                    },
-                }
-            )
+        session = sessions[0]
+        produced = dones[session].get("completionTokens", 0)
+        dump = await JsonClient(ws).call("DumpSession", {"sessionId": session})
+        assert len(dump["response"]["tokens"]) == len(abort_workload.prompts[0]) + produced
+        again = await JsonClient(ws).generate(
+            {"sessionId": session, "offset": dones[session]["totalTokens"], "maxTokens": 2}
         )
-        assert "token" in json.loads(await ws.recv())["event"]
-    # Socket closed mid-Generate: the engine request is aborted, the session survives.
-    assert live_server.wait_idle() == 0
-    await asyncio.sleep(0.2)
+        assert again[-1]["done"]["completionTokens"] > 0
+        await _close_sessions(ws, sessions)
+
+
+async def test_closing_the_socket_aborts_engine_requests(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+    ws = await websockets.connect(f"{live_server.ws_url}/salience/ws", close_timeout=CLOSE_TIMEOUT)
+    sessions, watch = await _start_workload(live_server, ws, abort_workload)
+    closing = asyncio.ensure_future(ws.close())
+    await watch.idle()
+    await closing
+    # The sessions survive the socket, with what was produced.
     async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
-        again = await JsonClient(ws).call("DumpSession", {"sessionId": session})
-        assert len(again["response"]["tokens"]) > len(ids) + produced
+        dump = await JsonClient(ws).call("DumpSession", {"sessionId": sessions[0]})
+        assert len(dump["response"]["tokens"]) > len(abort_workload.prompts[0])
+        await _close_sessions(ws, sessions)
+
+
+async def test_closing_the_sessions_from_another_socket_aborts_engine_requests(  # type: ignore[no-untyped-def]
+    live_server, abort_workload
+) -> None:
+    url = f"{live_server.ws_url}/salience/ws"
+    async with websockets.connect(url) as ws, websockets.connect(url) as other:
+        sessions, watch = await _start_workload(live_server, ws, abort_workload)
+        await _close_sessions(other, sessions)
+        await watch.idle()
+        dones = await _dones(ws, sessions)
+        assert {d["finishReason"] for d in dones.values()} == {"FINISH_REASON_CANCELLED"}
 
 
 async def test_full_context_scoring_and_an_instant_cancel(live_server) -> None:  # type: ignore[no-untyped-def]

@@ -1,4 +1,5 @@
-"""The engine layer on real vLLM (the live server's engine, driven on its own loop)."""
+"""The engine layer on real vLLM (the live server's engine, driven on its own loop). Its
+abort tests follow tests/aborts.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from app.engine.base import GenerationRequest, SamplingOptions, TokenEvent
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from tests.aborts import AbortWatch, Workload
 
 pytestmark = pytest.mark.engine
 
@@ -84,41 +86,46 @@ def test_prefix_cache_is_used(live_server) -> None:  # type: ignore[no-untyped-d
     assert events[0].num_cached_tokens >= len(prompt) // 2
 
 
-def test_closing_the_iterator_aborts(live_server) -> None:  # type: ignore[no-untyped-def]
+def _workload(workload: Workload, tag: str) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(
+            f"{tag}-{i}", prompt_token_ids=prompt, sampling=greedy(workload.max_tokens)
+        )
+        for i, prompt in enumerate(workload.prompts)
+    ]
+
+
+def test_closing_the_iterators_aborts(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
     engine = live_server.engine
 
-    async def take_two_then_stop() -> int:
-        stream = engine.generate(
-            GenerationRequest("eng-abort", prompt_text="x", sampling=greedy(900))
-        )
-        await stream.__anext__()
-        await stream.__anext__()
-        running = engine.num_running_requests()
-        await stream.aclose()
-        return int(running)
+    async def close_after_the_first_event() -> None:
+        watch = await AbortWatch.start(engine, abort_workload)
+        streams = [engine.generate(r) for r in _workload(abort_workload, "eng-close")]
+        await asyncio.gather(*(stream.__anext__() for stream in streams))
+        await watch.all_in_engine()
+        for stream in streams:
+            await stream.aclose()
+        await watch.idle()
 
-    assert live_server.call(take_two_then_stop()) == 1
-    assert live_server.wait_idle() == 0
+    live_server.call(close_after_the_first_event())
 
 
-def test_cancelling_the_consumer_aborts(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_cancelling_the_consumers_aborts(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
     engine = live_server.engine
 
     async def cancel_midway() -> None:
-        async def consume() -> None:
-            async for _ in engine.generate(
-                GenerationRequest("eng-cancel", prompt_text="y", sampling=greedy(900))
-            ):
-                pass
-
-        task = asyncio.create_task(consume())
-        await asyncio.sleep(0.3)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        watch = await AbortWatch.start(engine, abort_workload)
+        tasks = [
+            asyncio.create_task(_run(engine, r)) for r in _workload(abort_workload, "eng-cancel")
+        ]
+        await watch.all_in_engine()
+        for task in tasks:
+            task.cancel()
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(e, asyncio.CancelledError) for e in ended)
+        await watch.idle()
 
     live_server.call(cancel_midway())
-    assert live_server.wait_idle() == 0
 
 
 def test_priority_and_lora_requests(live_server) -> None:  # type: ignore[no-untyped-def]
