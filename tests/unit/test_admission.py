@@ -102,3 +102,31 @@ def test_the_retry_hint_follows_the_queue_wait() -> None:
         admission.admit("openai")
     assert refused.value.retry_after_s == 4
     assert "retry after 4 s" in refused.value.message
+
+
+def test_a_call_is_admitted_whole_or_not_at_all() -> None:
+    admission = Admission(3, None)
+    admission.admit("openai")
+    with pytest.raises(Overloaded):
+        admission.admit_all("openai", [10, 10, 10])
+    assert admission.in_flight == 1 and admission.queued_tokens == 0
+    assert admission.admitted == {"openai": 1} and admission.refused == {"openai": 3}
+    with admission.admit_all("graphpipe", [10, 10]) as tickets:
+        assert len(tickets) == 2 and admission.queued_tokens == 20
+        tickets[0].running()
+    assert admission.in_flight == 1 and admission.queued_tokens == 0
+
+
+def test_a_closed_admission_refuses_everything_and_cut_marks_what_is_in_flight() -> None:
+    admission = Admission(None, None)
+    queued = admission.admit("evergreen")
+    running = admission.admit("salience")
+    running.request_id = "r1"
+    running.running()
+    admission.close()
+    with pytest.raises(Overloaded) as refused:
+        admission.admit("openai", priority=-10)
+    assert "shutting down" in refused.value.message and refused.value.retry_after_s >= 1
+    assert admission.cut() == ["r1"]
+    assert queued.cut and running.cut
+    assert admission.refused == {"openai": 1}
