@@ -244,9 +244,13 @@ class Admission:
         return ids
 
     def saturated(self) -> bool:
-        """The queue is at a bound for priority-0 work (what readiness reports)."""
-        at_requests = self.max_requests is not None and len(self._queue) >= self.max_requests
-        at_tokens = self.max_tokens is not None and self._queued_tokens >= self.max_tokens
+        """A request of the default priority (0) would be refused now (what readiness
+        reports): the queued work of priority <= 0 is at a bound, or admission is closed."""
+        if self._closed:
+            return True
+        ahead = [t for t in self._queue if t.priority <= 0]
+        at_requests = self.max_requests is not None and len(ahead) >= self.max_requests
+        at_tokens = self.max_tokens is not None and sum(t.tokens for t in ahead) >= self.max_tokens
         return at_requests or at_tokens
 
     # -- bookkeeping ---------------------------------------------------------------

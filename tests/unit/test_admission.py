@@ -81,6 +81,7 @@ def test_higher_priority_is_not_refused_behind_lower_priority_waiters() -> None:
         admission.admit("openai", priority=5)
     with pytest.raises(Overloaded):
         admission.admit("openai", priority=7)
+    assert not admission.saturated()  # readiness: a default-priority request gets in
     # Lower value = higher priority: it waits behind none of them.
     admission.admit("salience", priority=0)
     admission.admit("salience", priority=0)

@@ -1,0 +1,146 @@
+"""Admission on the live server (real vLLM, the tiny model): a burst of 4x the bound on
+every protocol at once, and priority.
+
+The bound is set on the live app's `Admission` for each test and restored afterwards (no
+second engine). The tiny model starts a request within milliseconds and vLLM's CPU build
+runs up to 128 at once, so a queue of real requests never builds here by itself: each
+test holds `bound - 1` tickets of its own (standing for requests that wait) so that the
+burst meets a full queue; the requests the burst gets admitted run on real vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from app.admission import Admission, Ticket
+from tests.graphpipe_client import Infer, infer_request, read_infer_response
+
+pytestmark = pytest.mark.e2e
+
+BOUND = 4
+BURST = 4 * BOUND
+
+
+@contextmanager
+def bounded(live: Any, held: int, priority: int = 0) -> Iterator[Admission]:
+    """The live app's admission at `BOUND` queued requests, `held` of them taken by the
+    test; restored (and the tickets given back) afterwards."""
+    admission: Admission = live.app.state.admission
+
+    async def hold() -> list[Ticket]:
+        admission.max_requests = BOUND
+        return [admission.admit("test", priority=priority) for _ in range(held)]
+
+    async def restore(tickets: list[Ticket], saved: int | None) -> None:
+        for ticket in tickets:
+            ticket.release()
+        admission.max_requests = saved
+
+    saved = admission.max_requests
+    tickets = live.call(hold())
+    try:
+        yield admission
+    finally:
+        live.call(restore(tickets, saved))
+
+
+def strings(values: list[str]) -> np.ndarray:
+    array = np.empty(len(values), dtype=object)
+    array[:] = [v.encode() for v in values]
+    return array
+
+
+async def _openai(client: httpx.AsyncClient, live: Any, i: int) -> tuple[str, int, Any]:
+    body = {"model": live.model, "prompt": f"burst {i}", "max_tokens": 8, "temperature": 0}
+    response = await client.post(f"{live.base_url}/v1/completions", json=body)
+    if response.status_code == 200:
+        return "openai", 200, response.json()["choices"][0]["finish_reason"]
+    assert response.status_code == 503, response.text
+    assert int(response.headers["retry-after"]) >= 1
+    error = response.json()["error"]
+    assert error["code"] == "overloaded" and "retry after" in error["message"]
+    return "openai", 503, None
+
+
+async def _graphpipe(client: httpx.AsyncClient, live: Any, i: int) -> tuple[str, int, Any]:
+    call = Infer([strings([f"burst {i}"])], config='{"max_tokens": 8, "temperature": 0}')
+    response = await client.post(f"{live.base_url}/graphpipe", content=infer_request(call))
+    assert response.headers["content-type"] == "application/octet-stream"
+    answer = read_infer_response(response.content)
+    if response.status_code == 200:
+        assert answer.errors == []
+        return "graphpipe", 200, answer.outputs[0].tolist()
+    assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
+    [(code, message)] = answer.errors
+    assert code == 503 and "retry after" in message
+    return "graphpipe", 503, None
+
+
+def _burst(live: Any, calls: list[Any]) -> list[tuple[str, int, Any]]:
+    async def run() -> list[tuple[str, int, Any]]:
+        limits = httpx.Limits(max_connections=4 * BURST)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            return list(await asyncio.gather(*(call(client, live, i) for i, call in calls)))
+
+    return asyncio.run(run())
+
+
+def test_a_burst_of_four_times_the_bound_on_every_protocol(live_server: Any) -> None:
+    live = live_server
+    protocols = [_openai, _graphpipe]
+    calls = [(i, protocol) for i in range(BURST) for protocol in protocols]
+    with bounded(live, held=BOUND - 1) as admission:
+        before = live.call(_counts(admission))
+        outcomes = _burst(live, calls)
+        after = live.call(_counts(admission))
+        metrics = httpx.get(f"{live.base_url}/metrics").text
+    for name in ("openai", "graphpipe"):
+        mine = [o for o in outcomes if o[0] == name]
+        admitted = [o for o in mine if o[1] == 200]
+        refused = [o for o in mine if o[1] == 503]
+        assert len(admitted) + len(refused) == BURST
+        assert refused, f"{name}: the burst met a full queue, something must be refused"
+        assert admitted, f"{name}: the free slot admits some of the burst"
+        assert after["refused"][name] - before["refused"][name] == len(refused)
+        assert after["admitted"][name] - before["admitted"][name] == len(admitted)
+        assert f'switchboard_refused_total{{protocol="{name}"}}' in metrics
+    assert all(o[2] is not None for o in outcomes if o[1] == 200)  # admitted ones completed
+    assert after["in_flight"] == BOUND - 1  # only the test's own tickets
+    assert after["queued"] == {"test": BOUND - 1}
+    assert live.wait_idle() == 0
+
+
+async def _counts(admission: Admission) -> dict[str, Any]:
+    return {
+        "admitted": dict(admission.admitted),
+        "refused": dict(admission.refused),
+        "in_flight": admission.in_flight,
+        "queued": dict(admission.queued()),
+    }
+
+
+def test_a_higher_priority_request_is_admitted_while_lower_priority_ones_wait(
+    live_server: Any,
+) -> None:
+    """The queue full of priority-5 work: priority 5 is refused, the default priority 0
+    (it runs first) is admitted and completes, and the server stays ready for it."""
+    live = live_server
+    url = f"{live.base_url}/v1/completions"
+    body = {"model": live.model, "prompt": "priority", "max_tokens": 4}
+    with bounded(live, held=BOUND, priority=5):
+        low = httpx.post(url, json={**body, "priority": 5}, timeout=60)
+        assert low.status_code == 503 and low.headers["retry-after"]
+        assert httpx.get(f"{live.base_url}/ready", timeout=60).status_code == 200
+        high = httpx.post(url, json={**body, "priority": 0}, timeout=60)
+        assert high.status_code == 200, high.text
+        assert high.json()["choices"][0]["finish_reason"] == "length"
+    with bounded(live, held=BOUND, priority=0):
+        assert httpx.get(f"{live.base_url}/ready", timeout=60).status_code == 503
+    assert live.wait_idle() == 0
