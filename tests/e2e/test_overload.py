@@ -107,11 +107,13 @@ def test_a_burst_of_four_times_the_bound_on_every_protocol(live_server: Any) -> 
         refused = [o for o in mine if o[1] == 503]
         assert len(admitted) + len(refused) == BURST
         assert refused, f"{name}: the burst met a full queue, something must be refused"
-        assert admitted, f"{name}: the free slot admits some of the burst"
-        assert after["refused"][name] - before["refused"][name] == len(refused)
-        assert after["admitted"][name] - before["admitted"][name] == len(admitted)
+        assert after["refused"][name] - before["refused"].get(name, 0) == len(refused)
+        assert after["admitted"][name] - before["admitted"].get(name, 0) == len(admitted)
         assert f'switchboard_refused_total{{protocol="{name}"}}' in metrics
-    assert all(o[2] is not None for o in outcomes if o[1] == 200)  # admitted ones completed
+    # The one free slot admits some of the burst (whichever protocol comes first), and
+    # what is admitted completes.
+    assert any(o[1] == 200 for o in outcomes)
+    assert all(o[2] is not None for o in outcomes if o[1] == 200)
     assert after["in_flight"] == BOUND - 1  # only the test's own tickets
     assert after["queued"] == {"test": BOUND - 1}
     assert live.wait_idle() == 0
