@@ -3,8 +3,14 @@
 `ImageReader` turns (encoded bytes, mime type) into a `DecodedImage`:
 - only the one format the mime type names is tried, so PIL never guesses (some of its
   formats run external programs) and bytes of another format fail as "not image/png";
+- the pixel count is checked from the image's header before a pixel is decoded: an
+  image past `max_pixels` (PIL's decompression-bomb bound, `Image.MAX_IMAGE_PIXELS`, by
+  default) is refused without decoding it, so a small file that inflates to gigabytes
+  costs nothing;
 - the whole image is decoded here, so a truncated file fails the request that sent it,
-  not an engine step; images past PIL's decompression-bomb bound are refused;
+  not an engine step. Decoding is blocking: callers run the reader off the event loop
+  (`app.sessions.salience` uses a worker thread), and nothing here touches process-wide
+  state (no warning filters), so readers may run in several threads at once;
 - N, the image's pad tokens, is the model's own image processor's patch count for the
   image's size (`get_number_of_image_patches`) divided by its `merge_size**2`: one pad
   token per feature the vision encoder makes after merging patches. vLLM sizes the
@@ -29,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -60,8 +65,10 @@ class ImageReader:
         image_processor: Any,
         processor_kwargs: Mapping[str, object],
         engine_count: Callable[[int, int], int],
+        max_pixels: int | None = None,
     ) -> None:
         self._processor = image_processor
+        self._max_pixels = max_pixels
         self._engine_count = engine_count
         # vLLM's --mm-processor-kwargs (e.g. max_pixels) change what it expands an image
         # to; N must follow them.
@@ -88,12 +95,19 @@ class ImageReader:
         fmt = FORMATS.get(_normalise_mime(mime))
         if fmt is None:
             raise InvalidRequest(f"mime {mime!r} is not one of {', '.join(FORMATS)}")
+        bound = self._max_pixels if self._max_pixels is not None else Image.MAX_IMAGE_PIXELS
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
-                with Image.open(io.BytesIO(data), formats=[fmt]) as opened:
-                    # convert() decodes every pixel: a truncated file fails now.
-                    picture = opened.convert("RGB")
+            # open() reads the header only; PIL's own bomb check there warns (a warning
+            # is not ours to filter from a worker thread) or raises past twice its bound.
+            with Image.open(io.BytesIO(data), formats=[fmt]) as opened:
+                width, height = opened.size
+                if bound is not None and width * height > bound:
+                    raise InvalidRequest(
+                        f"the image is too large to decode: {width}x{height} pixels, more "
+                        f"than {bound}"
+                    )
+                # convert() decodes every pixel: a truncated file fails now.
+                picture = opened.convert("RGB")
         except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
             raise InvalidRequest(f"the image is too large to decode: {exc}") from exc
         except (OSError, ValueError, SyntaxError) as exc:  # PIL's ways of saying "not this"

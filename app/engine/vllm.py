@@ -73,6 +73,7 @@ from app.engine.base import (
     TokenLogprob,
     VisionInfo,
 )
+from app.engine.batch_gate import BatchGate
 from app.engine.concepts import Concepts, load_concepts
 from app.engine.cpu_host import pin_frontend, with_cpu_kv_cache
 from app.engine.images import ImageReader, collapse_blocks
@@ -334,6 +335,10 @@ class VllmEngine:
         self._next_lora_id = 1
         self._running: set[str] = set()
         self._readouts = ReadoutBatcher(self._take_readouts)
+        # Prompt logprobs must run alone where vLLM's CPU LoRA logits path runs (see
+        # app.engine.batch_gate); None elsewhere, and then no request waits for anything.
+        lora_on_cpu = info.max_loras > 0 and current_platform.is_cpu()
+        self._gate = BatchGate() if lora_on_cpu else None
 
     @classmethod
     async def start(cls, settings: Settings) -> VllmEngine:
@@ -522,6 +527,11 @@ class VllmEngine:
         )
         converter = _EventConverter(prompt_ids, options)
         echo_due = bool(request.images)
+        release = (
+            await self._gate.enter(exclusive=options.prompt_logprobs is not None)
+            if self._gate is not None
+            else _nothing
+        )
         self._running.add(request.request_id)
         try:
             while True:
@@ -554,15 +564,18 @@ class VllmEngine:
                     return
                 yield event
         finally:
-            self._running.discard(request.request_id)
-            # Closing vLLM's generator aborts the request if it has not finished; shield
-            # it so a cancelled consumer still completes the abort.
-            await asyncio.shield(stream.aclose())
-            if readouts is not None:
-                with map_engine_errors():
-                    await asyncio.shield(
-                        self._llm.collective_rpc("readout_drop", args=(request.request_id,))
-                    )
+            try:
+                self._running.discard(request.request_id)
+                # Closing vLLM's generator aborts the request if it has not finished;
+                # shield it so a cancelled consumer still completes the abort.
+                await asyncio.shield(stream.aclose())
+                if readouts is not None:
+                    with map_engine_errors():
+                        await asyncio.shield(
+                            self._llm.collective_rpc("readout_drop", args=(request.request_id,))
+                        )
+            finally:
+                release()  # after the abort: vLLM handles it before the next request
 
     def _prompt(self, prompt_ids: list[int], request: GenerationRequest) -> TokensPrompt:
         if not request.images:
@@ -604,6 +617,10 @@ class VllmEngine:
         # Every tensor-parallel rank computes the same residual stream; rank 0's suffices.
         taken: dict[str, list[tuple[int, bytes]]] = per_worker[0]
         return taken
+
+
+def _nothing() -> None:
+    """The release of a gate not held."""
 
 
 def _check_expansion(prompt_ids: list[int], expanded: Sequence[int] | None) -> None:

@@ -197,3 +197,30 @@ def test_a_prompt_over_the_context_is_ours_to_refuse_before_vllm(live_server) ->
             live_server.call(_run(engine, request))
         assert refused.value.param == param
     assert live_server.running_requests() == 0
+
+
+def test_prompt_logprobs_beside_other_requests(live_server) -> None:  # type: ignore[no-untyped-def]
+    """With --enable-lora, vLLM's CPU LoRA logits path kills the engine core when a request
+    asking for prompt logprobs shares a step with another request (app.engine.batch_gate);
+    found by the fuzz suite. Here they are submitted together, base model and adapter."""
+    engine = live_server.engine
+    prompt = engine.tokenizer.encode("def add(a, b):")
+
+    def request(i: int) -> GenerationRequest:
+        scoring = i % 2 == 0
+        return GenerationRequest(
+            f"eng-mix-{i}",
+            prompt_token_ids=prompt,
+            sampling=greedy(4, prompt_logprobs=2) if scoring else greedy(4),
+            lora_name=live_server.lora if i % 3 == 0 else None,
+        )
+
+    async def together() -> list[list[TokenEvent]]:
+        return await asyncio.gather(*(_run(engine, request(i)) for i in range(8)))
+
+    for events in live_server.call(together()):
+        assert sum(len(e.token_ids) for e in events) == 4
+    for i, events in enumerate(live_server.call(together())):
+        if i % 2 == 0:
+            assert events[0].prompt_logprobs is not None
+    assert live_server.wait_idle() == 0

@@ -20,7 +20,9 @@ from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
 from app.errors import EngineError
 from app.main import create_app
-from app.routes.evergreen import _Connection
+from app.protocols.evergreen.lifecycle import abort_message, close_code
+from app.protocols.evergreen.session import Limits
+from app.sessions.evergreen import EvergreenRun
 from schemas import evergreen_service_pb2 as service_pb
 from tests.fake_engine import FakeEngine
 
@@ -314,29 +316,27 @@ def test_file_refs_read_under_the_root_only(engine: FakeEngine, tmp_path: Path) 
     assert engine.num_running_requests() == 0
 
 
-class ScriptedSocket:
-    """A websocket that delivers `frames` one per `receive`, yielding to the event loop
+class ScriptedClient:
+    """A client that delivers `frames` one per message, yielding to the event loop
     `pause` times before each but the first, then waits for ever (the session ends it)."""
 
     def __init__(self, frames: list[str], pause: int) -> None:
-        self.frames = [message(text).SerializeToString() for text in frames]
+        self.frames = [message(text) for text in frames]
         self.pause = pause
         self.sent: list[service_pb.SessionMessage] = []
-        self.close_code: int | None = None
 
-    async def receive(self) -> dict[str, Any]:
-        if not self.frames:
-            await asyncio.Event().wait()
-        if len(self.frames) > 1 or self.sent:
-            for _ in range(self.pause):
-                await asyncio.sleep(0)
-        return {"type": "websocket.receive", "bytes": self.frames.pop(0)}
+    async def messages(self) -> AsyncGenerator[service_pb.SessionMessage, None]:
+        first = True
+        while self.frames:
+            if not first or self.sent:
+                for _ in range(self.pause):
+                    await asyncio.sleep(0)
+            first = False
+            yield self.frames.pop(0)
+        await asyncio.Event().wait()
 
-    async def send_bytes(self, data: bytes) -> None:
-        self.sent.append(service_pb.SessionMessage.FromString(data))
-
-    async def close(self, code: int, reason: str = "") -> None:
-        self.close_code = code
+    async def send(self, message: service_pb.SessionMessage) -> None:
+        self.sent.append(message)
 
 
 @pytest.mark.parametrize("pause", range(1, 6))
@@ -344,15 +344,15 @@ def test_nothing_starts_once_the_session_has_failed(engine: FakeEngine, pause: i
     # Action #0's prompt is too long: it fails as soon as it runs. A message the reader
     # takes after that must not start action #1 on the engine (its request used to
     # start, to be aborted a moment later, and could stream output before the ABORT).
-    socket = ScriptedSocket(
+    client = ScriptedClient(
         [
             generate("p0", "r0", max_tokens=1) + leaf("p0", "x" * 600),
             generate("p1", "r1", max_tokens=1) + leaf("p1", "hi"),
         ],
         pause,
     )
-    connection = _Connection(socket, engine, Settings(model="fake"))  # type: ignore[arg-type]
-    asyncio.run(connection.serve())
-    assert engine.requests == []
-    (final,) = socket.sent
-    assert final.actions[0].name == "ABORT" and socket.close_code == 4008
+    run = EvergreenRun(engine, Limits(), None, client.send)
+    failure = asyncio.run(run.serve(client.messages()))
+    assert engine.requests == [] and client.sent == []
+    assert failure is not None and close_code(failure) == 4008
+    assert abort_message(failure).actions[0].name == "ABORT"

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import io
+import zlib
 from typing import Any
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageFile
 
 from app.engine.base import DecodedImage, PromptImage, VisionInfo
 from app.engine.images import ImageReader, collapse_blocks
@@ -105,6 +106,42 @@ def test_a_decompression_bomb_is_refused(processor: Any, monkeypatch: pytest.Mon
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
     with pytest.raises(InvalidRequest, match="too large"):
         reader(processor)(encode(40, 40), "image/png")
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that is all header: a signature and an IHDR claiming width x height RGB
+    pixels, then an IDAT that decodes nothing."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body).to_bytes(4, "big")
+        return len(body).to_bytes(4, "big") + kind + body + crc
+
+    ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b""))
+
+
+@pytest.mark.parametrize(
+    ("data", "max_pixels"),
+    [
+        (encode(40, 40), 1000),  # a real image over the reader's own bound
+        (_png_header(30_000, 30_000), None),  # 900M pixels: decoding would take ~2.7 GB
+    ],
+    ids=["own-bound", "header-30000x30000"],
+)
+def test_the_pixel_bound_is_checked_from_the_header_before_decoding(
+    processor: Any, monkeypatch: pytest.MonkeyPatch, data: bytes, max_pixels: int | None
+) -> None:
+    decoded: list[object] = []
+
+    def load(self: Any) -> Any:
+        decoded.append(self)
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+    read = ImageReader(processor, {}, lambda width, height: 0, max_pixels=max_pixels)
+    with pytest.raises(InvalidRequest, match="too large to decode"):
+        read(data, "image/png")
+    assert decoded == []
 
 
 VISION = VisionInfo(

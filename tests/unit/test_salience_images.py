@@ -12,6 +12,7 @@ import pytest
 from app.engine.base import DecodedImage, EngineInfo, VisionInfo
 from app.errors import FailedPrecondition, InvalidRequest, ResourceExhausted
 from app.protocols.salience.generate import GenerateCall
+from app.protocols.salience.images import check_attachments, decode_attachment
 from app.protocols.salience.sessions import Limits, SessionStore
 from schemas import salience_pb2 as pb
 
@@ -75,7 +76,15 @@ def generate(
         max_tokens=max_tokens,
         images=images,
     )
-    return GenerateCall(store, request, INFO, "r")
+    return GenerateCall(store, request, INFO, "r", decode(request, INFO))
+
+
+def decode(request: pb.GenerateRequest, info: EngineInfo) -> list[DecodedImage]:
+    """What the session layer does in a worker thread before the core takes the call."""
+    attachments = check_attachments(
+        request.images, request.append_tokens, int(request.offset), info
+    )
+    return [decode_attachment(a, VISION) for a in attachments]
 
 
 def finish(call: GenerateCall) -> None:

@@ -7,7 +7,8 @@ Sans-IO. `parse_ref` turns a ref into what the session stores:
 - `file://` URIs become a `FileRef`, a path relative to the configured file root. They
   are refused when no root is configured (the default) and when the path could leave the
   root lexically (`..`, NUL). Symlinks can only be judged on the file system: the reader
-  (`app.routes.evergreen`) resolves the path and refuses one that lands outside the root;
+  (`app.sessions.evergreen`, in a worker thread) resolves the path and refuses one that
+  lands outside the root;
 - everything else is refused.
 
 `file://path/to/x` and `file:///path/to/x` name the same file, `<root>/path/to/x`: the

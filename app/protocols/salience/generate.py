@@ -4,8 +4,9 @@ Sans-IO. `GenerateCall` applies the request to its session (through `SessionStor
 builds the token-id `GenerationRequest` for the whole session, with every image the
 session holds (vLLM's prefix cache makes the repeated prefix cheap, and its processor
 cache the repeated images), then turns the engine's `TokenEvent`s into `GenerateEvent`s.
-Image attachments are checked (`app.protocols.salience.images`) before the session is
-touched. The events:
+Image attachments are checked and placed (`app.protocols.salience.images`) before the
+session is touched; the caller decodes them beforehand, off the event loop, and passes
+them in (`decoded`, in the order `check_attachments` gives). The events:
 
 - prefill Token events for the positions of the prompt covered by `logprobs_ranges` or
   `readout_ranges`, with the first engine event;
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from app.engine.base import (
+    DecodedImage,
     EngineInfo,
     GenerationRequest,
     SamplingOptions,
@@ -36,7 +38,7 @@ from app.engine.base import (
 )
 from app.engine.validation import check_fit, check_token_ids, validate_sampling
 from app.errors import InvalidRequest
-from app.protocols.salience.images import read_attachments
+from app.protocols.salience.images import check_attachments, place_images
 from app.protocols.salience.sessions import Session, SessionStore
 from schemas import salience_pb2 as pb
 
@@ -72,7 +74,12 @@ def _meets(ranges: Ranges, lo: int, hi: int) -> bool:
 
 class GenerateCall:
     def __init__(
-        self, store: SessionStore, request: pb.GenerateRequest, info: EngineInfo, request_id: str
+        self,
+        store: SessionStore,
+        request: pb.GenerateRequest,
+        info: EngineInfo,
+        request_id: str,
+        decoded: Sequence[DecodedImage] = (),
     ) -> None:
         self._logprob_ranges = _ranges(request.logprobs_ranges, "logprobs_ranges")
         self._readout_ranges = _ranges(request.readout_ranges, "readout_ranges")
@@ -82,7 +89,8 @@ class GenerateCall:
             )
         append = list(request.append_tokens)
         check_token_ids(append, info, "append_tokens")
-        images = read_attachments(request.images, append, int(request.offset), info)
+        attachments = check_attachments(request.images, append, int(request.offset), info)
+        images = place_images(attachments, decoded)
         self._store = store
         self._top_k = int(request.logprob_top_k)
         max_tokens = int(request.max_tokens)

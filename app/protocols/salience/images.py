@@ -1,9 +1,16 @@
 """Salience image attachments: the checks `GenerateRequest.images` must pass, as the proto
 states them, before a Generate touches its session.
 
-Sans-IO: decoding and measuring an image is the engine's `VisionInfo.read_image`; this
-module only decides. Every failure is INVALID_ARGUMENT (`InvalidRequest`) naming the
-attachment, and nothing is applied:
+Sans-IO, in three steps, so that decoding (the costly, blocking one) runs where the
+caller chooses, off the event loop (`app.sessions.salience` runs it in a worker thread):
+
+1. `check_attachments`: everything the request says without the pixels, in token order;
+2. `decode_attachment`: one image decoded and measured by the engine's
+   `VisionInfo.read_image` (blocking);
+3. `place_images`: each decoded image into its block.
+
+Every failure is INVALID_ARGUMENT (`InvalidRequest`) naming the attachment, and nothing
+is applied:
 
 - a model without images (`EngineInfo.vision` is None) refuses any attachment;
 - each attachment's range [pad_range_start, pad_range_end) lies inside the tokens this
@@ -20,21 +27,33 @@ Blocks are returned in token order, which is the order the engine takes images i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 
-from app.engine.base import EngineInfo, PromptImage, VisionInfo
+from app.engine.base import DecodedImage, EngineInfo, PromptImage, VisionInfo
 from app.errors import InvalidRequest
 from schemas import salience_pb2 as pb
 
 
-def read_attachments(
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """An attachment that passed every check but decoding: its block and its bytes."""
+
+    index: int  # in the request's `images`
+    start: int
+    end: int
+    data: bytes
+    mime: str
+
+
+def check_attachments(
     attachments: Sequence[pb.ImageAttachment],
     append: Sequence[int],
     offset: int,
     info: EngineInfo,
-) -> list[PromptImage]:
+) -> list[Attachment]:
     """Check one Generate's attachments against its append (which starts at session
-    position `offset`); decode and measure the images."""
+    position `offset`); the images to decode, in token order."""
     vision = info.vision
     if vision is None:
         if attachments:
@@ -71,13 +90,28 @@ def read_attachments(
             f"{append[stray]} outside every block declared in images (each block needs "
             "its ImageAttachment)"
         )
+    return [
+        Attachment(i, start, end, attachments[i].bytes, attachments[i].mime)
+        for start, end, i in ranges
+    ]
+
+
+def decode_attachment(attachment: Attachment, vision: VisionInfo) -> DecodedImage:
+    """Decode and measure one image. Blocking (it decodes every pixel): call it off the
+    event loop."""
+    try:
+        return vision.read_image(attachment.data, attachment.mime)
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"images[{attachment.index}]: {exc.message}") from exc
+
+
+def place_images(
+    attachments: Sequence[Attachment], decoded: Sequence[DecodedImage]
+) -> list[PromptImage]:
+    """Each decoded image in its block, once its pad count is the encoder's."""
     blocks = []
-    for start, end, i in ranges:
-        attachment = attachments[i]
-        try:
-            image = vision.read_image(attachment.bytes, attachment.mime)
-        except InvalidRequest as exc:
-            raise InvalidRequest(f"images[{i}]: {exc.message}") from exc
+    for attachment, image in zip(attachments, decoded, strict=True):
+        start, end, i = attachment.start, attachment.end, attachment.index
         pads = end - start - 2
         if pads != image.pad_tokens:
             raise InvalidRequest(

@@ -1,0 +1,16 @@
+"""The session layer: the protocol cores driven on the engine, for any transport.
+
+Transport-independent and async. It knows asyncio, the engine seam (`app.engine.base`),
+the error tree and the protocol cores; no web framework, server or gRPC. A transport
+(the websockets in `app.routes`, gRPC next) decodes its frames into the cores' messages,
+calls this layer, and renders what comes back and the `SwitchboardError`s raised:
+
+- `tasks`: a task group that cancels and awaits its calls; `client_error`, the one way
+  an exception becomes what the client is told;
+- `evergreen`: one Evergreen session (`EvergreenRun`): its actions as tasks on the
+  engine, `file://` refs read in a worker thread, the lifecycle of the core;
+- `salience`: the Salience service (`SalienceRunner`): unary calls, Generates streamed
+  from the engine and cancellable from any connection, images decoded in a worker thread.
+
+Blocking work (image decoding, disk reads) never runs on the event loop here.
+"""

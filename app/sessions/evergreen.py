@@ -1,0 +1,173 @@
+"""One Evergreen session driven on the engine, over any transport.
+
+`EvergreenRun.serve(messages)` takes the client's `SessionMessage`s, feeds them to the
+core (`app.protocols.evergreen.lifecycle.Lifecycle` around the node state machine), runs
+each action the core releases as a task of its own on the shared engine, and sends the
+output node's fragments through `send` as the engine produces text. It returns when the
+session is over, once every action has stopped (each running engine request aborted):
+the failure to report (the transport sends `abort_message(failure)` and ends its stream
+with the failure's code), or None.
+
+- `messages` ending means the client left (a websocket), or, with `drain=True`, that the
+  client will send nothing more but still listens (a gRPC half-close): the session then
+  ends when no action runs. A `SwitchboardError` raised by `messages` (a frame that does
+  not decode) fails the session like a broken rule.
+- `send` must not raise when the client has gone: it drops the message (the transport's
+  reading side sees the end).
+- `file://` refs are read in a worker thread, under the configured root, each at most
+  the session's byte budget; the core checks the input's total (`inputs.join`). The
+  prompt is tokenized in a worker thread too (an input may be megabytes of text).
+- Any exception that is not a `SwitchboardError` fails the session as `InternalError`
+  (`client_error`), never with the exception's text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterable, Awaitable, Callable
+from pathlib import Path
+
+from app.engine.base import Engine, GenerationRequest
+from app.errors import Aborted, InvalidRequest, ResourceExhausted, SwitchboardError
+from app.protocols.evergreen import inputs
+from app.protocols.evergreen.generate import (
+    OUTPUT_METADATA,
+    GeneratePlan,
+    plan_action,
+    prompt_token_ids,
+)
+from app.protocols.evergreen.lifecycle import Cause, Lifecycle
+from app.protocols.evergreen.refs import FileRef
+from app.protocols.evergreen.session import Limits, Ready, Session
+from app.sessions.tasks import TaskGroup, client_error
+from schemas import evergreen_service_pb2 as service_pb
+
+Send = Callable[[service_pb.SessionMessage], Awaitable[None]]
+
+
+class EvergreenRun:
+    def __init__(self, engine: Engine, limits: Limits, file_root: Path | None, send: Send) -> None:
+        self._engine = engine
+        self._file_root = file_root
+        self._send = send
+        session: Session[GeneratePlan] = Session(
+            limits, lambda action: plan_action(action, engine.info, engine.has_model)
+        )
+        self.lifecycle = Lifecycle(session)
+        self._actions = TaskGroup()
+        self._over = asyncio.Event()  # set once the session is no longer live
+
+    async def serve(
+        self, messages: AsyncIterable[service_pb.SessionMessage], *, drain: bool = False
+    ) -> SwitchboardError | None:
+        reader = asyncio.create_task(self._read(messages, drain))
+        try:
+            await self._over.wait()
+        finally:
+            # Stopped here, before any await: no action can start after the snapshot of
+            # the tasks to cancel. Shielded (in aclose): even when this is cancelled
+            # (server shutdown), every engine request of the session is aborted.
+            self.lifecycle.step(Cause.STOPPED)
+            reader.cancel()
+            await self._actions.aclose()
+            await asyncio.gather(reader, return_exceptions=True)
+        return self.lifecycle.abort
+
+    def _wake(self) -> None:
+        if not self.lifecycle.starts_actions:
+            self._over.set()
+
+    async def _read(self, messages: AsyncIterable[service_pb.SessionMessage], drain: bool) -> None:
+        try:
+            async for message in messages:
+                self._start(self.lifecycle.receive(message))
+                if not self.lifecycle.takes_messages:
+                    break
+            else:
+                self.lifecycle.step(Cause.INPUT_ENDED if drain else Cause.CLIENT_LEFT)
+        except Exception as exc:  # a frame that does not decode; a bug of ours
+            self.lifecycle.fail(client_error(exc))
+        self._idle()
+
+    def _start(self, ready: list[Ready[GeneratePlan]]) -> None:
+        if not self.lifecycle.starts_actions:
+            return
+        for action in ready:
+            self._actions.spawn(self._run(action), on_done=self._idle)
+
+    def _idle(self) -> None:
+        if not len(self._actions):
+            self.lifecycle.step(Cause.IDLE)
+        self._wake()
+
+    # -- one action ------------------------------------------------------------------
+
+    async def _run(self, ready: Ready[GeneratePlan]) -> None:
+        plan = ready.plan
+        try:
+            session = self.lifecycle.session
+            leaves = session.leaves(plan.input_ids[0])
+            files = {ref: await self._read_file(ref) for ref in inputs.file_refs(leaves)}
+            chunks = inputs.join(leaves, files, session.limits.max_bytes)
+            engine = self._engine
+            # Tokenizing (a chat template over up to max_bytes of text) is CPU-bound for
+            # as long as the input is large: off the loop, like the file reads.
+            ids, sampling = await asyncio.to_thread(
+                prompt_token_ids, plan, chunks, engine.tokenizer, engine.info
+            )
+            if plan.output_ids:
+                request = GenerationRequest(
+                    request_id=f"evg-{uuid.uuid4().hex}",
+                    prompt_token_ids=ids,
+                    sampling=sampling,
+                    lora_name=plan.lora_name,
+                )
+                await self._generate(request, plan.output_ids[0])
+            self._start(self.lifecycle.finish(ready.index))
+        except Exception as exc:
+            self.lifecycle.fail(client_error(exc))
+            self._wake()
+
+    async def _generate(self, request: GenerationRequest, node_id: str) -> None:
+        stream = self._engine.generate(request)
+        try:
+            async for event in stream:
+                if event.finish_reason == "abort":
+                    raise Aborted("the engine aborted the generation")
+                final = event.finish_reason is not None
+                data = event.text.encode()
+                if data or final:
+                    session = self.lifecycle.session
+                    fragment = session.emit(node_id, data, final, OUTPUT_METADATA)
+                    await self._send(service_pb.SessionMessage(node_fragments=[fragment]))
+        finally:
+            await stream.aclose()
+
+    async def _read_file(self, ref: FileRef) -> bytes:
+        root = self._file_root
+        assert root is not None  # the session refuses file refs without a root
+        limit = self.lifecycle.session.limits.max_bytes
+        return await asyncio.to_thread(read_file, root, ref, limit)
+
+
+def read_file(root: Path, ref: FileRef, limit: int) -> bytes:
+    """The file a ref names, if it is a regular file inside `root` once every symlink is
+    followed, and at most `limit` bytes. Blocking: run it in a worker thread."""
+    base = root.resolve(strict=True)
+    try:
+        path = (base / ref.relative_path).resolve(strict=True)
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise InvalidRequest(f"file ref {ref.relative_path!r}: no such file") from exc
+    except OSError as exc:  # a file where a directory should be, a name too long, ...
+        raise InvalidRequest(f"file ref {ref.relative_path!r}: {exc.strerror}") from exc
+    if not path.is_relative_to(base):
+        raise InvalidRequest(f"file ref {ref.relative_path!r} leads outside the file root")
+    if not path.is_file():
+        raise InvalidRequest(f"file ref {ref.relative_path!r} is not a regular file")
+    try:
+        if path.stat().st_size > limit:
+            raise ResourceExhausted(f"file ref {ref.relative_path!r} is larger than {limit} bytes")
+        return path.read_bytes()
+    except OSError as exc:  # unreadable: the client named it, the server is fine
+        raise InvalidRequest(f"file ref {ref.relative_path!r}: {exc.strerror}") from exc

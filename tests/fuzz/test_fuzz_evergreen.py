@@ -1,0 +1,167 @@
+"""Fuzz `/evergreen/ws` on the live server (real vLLM), binary and JSON frames: each input is
+one session whose first frame is a seeded mutation of a valid `SessionMessage` (protobuf
+wire-format mutations in binary, JSON tree mutations in text), hostile leaves or garbage.
+
+A session only ends when a rule breaks, so every input is followed by a sentinel frame
+that can never parse: the session must then end the one way the protocol allows, with
+output fragments (if the input asked for a generation) then a final `ABORT` message whose
+config is a Struct `{code, message}`, then a close with code 4000 + that status code.
+Anything else fails: a frame that is not a `SessionMessage` in the session's encoding, a
+close without the ABORT or with another code, an INTERNAL/UNKNOWN/DATA_LOSS status (our
+bug: the 5xx of a socket), a reset, or no end at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import websockets
+from google.protobuf import json_format, struct_pb2, text_format
+
+from schemas import evergreen_service_pb2 as service_pb
+from tests.fuzz.corpus import (
+    INPUTS_PER_PROTOCOL,
+    Offence,
+    binary_input,
+    json_input,
+    rng,
+)
+from tests.fuzz.harness import run_corpus, verdict
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = (
+    "configs { [type.googleapis.com/google.protobuf.Struct] { "
+    'fields { key: "temperature" value { number_value: 0 } } '
+    'fields { key: "max_tokens" value { number_value: 4 } } } }'
+)
+SEEDS_TEXT = (
+    # The docs' example: a prompt node with one text child, and a GENERATE on it.
+    f"""actions {{ name: "GENERATE" inputs {{ name: "prompt" id: "p1" }}
+                  outputs {{ name: "response" id: "r1" }} {CONFIG} }}
+       node_fragments {{ id: "p1" child_ids: "q1" }}
+       node_fragments {{ id: "q1" chunk_fragment {{ metadata {{ mimetype: "text/plain" }}
+                                                    data: "Hello!" }} }}""",
+    # The same on the LoRA adapter, the text in two fragments.
+    f"""actions {{ name: "GENERATE" inputs {{ name: "prompt" id: "q1" }}
+                  outputs {{ name: "response" id: "r1" }} {CONFIG}
+                  target_spec {{ id: "tiny-lora" }} }}
+       node_fragments {{ id: "q1" continued: true
+                         chunk_fragment {{ metadata {{ mimetype: "text/plain" role: "user" }}
+                                           data: "def " }} }}
+       node_fragments {{ id: "q1" seq: 1 chunk_fragment {{ data: "f():" }} }}""",
+    # Nodes only: the session waits for more.
+    """node_fragments { id: "a" child_ids: "b" child_ids: "c" }
+       node_fragments { id: "b" chunk_fragment { metadata { mimetype: "text/plain" }
+                                                 data: "x" } }
+       node_fragments { id: "c" chunk_fragment { metadata { mimetype: "text/plain" }
+                                                 ref: "data:text/plain;base64,eQ==" } }""",
+)
+SEEDS = [text_format.Parse(t, service_pb.SessionMessage()) for t in SEEDS_TEXT]
+
+# gRPC status codes by name; these three are the server's own failure, never the client's.
+STATUS = {
+    name: code
+    for code, name in enumerate(
+        (
+            *("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED"),
+            *("NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED"),
+            *("FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL"),
+            *("UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"),
+        )
+    )
+}
+SERVER_FAULTS = {"UNKNOWN", "INTERNAL", "DATA_LOSS"}
+
+
+def make_input(index: int) -> tuple[bool, bytes | str]:
+    """(binary, the first frame) of input `index`: half the corpus in each encoding."""
+    r = rng("evergreen", index)
+    seed = r.choice(SEEDS)
+    if index % 2:
+        return True, binary_input(seed.SerializeToString(), r)
+    as_json = json_format.MessageToDict(seed)
+    return False, json_input(as_json, r).decode("utf-8", "replace")
+
+
+def _parse(frame: Any, binary: bool) -> service_pb.SessionMessage:
+    if isinstance(frame, bytes) is not binary:
+        raise ValueError(
+            f"a {type(frame).__name__} frame in a {'binary' if binary else 'JSON'} session"
+        )
+    if binary:
+        return service_pb.SessionMessage.FromString(frame)
+    return json_format.Parse(frame, service_pb.SessionMessage())
+
+
+def _abort_code(message: service_pb.SessionMessage) -> str | None:
+    """The status name the ABORT of `message` carries, or None if it is not an ABORT."""
+    if len(message.actions) != 1 or message.actions[0].name != "ABORT":
+        return None
+    status = struct_pb2.Struct()
+    if len(message.actions[0].configs) != 1 or not message.actions[0].configs[0].Unpack(status):
+        return None
+    fields = json_format.MessageToDict(status)
+    if not isinstance(fields.get("message"), str):
+        return None
+    code = fields.get("code")
+    return code if isinstance(code, str) else None
+
+
+async def session(url: str, binary: bool, frame: bytes | str) -> str | None:
+    """Why this session did not end in Evergreen's shape, or None."""
+    sentinel: bytes | str = b"\xff" if binary else "}"
+    seen: list[str] = []
+    async with websockets.connect(url, max_size=None, open_timeout=30) as ws:
+        try:
+            await ws.send(frame)
+            await ws.send(sentinel)
+        except websockets.ConnectionClosed:
+            pass  # the first frame already ended the session: its answer is read below
+        last = None
+        while True:
+            try:
+                received = await asyncio.wait_for(ws.recv(), timeout=30)
+            except websockets.ConnectionClosed as closed:
+                close = closed.rcvd
+                break
+            except TimeoutError:
+                return f"no end 30 s after the sentinel; frames: {seen[-3:]}"
+            try:
+                last = _parse(received, binary)
+            except Exception as exc:
+                return f"not a SessionMessage ({exc!r}): {received!r:.300}"
+            seen.append(str(last)[:200])
+    if close is None:
+        return f"closed without a close frame (a reset); frames: {seen[-3:]}"
+    code = _abort_code(last) if last is not None else None
+    if code is None:
+        return f"close {close.code} {close.reason!r} without an ABORT last; frames: {seen[-3:]}"
+    if code in SERVER_FAULTS or code not in STATUS:
+        return f"ABORT {code}, close {close.code} {close.reason!r}; frames: {seen[-2:]}"
+    if close.code != 4000 + STATUS[code]:
+        return f"ABORT {code} but close code {close.code} {close.reason!r}"
+    return None
+
+
+async def test_evergreen_corpus(live_server) -> None:  # type: ignore[no-untyped-def]
+    url = f"{live_server.ws_url}/evergreen/ws"
+
+    async def probe(index: int) -> Offence | None:
+        binary, frame = make_input(index)
+        try:
+            reason = await session(url, binary, frame)
+        except (OSError, websockets.WebSocketException) as exc:  # refused, reset, bad handshake
+            reason = f"connection failed: {exc!r}"
+        return None if reason is None else Offence(index, frame, reason)
+
+    offences = await run_corpus(probe)
+    verdict(live_server, "Evergreen", offences, INPUTS_PER_PROTOCOL)
+
+
+def test_corpus_is_seeded_in_both_encodings() -> None:
+    assert make_input(7) == make_input(7)
+    kinds = {type(make_input(i)[1]) for i in range(10)}
+    assert kinds == {bytes, str}
