@@ -74,7 +74,8 @@ def prompt_tokens_bound(request: GenerationRequest) -> int:
 
 @dataclass(eq=False)  # identity: two tickets are never the same one
 class Ticket:
-    """One admitted unit of work; `release` it exactly once (later calls do nothing)."""
+    """One admitted unit of work; `release` it once it is over (later calls do nothing),
+    or hold it in a `with` block."""
 
     _owner: Admission = field(repr=False)
     protocol: str
@@ -106,6 +107,17 @@ class Ticket:
             self._owner._dequeue(self, waited=False)
         self.released = True
         self._owner._live.discard(self)
+
+    def __enter__(self) -> Ticket:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release()
 
 
 class Tickets:

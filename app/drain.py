@@ -10,9 +10,11 @@ The sequence, in order:
    stream ends with `Overloaded` in its shape (an SSE error event, a GraphPipe error, a
    Salience error frame, an Evergreen ABORT).
 3. Every subscribed goodbye runs: each open session (websocket, and gRPC when it lands)
-   says its protocol's goodbye and closes. A transport subscribes a session's goodbye when
-   the session opens and unsubscribes it when the session ends; `sessions_allowed`
-   tells it whether to accept a new one at all.
+   says its protocol's goodbye (`refusal()`, UNAVAILABLE) and closes; the drain waits
+   for each goodbye to return, so a goodbye returns once its session is closed. A
+   transport calls `check_open()` before it opens a session (refused as `Overloaded`
+   once draining), subscribes the session's goodbye when it opens and unsubscribes it
+   when the session ends.
 
 Then the caller stops the server and the engine. Transports never poll the drain: they
 are refused by admission, or called by their goodbye.
@@ -26,7 +28,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from app.admission import Admission
+from app.admission import SHUTTING_DOWN, Admission
+from app.errors import Overloaded
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +50,14 @@ class Drain:
         self._goodbyes: set[Goodbye] = set()
         self.draining = False
 
-    @property
-    def sessions_allowed(self) -> bool:
-        return not self.draining
+    def refusal(self) -> Overloaded:
+        """What a client is told when the drain refuses or ends its work."""
+        return Overloaded(SHUTTING_DOWN, retry_after_s=self.admission.retry_after_s())
+
+    def check_open(self) -> None:
+        """Raise `refusal()` once draining: no new session."""
+        if self.draining:
+            raise self.refusal()
 
     def subscribe(self, goodbye: Goodbye) -> Callable[[], None]:
         """Call `goodbye` when the drain ends sessions; the returned function unsubscribes."""
@@ -81,9 +89,16 @@ class Drain:
         if goodbyes:
             logger.info("draining: ending %d session(s)", len(goodbyes))
             await asyncio.wait(
-                [asyncio.ensure_future(goodbye()) for goodbye in goodbyes], timeout=_GOODBYE_S
+                [asyncio.ensure_future(_say(g)) for g in goodbyes], timeout=_GOODBYE_S
             )
 
     async def _settle(self, deadline: float) -> None:
         while self.admission.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(_POLL_S)
+
+
+async def _say(goodbye: Goodbye) -> None:
+    try:
+        await goodbye()
+    except Exception:  # one session's failure must not keep the others from closing
+        logger.exception("a session's goodbye failed")
