@@ -11,6 +11,8 @@ burst meets a full queue; the requests the burst gets admitted run on real vLLM.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,8 +20,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import websockets
+from google.protobuf import json_format, struct_pb2
 
 from app.admission import Admission, Ticket
+from schemas import evergreen_service_pb2 as service_pb
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
 
 pytestmark = pytest.mark.e2e
@@ -83,6 +88,104 @@ async def _graphpipe(client: httpx.AsyncClient, live: Any, i: int) -> tuple[str,
     return "graphpipe", 503, None
 
 
+def evergreen_turn(text: str, max_tokens: int) -> str:
+    """One GENERATE on a one-chunk prompt, as a JSON `SessionMessage`."""
+    message = {
+        "actions": [
+            {
+                "name": "GENERATE",
+                "configs": [
+                    {
+                        "@type": "type.googleapis.com/google.protobuf.Struct",
+                        "value": {"max_tokens": max_tokens, "temperature": 0},
+                    }
+                ],
+                "inputs": [{"name": "prompt", "id": "p"}],
+                "outputs": [{"name": "response", "id": "r"}],
+            }
+        ],
+        "nodeFragments": [
+            {
+                "id": "p",
+                "chunkFragment": {
+                    "metadata": {"mimetype": "text/plain"},
+                    "data": base64.b64encode(text.encode()).decode(),  # bytes, in JSON
+                },
+            }
+        ],
+    }
+    return json.dumps(message)
+
+
+async def evergreen_outcome(ws: Any) -> tuple[str, Any]:
+    """("text", the response) or ("abort", (status, close code)), reading to the end."""
+    fragments: list[bytes] = []
+    while True:
+        try:
+            frame = await asyncio.wait_for(ws.recv(), timeout=120)
+        except websockets.ConnectionClosed as closed:
+            return "closed", closed.rcvd.code if closed.rcvd else None
+        message = json_format.Parse(frame, service_pb.SessionMessage())
+        if message.actions:
+            assert message.actions[0].name == "ABORT"
+            status = struct_pb2.Struct()
+            assert message.actions[0].configs[0].Unpack(status)
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), timeout=30)
+            rcvd = closed.value.rcvd
+            return "abort", (json_format.MessageToDict(status), rcvd.code if rcvd else None)
+        for fragment in message.node_fragments:
+            fragments.append(fragment.chunk_fragment.data)
+            if not fragment.continued:
+                return "text", b"".join(fragments).decode()
+
+
+async def _evergreen(client: httpx.AsyncClient, live: Any, i: int) -> tuple[str, int, Any]:
+    async with websockets.connect(f"{live.ws_url}/evergreen/ws") as ws:
+        await ws.send(evergreen_turn(f"burst {i}", 8))
+        kind, outcome = await evergreen_outcome(ws)
+    if kind == "text":
+        return "evergreen", 200, outcome
+    assert kind == "abort", (kind, outcome)
+    status, code = outcome
+    assert status["code"] == "UNAVAILABLE" and status["retry_after_s"] >= 1
+    assert "retry after" in status["message"] and code == 4014
+    return "evergreen", 503, None
+
+
+async def salience_generate(
+    ws: Any, model: str, call_id: str, tokens: list[int], max_tokens: int
+) -> None:
+    opening = {"id": "o" + call_id, "method": "OpenSession", "request": {"model": model}}
+    await ws.send(json.dumps(opening))
+    opened = json.loads(await ws.recv())
+    session = opened["response"]["sessionId"]
+    request = {"sessionId": session, "appendTokens": tokens, "offset": 0, "maxTokens": max_tokens}
+    await ws.send(json.dumps({"id": call_id, "method": "Generate", "request": request}))
+
+
+async def salience_outcome(ws: Any, call_id: str) -> tuple[str, Any]:
+    """("done", finish reason) or ("error", the error) for `call_id`."""
+    while True:
+        reply = json.loads(await asyncio.wait_for(ws.recv(), timeout=120))
+        if "error" in reply:
+            assert reply["id"] in (call_id, ""), reply
+            return "error", reply["error"]
+        assert reply["id"] == call_id
+        if "done" in reply["event"]:
+            return "done", reply["event"]["done"].get("finishReason")
+
+
+async def _salience(client: httpx.AsyncClient, live: Any, i: int) -> tuple[str, int, Any]:
+    async with websockets.connect(f"{live.ws_url}/salience/ws") as ws:
+        await salience_generate(ws, live.model, "g", [5 + i, 6, 7], 8)
+        kind, outcome = await salience_outcome(ws, "g")
+    if kind == "done":
+        return "salience", 200, outcome
+    assert outcome["code"] == "UNAVAILABLE" and "retry after" in outcome["message"]
+    return "salience", 503, None
+
+
 def _burst(live: Any, calls: list[Any]) -> list[tuple[str, int, Any]]:
     async def run() -> list[tuple[str, int, Any]]:
         limits = httpx.Limits(max_connections=4 * BURST)
@@ -94,21 +197,21 @@ def _burst(live: Any, calls: list[Any]) -> list[tuple[str, int, Any]]:
 
 def test_a_burst_of_four_times_the_bound_on_every_protocol(live_server: Any) -> None:
     live = live_server
-    protocols = [_openai, _graphpipe]
+    protocols = [_openai, _graphpipe, _evergreen, _salience]
     calls = [(i, protocol) for i in range(BURST) for protocol in protocols]
     with bounded(live, held=BOUND - 1) as admission:
         before = live.call(_counts(admission))
         outcomes = _burst(live, calls)
         after = live.call(_counts(admission))
         metrics = httpx.get(f"{live.base_url}/metrics").text
-    for name in ("openai", "graphpipe"):
+    for name in ("openai", "graphpipe", "evergreen", "salience"):
         mine = [o for o in outcomes if o[0] == name]
         admitted = [o for o in mine if o[1] == 200]
         refused = [o for o in mine if o[1] == 503]
         assert len(admitted) + len(refused) == BURST
         assert refused, f"{name}: the burst met a full queue, something must be refused"
-        assert after["refused"][name] - before["refused"].get(name, 0) == len(refused)
-        assert after["admitted"][name] - before["admitted"].get(name, 0) == len(admitted)
+        assert after["refused"].get(name, 0) - before["refused"].get(name, 0) == len(refused)
+        assert after["admitted"].get(name, 0) - before["admitted"].get(name, 0) == len(admitted)
         assert f'switchboard_refused_total{{protocol="{name}"}}' in metrics
     # The one free slot admits some of the burst (whichever protocol comes first), and
     # what is admitted completes.
