@@ -47,6 +47,12 @@ def _settings_parser() -> argparse.ArgumentParser:
             continue
         kinds = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
         kind: Any = kinds[0]
+        if kind is bool:
+            # `--flag` alone means true (as vLLM's store_true flags); `--flag false` too.
+            parser.add_argument(
+                flag, nargs="?", const="true", dest=name, help=_help(field.description)
+            )
+            continue
         parser.add_argument(
             flag,
             type=kind if kind in (int, float) else str,

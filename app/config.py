@@ -39,6 +39,24 @@ class Settings(BaseSettings):
         description="vLLM engine arguments (AsyncEngineArgs field names), passed through.",
     )
     log_level: str = Field(default="info", description="uvicorn log level.")
+    enable_auto_tool_choice: bool = Field(
+        default=False,
+        description="Let the model decide when to call tools (tool_choice 'auto'), as "
+        "`vllm serve --enable-auto-tool-choice`; needs --tool-call-parser.",
+    )
+    tool_call_parser: str | None = Field(
+        default=None,
+        description="vLLM's tool-call parser for the model's format (hermes, llama3_json, "
+        "mistral, ...), as `vllm serve --tool-call-parser`; needed for any tool_choice "
+        "but none.",
+    )
+    tool_strict_level: str = Field(
+        default="auto",
+        description="Floor for forcing tool calls by structured decoding, as `vllm serve "
+        "--tool-strict-level`: auto (the call's envelope when tool_choice forces one; its "
+        "arguments' schema only for tools marked strict), function (the envelope always), "
+        "parameter (arguments' schemas too, as if every tool were strict).",
+    )
     pin_frontend: bool = Field(
         default=True,
         description="On vLLM's CPU build, once the engine has started, keep this process's "

@@ -49,6 +49,10 @@ class SamplingFields(_Body):
     priority: int = 0
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
+    # Structured outputs: OpenAI's field, and vLLM's extra (json, regex, choice,
+    # grammar, json_object); shapes are checked in app.protocols.openai.structured.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -70,6 +74,8 @@ class ChatMessage(_Body):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn's answer to one of them
 
     def text(self) -> str:
         if self.content is None:
@@ -88,7 +94,8 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     echo: bool = False
     tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class LoadLoraRequest(_Body):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, RootModel
 
 
 class ErrorDetail(BaseModel):
@@ -153,3 +153,22 @@ class DetokenizeResponse(BaseModel):
 class VersionResponse(BaseModel):
     version: str
     engine: str
+
+
+class RenderedRequest(BaseModel):
+    """What /v1/*/render answers: the request as the engine would get it (vLLM's
+    `GenerateRequest` shape), tokenized and validated, never run."""
+
+    request_id: str
+    token_ids: list[int]
+    features: None = None
+    sampling_params: dict[str, object]
+    model: str
+    stream: bool
+    stream_options: dict[str, object] | None = None
+    cache_salt: str | None = None
+    priority: int
+
+
+class RenderedRequests(RootModel[list[RenderedRequest]]):
+    """/v1/completions/render: one rendered request per prompt."""

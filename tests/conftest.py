@@ -29,11 +29,18 @@ T = TypeVar("T")
 
 
 def tiny_model_path() -> Path:
-    """The tiny model under .cache/, built on first use (seconds, no download)."""
-    from app.tiny_model import build_tiny_model
+    """The tiny model under .cache/, built on first use (seconds, no download), and
+    rebuilt when its chat template has changed since (a stale cache would test the old
+    template)."""
+    from app.tiny_model import CHAT_TEMPLATE, build_tiny_model
 
     model = CACHE / "tiny-model"
-    if not (model / "config.json").is_file():
+    template = model / "chat_template.jinja"  # where transformers saves it
+    if (
+        not (model / "config.json").is_file()
+        or not template.is_file()
+        or template.read_text() != CHAT_TEMPLATE
+    ):
         build_tiny_model(model)
     return model
 
@@ -175,6 +182,8 @@ def _serve(settings: Any, model: str, lora: str = "") -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="session")
 def live_server() -> Iterator[LiveServer]:
+    from vllm.config import StructuredOutputsConfig
+
     from app.config import Settings
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -183,12 +192,21 @@ def live_server() -> Iterator[LiveServer]:
         served_model_name=LIVE_MODEL,
         lora_modules=[f"{LIVE_LORA}={tiny_lora_path()}"],
         readout_concepts=concepts_path(),
+        # The tiny model's template writes hermes-style calls.
+        enable_auto_tool_choice=True,
+        tool_call_parser="hermes",
         engine_args={
             "dtype": "float32",
             "max_model_len": 1024,
             "enable_lora": True,
             "max_loras": 2,
             "max_lora_rank": 8,
+            # `--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace":
+            # true}'`: a random model left free to write whitespace inside JSON rarely
+            # stops, so constrained tests would end at max_tokens.
+            "structured_outputs_config": StructuredOutputsConfig(
+                backend="xgrammar", disable_any_whitespace=True
+            ),
         },
     )
     with _serve(settings, LIVE_MODEL, LIVE_LORA) as live:

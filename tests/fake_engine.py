@@ -19,8 +19,9 @@ from app.engine.base import (
     TokenEvent,
     TokenLogprob,
 )
+from app.engine.constraints import Constraint
 from app.engine.validation import check_prompt, validate_sampling
-from app.errors import ModelNotFound, NotFound
+from app.errors import InvalidRequest, ModelNotFound, NotFound
 
 EOS = 0
 
@@ -33,7 +34,10 @@ class FakeTokenizer:
         return "".join(chr(t) for t in token_ids if not (skip_special_tokens and t == EOS))
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, object]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, object]] | None = None,
     ) -> list[int]:
         text = "".join(f"[{m['role']}]{m['content']}\n" for m in messages)
         if add_generation_prompt:
@@ -49,6 +53,12 @@ def _logprob(token_id: int, k: int) -> TokenLogprob:
     return TokenLogprob(token_id=token_id, logprob=-math.log(2.0), rank=1, top=top)
 
 
+def _check_constraint(constraint: Constraint) -> None:
+    """The fake's structured-output backend compiles anything but a marked spec."""
+    if isinstance(constraint.spec, str) and "UNCOMPILABLE" in constraint.spec:
+        raise InvalidRequest("cannot compile", param=constraint.param)
+
+
 class FakeEngine:
     def __init__(self, max_model_len: int = 512, step_delay: float = 0.0) -> None:
         self._info = EngineInfo(
@@ -59,6 +69,7 @@ class FakeEngine:
             eos_token_ids=(EOS,),
             has_chat_template=True,
             max_loras=2,
+            check_constraint=_check_constraint,
         )
         self._tokenizer = FakeTokenizer()
         self._loras: dict[str, LoraAdapter] = {}

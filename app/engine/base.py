@@ -18,6 +18,9 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from app.engine.constraints import Constraint
+from app.engine.tools import ToolSupport
+
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -42,6 +45,10 @@ class SamplingOptions:
     logprobs: int | None = None  # top-k logprobs per sampled token (0: sampled only)
     prompt_logprobs: int | None = None  # top-k logprobs per prompt token
     skip_special_tokens: bool = True
+    # What the output must match (structured outputs); None: anything.
+    constraint: Constraint | None = None
+    # (token id, bias) pairs added to the logits before sampling, ids sorted.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,13 +175,24 @@ class EngineInfo:
     engine_version: str = ""
     readout: ReadoutManifest | None = None  # None: readouts are not configured
     vision: VisionInfo | None = None  # None: the model takes no images
+    # Raises `InvalidRequest` (naming `constraint.param`) when the engine's
+    # structured-output backend cannot compile the constraint; None: the engine has no
+    # constrained decoding. Called by `app.engine.constraints.validate_constraints`.
+    check_constraint: Callable[[Constraint], None] | None = field(
+        default=None, compare=False, repr=False
+    )
+    # Tool calling (the engine's parsers); None: the engine takes no tools.
+    tools: ToolSupport | None = field(default=None, compare=False, repr=False)
 
 
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, object]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, object]] | None = None,
     ) -> list[int]: ...
     def token_to_str(self, token_id: int) -> str: ...
 

@@ -20,6 +20,9 @@ so nothing it takes is refused and nothing it would raise on gets through:
     stop_token_ids       each in [0, vocab_size)
     logprobs             -1 (every token) or [0, max_logprobs]
     prompt_logprobs      likewise
+    logit_bias, constraint   `app.engine.constraints.validate_constraints`: ids in the
+                         vocabulary, biases in [-100, 100], and a constraint the engine's
+                         structured-output backend compiles
 
 and a prompt is at least one token, each in [0, vocab_size), with prompt + max_tokens
 within `max_model_len` (a prefill-only request still takes one position: vLLM samples a
@@ -39,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from app.engine.base import EngineInfo, SamplingOptions
+from app.engine.constraints import validate_constraints
 from app.errors import ContextLengthExceeded, InvalidRequest
 
 Fields = Mapping[str, str]
@@ -107,6 +111,7 @@ def validate_sampling(
     check_token_ids(o.stop_token_ids, info, _name(fields, "stop_token_ids"))
     logprobs = _logprobs(o.logprobs, info, fields, "logprobs")
     prompt_logprobs = _logprobs(o.prompt_logprobs, info, fields, "prompt_logprobs")
+    validate_constraints(o, info, bias_param=_name(fields, "logit_bias"))
     top_k = 0 if o.top_k == -1 or o.top_k >= info.vocab_size else o.top_k
     if (top_k, logprobs, prompt_logprobs) == (o.top_k, o.logprobs, o.prompt_logprobs):
         return o

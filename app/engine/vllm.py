@@ -1,6 +1,7 @@
 """`VllmEngine`: the one in-process vLLM `AsyncLLM` of the server, behind `Engine`.
 
-The only module that imports vLLM (with `app.engine.cli_args`). It turns neutral
+The only module that imports vLLM (with `app.engine.cli_args`, and its helpers
+`app.engine.vllm_structured` and `app.engine.vllm_tools`). It turns neutral
 `GenerationRequest`s into vLLM calls (always token-id prompts, so every protocol shares
 one tokenisation and vLLM's prefix cache sees identical prefixes) and vLLM's
 `RequestOutput`s into neutral `TokenEvent` deltas. vLLM's exceptions are translated into
@@ -82,6 +83,8 @@ from app.engine.images import ImageReader, collapse_blocks
 from app.engine.readout_client import ReadoutBatcher, ReadoutTracker
 from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY, ReadoutWorkerExtension
 from app.engine.validation import check_prompt, validate_sampling
+from app.engine.vllm_structured import constraint_checker, structured_outputs
+from app.engine.vllm_tools import VllmToolSupport
 from app.errors import (
     ConfigError,
     EngineDead,
@@ -171,7 +174,9 @@ def sampling_params(
             skip_special_tokens=options.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra_args,
-            logit_bias={t: _BANNED for t in sorted(banned_token_ids)} or None,
+            logit_bias={**dict(options.logit_bias), **dict.fromkeys(banned_token_ids, _BANNED)}
+            or None,
+            structured_outputs=structured_outputs(options.constraint),
         )
 
 
@@ -208,13 +213,19 @@ class HfTokenizer:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, object]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, object]] | None = None,
     ) -> list[int]:
         if not self.has_chat_template:
             raise InvalidRequest("This model has no chat template", param="messages")
         try:
             text = self._tok.apply_chat_template(
-                list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+                list(messages),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                tools=list(tools) if tools else None,
             )
         except Exception as exc:  # a jinja template error is the client's input
             raise InvalidRequest(f"Could not apply the chat template: {exc}") from exc
@@ -418,6 +429,13 @@ class VllmEngine:
             max_logprobs=vocab_size if max_logprobs == -1 else max_logprobs,
             engine_version=f"vllm {vllm_version}",
             vision=_vision_info(llm),
+            check_constraint=constraint_checker(llm),
+            tools=VllmToolSupport(
+                llm,
+                settings.tool_call_parser,
+                settings.enable_auto_tool_choice,
+                settings.tool_strict_level,
+            ),
         )
         if concepts is not None and settings.readout_concepts is not None:
             info = replace(

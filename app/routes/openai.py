@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP routes: completions, chat, models, LoRA admin, tokenizer, health.
+"""OpenAI-compatible HTTP routes: completions, chat, their render routes (llm-d's
+tokenization), models, LoRA admin, tokenizer, health.
 
 Thin adapter: body -> admission (one unit per prompt x choice, before any tokenizing; a
 refusal is a 503 with Retry-After) -> core (validation happens there, before any stream
@@ -28,6 +29,7 @@ from app.engine.validation import check_token_ids
 from app.errors import InternalError, ModelNotFound, SwitchboardError
 from app.protocols.openai.chat import ChatCore
 from app.protocols.openai.completions import CompletionCore
+from app.protocols.openai.render import render_chat, render_completions
 from app.protocols.openai.units import admission_units
 from app.routes.bodies import documented, json_body, parse_json, read_body, validate
 from app.routes.deps import AdmissionDep, AuthDep, EngineDep
@@ -51,6 +53,8 @@ from schemas.openai_responses import (
     DetokenizeResponse,
     ErrorResponse,
     ModelList,
+    RenderedRequest,
+    RenderedRequests,
     TokenizeResponse,
     VersionResponse,
 )
@@ -210,6 +214,32 @@ async def chat_completions(
         tickets.release()
         raise
     return await _serve(request, engine, core, body.stream, tickets)
+
+
+@v1.post(
+    "/v1/completions/render",
+    openapi_extra=json_body(CompletionRequest),
+    responses=_answers(RenderedRequests),
+)
+async def render_completion(request: Request, engine: EngineDep) -> Response:
+    body = await read_body(request, CompletionRequest)
+    core = CompletionCore(
+        body, engine.info, engine.tokenizer, **_core_args(engine, "cmpl", body.model)
+    )
+    return OrjsonResponse(render_completions(core))
+
+
+@v1.post(
+    "/v1/chat/completions/render",
+    openapi_extra=json_body(ChatCompletionRequest),
+    responses=_answers(RenderedRequest),
+)
+async def render_chat_completion(request: Request, engine: EngineDep) -> Response:
+    body = await read_body(request, ChatCompletionRequest)
+    core = ChatCore(
+        body, engine.info, engine.tokenizer, **_core_args(engine, "chatcmpl", body.model)
+    )
+    return OrjsonResponse(render_chat(core))
 
 
 @v1.get("/v1/models", responses=_answers(ModelList))

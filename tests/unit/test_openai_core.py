@@ -54,7 +54,7 @@ def test_token_prompts_and_default_max_tokens_fill_the_context() -> None:
         ({"prompt": [[1, 999]]}, InvalidRequest, "prompt"),
         ({"prompt": []}, InvalidRequest, "prompt"),
         ({"prompt": "a", "suffix": "b"}, InvalidRequest, "suffix"),
-        ({"prompt": "a", "logit_bias": {"1": 2.0}}, InvalidRequest, "logit_bias"),
+        ({"prompt": "a", "logit_bias": {"256": 2.0}}, InvalidRequest, "logit_bias"),
         ({"prompt": "a", "stop": [""]}, InvalidRequest, "stop"),
         ({"prompt": "a", "max_tokens": 0}, InvalidRequest, "max_tokens"),
     ],
@@ -175,7 +175,7 @@ def test_chat_logprobs_shape_and_max_completion_tokens() -> None:
     ("body", "param"),
     [
         ({"tools": [{"type": "function"}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"max_tokens": 100}, "max_tokens"),
     ],

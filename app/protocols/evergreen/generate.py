@@ -7,8 +7,11 @@
 - Configs are `google.protobuf.Struct`s in `Action.configs` (a JSON-mappable generation
   config): max_tokens (alias max_output_tokens), temperature, top_p, top_k, seed, stop
   (alias stop_sequences), in snake_case or camelCase, within the limits every protocol
-  shares (`app.engine.validation`; errors name the key as sent). Without max_tokens,
-  generation may use the rest of the context, as an OpenAI chat completion does.
+  shares (`app.engine.validation`; errors name the key as sent), and constraint: what
+  the output must match, as vLLM's `structured_outputs` names it (exactly one of json,
+  regex, choice, grammar, json_object; e.g. `{"constraint": {"regex": "[0-9]+"}}`).
+  Without max_tokens, generation may use the rest of the context, as an OpenAI chat
+  completion does.
 - `target_spec.id` is empty or the served model's name (the base model), or the name of
   a loaded LoRA adapter; anything else is NOT_FOUND.
 - `prompt_token_ids` turns the flattened input into a prompt. Text chunks (`text/*` and
@@ -33,6 +36,7 @@ from google.protobuf import json_format, struct_pb2
 from google.protobuf.message import DecodeError
 
 from app.engine.base import EngineInfo, SamplingOptions, Tokenizer
+from app.engine.constraints import Constraint, parse_constraint
 from app.engine.validation import check_prompt, validate_sampling
 from app.errors import InvalidRequest, ModelNotFound
 from schemas import evergreen_pb2 as pb
@@ -52,6 +56,7 @@ _CONFIG_ALIASES = {
     "seed": "seed",
     "stop": "stop",
     "stop_sequences": "stop",
+    "constraint": "constraint",
 }
 _STRUCT = struct_pb2.Struct.DESCRIPTOR.full_name
 
@@ -105,6 +110,7 @@ def plan_action(
         top_k=_config_int(config, "top_k") or 0,
         seed=_config_int(config, "seed"),
         stop=_config_stop(config),
+        constraint=_config_constraint(config),
     )
     sampling = validate_sampling(options, info, fields)
     target = action.target_spec.id
@@ -178,6 +184,14 @@ def _config(configs: Sequence[Any]) -> Config:
                 raise InvalidRequest(f"{ACTION} config {name!r} is given twice")
             merged[name] = (key, value)
     return merged
+
+
+def _config_constraint(config: Config) -> Constraint | None:
+    entry = config.get("constraint")
+    if entry is None:
+        return None
+    key, value = entry
+    return parse_constraint(value, key)
 
 
 # Types only: the ranges are the shared ones (`app.engine.validation`).

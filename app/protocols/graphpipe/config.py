@@ -13,6 +13,12 @@ same names:
     seed         int in [-2**63, 2**63) or null; -1 is none         (default none)
     stop         string or list of non-empty strings                (default none)
     logprobs     bool: with no `output_names`, return `logprobs` after `text`  (default false)
+    constraint   object: what the output must match, as vLLM's `structured_outputs`
+                 names it: exactly one of {"json": schema}, {"regex": str},
+                 {"choice": [str, ...]}, {"grammar": str}, {"json_object": true}
+                 (default none). Example: {"max_tokens": 64, "constraint": {"choice":
+                 ["yes", "no"]}}. A schema, regex or grammar the engine cannot compile
+                 is `config.constraint.<kind>`'s error.
 
 An empty config means every default. `bool` is not accepted where a number is (JSON's
 `true` is not 1).
@@ -26,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from app.engine.constraints import Constraint, parse_constraint
 from app.errors import InvalidRequest
 
 
@@ -38,6 +45,7 @@ class InferConfig:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: bool = False
+    constraint: Constraint | None = None
 
 
 FIELDS = tuple(InferConfig.__dataclass_fields__)
@@ -104,6 +112,10 @@ def _logprobs(name: str, value: Any) -> bool:
     return value
 
 
+def _constraint(name: str, value: Any) -> Constraint:
+    return parse_constraint(value, f"config.{name}")
+
+
 _TYPES: dict[str, Callable[[str, Any], Any]] = {
     "max_tokens": _int,
     "temperature": _number,
@@ -112,4 +124,5 @@ _TYPES: dict[str, Callable[[str, Any], Any]] = {
     "seed": _seed,
     "stop": _stop,
     "logprobs": _logprobs,
+    "constraint": _constraint,
 }

@@ -150,6 +150,7 @@ class InferCore:
             seed=config.seed,
             stop=config.stop,
             logprobs=0 if LOGPROBS in self.output_names else None,
+            constraint=config.constraint,
         )
         sampling = validate_sampling(options, info, NAMES)
 

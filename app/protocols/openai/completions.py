@@ -16,6 +16,7 @@ from app.errors import InvalidRequest
 from app.protocols.openai.choices import ChoicesCore
 from app.protocols.openai.logprobs import CompletionLogprobs
 from app.protocols.openai.sampling import for_choice, reject_unsupported, sampling_options
+from app.protocols.openai.structured import request_constraint, request_logit_bias
 from schemas.openai import CompletionRequest
 
 
@@ -63,6 +64,7 @@ class CompletionCore(ChoicesCore):
         self._prompt_texts: list[str] = []
         self._logprobs: list[CompletionLogprobs | None] = []
         self._merged: dict[int, dict[str, list[Any]]] = {}  # non-streamed logprobs per choice
+        constraint, bias = request_constraint(body), request_logit_bias(body)
         for prompt_index, (ids, text) in enumerate(_prompts(body, tokenizer)):
             max_tokens = (
                 body.max_tokens if body.max_tokens is not None else info.max_model_len - len(ids)
@@ -77,6 +79,8 @@ class CompletionCore(ChoicesCore):
                 prompt_logprobs=body.prompt_logprobs,
                 # max_tokens 0 with echo scores the prompt, as vLLM serves it.
                 prefill_only=body.echo,
+                constraint=constraint,
+                logit_bias=bias,
             )
             if body.echo and options.logprobs is not None:
                 # The echoed prompt carries logprobs too.

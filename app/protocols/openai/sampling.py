@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from app.engine.base import EngineInfo, SamplingOptions
+from app.engine.constraints import Constraint
 from app.engine.validation import SEED_MAX, SEED_MIN, Fields, validate_sampling
 from app.errors import InvalidRequest
 from schemas.openai import SamplingFields
@@ -18,8 +19,6 @@ from schemas.openai import SamplingFields
 
 def reject_unsupported(body: SamplingFields) -> None:
     """Fail loudly on parameters we would otherwise silently ignore."""
-    if body.logit_bias:
-        raise InvalidRequest("logit_bias is not supported", param="logit_bias")
     if body.best_of is not None and body.best_of != body.n:
         raise InvalidRequest("best_of must equal n (or be omitted)", param="best_of")
 
@@ -43,6 +42,8 @@ def sampling_options(
     logprobs: int | None,
     prompt_logprobs: int | None = None,
     prefill_only: bool = False,
+    constraint: Constraint | None = None,
+    logit_bias: tuple[tuple[int, float], ...] = (),
 ) -> SamplingOptions:
     """The validated options of `body`'s first choice (see `for_choice` for the others).
     `fields` names the request's fields for the neutral ones that differ (max_tokens,
@@ -65,6 +66,8 @@ def sampling_options(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         skip_special_tokens=body.skip_special_tokens,
+        constraint=constraint,
+        logit_bias=logit_bias,
     )
     return validate_sampling(options, info, fields, prefill_only=prefill_only)
 
