@@ -59,10 +59,12 @@ _SPECIALS_ALLOWANCE = 8
 SHUTTING_DOWN = "The server is shutting down; retry on another replica or after the restart"
 
 
-def text_tokens_bound(text: str) -> int:
-    """An upper bound of the tokens `text` makes, without tokenizing it: its UTF-8 length
-    (a byte-level tokenizer never makes more tokens than bytes) plus a few specials."""
-    return len(text.encode("utf-8", "surrogatepass")) + _SPECIALS_ALLOWANCE
+def text_tokens_bound(text: str | bytes) -> int:
+    """An upper bound of the tokens `text` (or its UTF-8 bytes) makes, without tokenizing
+    it: its UTF-8 length (a byte-level tokenizer never makes more tokens than bytes) plus
+    a few specials."""
+    data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+    return len(data) + _SPECIALS_ALLOWANCE
 
 
 def prompt_tokens_bound(request: GenerationRequest) -> int:

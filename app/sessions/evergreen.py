@@ -129,9 +129,7 @@ class EvergreenRun:
             leaves = session.leaves(plan.input_ids[0])
             if plan.output_ids:
                 inline = b"".join(p for leaf in leaves for p in leaf.parts if isinstance(p, bytes))
-                ticket = self._admission.admit(
-                    "evergreen", tokens=text_tokens_bound(inline.decode("utf-8", "replace"))
-                )
+                ticket = self._admission.admit("evergreen", tokens=text_tokens_bound(inline))
             files = {ref: await self._read_file(ref) for ref in inputs.file_refs(leaves)}
             chunks = inputs.join(leaves, files, session.limits.max_bytes)
             engine = self._engine
