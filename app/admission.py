@@ -56,7 +56,7 @@ _EWMA_WEIGHT = 0.2
 # Special tokens a tokenizer may add around a text prompt (BOS, EOS, a few markers).
 _SPECIALS_ALLOWANCE = 8
 
-SHUTTING_DOWN = "The server is shutting down; retry on another replica or after the restart"
+_SHUTTING_DOWN = "The server is shutting down; retry on another replica or after the restart"
 
 
 def text_tokens_bound(text: str | bytes) -> int:
@@ -181,7 +181,7 @@ class Admission:
         (priority <= its own) is at a bound."""
         if self._closed:
             self.refused[protocol] += 1
-            raise Overloaded(SHUTTING_DOWN, retry_after_s=math.ceil(self.min_retry_after_s))
+            raise self.shutting_down()
         unbounded = self.max_requests is None and self.max_tokens is None
         ahead = [] if unbounded else [t for t in self._queue if t.priority <= priority]
         full_requests = self.max_requests is not None and len(ahead) >= self.max_requests
@@ -223,6 +223,11 @@ class Admission:
 
     def retry_after_s(self) -> int:
         return max(math.ceil(self.min_retry_after_s), math.ceil(self._wait_s))
+
+    def shutting_down(self) -> Overloaded:
+        """What a draining server tells the work it refuses or cuts: retry soon, on
+        another replica or on this one restarted."""
+        return Overloaded(_SHUTTING_DOWN, retry_after_s=math.ceil(self.min_retry_after_s))
 
     # -- what /metrics and readiness read ------------------------------------------
 
@@ -286,7 +291,7 @@ async def generate(
     this iterator closes the engine's, which aborts the request (the seam's invariant)."""
     try:
         if ticket.cut:
-            raise Overloaded(SHUTTING_DOWN, retry_after_s=ticket._owner.retry_after_s())
+            raise ticket._owner.shutting_down()
         if request.prompt_token_ids is not None:
             ticket.measured(len(request.prompt_token_ids))
         ticket.request_id = request.request_id
@@ -295,7 +300,7 @@ async def generate(
             async for event in events:
                 ticket.running()
                 if ticket.cut and event.finish_reason == "abort":
-                    raise Overloaded(SHUTTING_DOWN, retry_after_s=ticket._owner.retry_after_s())
+                    raise ticket._owner.shutting_down()
                 yield event
         finally:
             await events.aclose()

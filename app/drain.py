@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from app.admission import SHUTTING_DOWN, Admission
+from app.admission import Admission
 from app.errors import Overloaded
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class Drain:
 
     def refusal(self) -> Overloaded:
         """What a client is told when the drain refuses or ends its work."""
-        return Overloaded(SHUTTING_DOWN, retry_after_s=self.admission.retry_after_s())
+        return self.admission.shutting_down()
 
     def check_open(self) -> None:
         """Raise `refusal()` once draining: no new session."""
