@@ -8,5 +8,6 @@ COPY schemas ./schemas
 COPY fbs ./fbs
 RUN pip install --no-cache-dir ".[gpu]"
 ENV HF_HUB_OFFLINE=1
-EXPOSE 8000
-ENTRYPOINT ["switchboard", "serve", "--host", "0.0.0.0", "--port", "8000"]
+# 8000: HTTP and websockets; 50051: native gRPC (Salience, Evergreen), on the same --host.
+EXPOSE 8000 50051
+ENTRYPOINT ["switchboard", "serve", "--host", "0.0.0.0", "--port", "8000", "--grpc-port", "50051"]

@@ -30,6 +30,19 @@ class Settings(BaseSettings):
         description="Shared secret; when set every route but /health, /version and /metrics "
         "needs `Authorization: Bearer <key>` (websockets may pass `?token=`).",
     )
+    grpc_port: int = Field(
+        default=50051,
+        ge=0,
+        le=65535,
+        description="Port of the native gRPC server (salience.v1.Salience, "
+        "evergreen.v2.EvergreenService, grpc.health.v1, reflection), on --host; 0 turns it off.",
+    )
+    grpc_max_message_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        description="Largest gRPC message received or sent (a Generate with images, a "
+        "DumpSession of a long session).",
+    )
     lora_modules: list[str] = Field(
         default_factory=list,
         description="Static LoRA adapters as name=path, selected by the `model` field.",

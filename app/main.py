@@ -2,7 +2,8 @@
 
 The lifespan owns the engine: with no engine given it starts the one vLLM engine of the
 process from the settings and shuts it down on exit; tests may pass a ready engine (real
-or fake), which the app then uses but does not stop.
+or fake), which the app then uses but does not stop. Either way the native gRPC server
+(`app.routes.grpc_server`) runs on that engine while the app does, unless --grpc-port is 0.
 
 Each app has one `Admission` (`app.state.admission`: the queue bound every protocol asks
 before any prompt work) and one `Drain` over it (`app.state.drain`: what SIGTERM starts,
@@ -25,6 +26,7 @@ from app.metrics import install_metrics
 from app.routes import evergreen, graphpipe, openai, playground, probes, salience
 from app.routes.bodies import collect_definitions
 from app.routes.failures import install_error_handlers
+from app.routes.grpc_server import serve_grpc
 from app.routes.responses import OrjsonResponse
 
 
@@ -33,14 +35,16 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if engine is not None:
             app.state.engine = engine
-            yield
+            async with serve_grpc(app):
+                yield
             return
         from app.engine.vllm import VllmEngine
 
         started = await VllmEngine.start(settings)
         app.state.engine = started
         try:
-            yield
+            async with serve_grpc(app):
+                yield
         finally:
             started.shutdown()
 

@@ -6,6 +6,11 @@ the vLLM engine) on its own event loop in a background thread. Tests talk to it 
 real sockets; engine-level tests run coroutines on the server's loop with `.call()`.
 The image tests need a vision-language model: `vl_server` is a second server, started
 only when one of them runs; the text server then sits idle beside it.
+
+Both live servers also run the native gRPC server, on a free port of their own
+(`LiveServer.grpc_target`). Every other app a test builds has gRPC off: the environment
+sets `SWITCHBOARD_GRPC_PORT=0` for the session, so concurrent test runs never contend for
+the default port.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SWITCHBOARD_TEST_CACHE", ROOT / ".cache"))
+os.environ["SWITCHBOARD_GRPC_PORT"] = "0"  # tests that serve gRPC pass a port
 T = TypeVar("T")
 
 
@@ -98,6 +104,7 @@ class LiveServer:
     lora: str
     loop: asyncio.AbstractEventLoop
     app: Any
+    grpc_target: str  # host:port of the gRPC server
 
     @property
     def engine(self) -> Any:
@@ -140,6 +147,8 @@ def _serve(settings: Any, model: str, lora: str = "") -> Iterator[LiveServer]:
 
     from app.main import create_app
 
+    grpc_port = free_port()
+    settings = settings.model_copy(update={"grpc_port": grpc_port})
     app = create_app(settings)
     port = free_port()
     server = uvicorn.Server(
@@ -171,6 +180,7 @@ def _serve(settings: Any, model: str, lora: str = "") -> Iterator[LiveServer]:
         lora=lora,
         loop=loop,
         app=app,
+        grpc_target=f"127.0.0.1:{grpc_port}",
     )
     _warm_up(live)
     try:

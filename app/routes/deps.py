@@ -8,17 +8,18 @@ and never reach for a global.
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
 from app.admission import Admission
+from app.auth import bearer_token, check_key
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
-from app.errors import Unauthenticated
+from app.sessions.salience import SalienceRunner
 
 
 def get_engine(conn: HTTPConnection) -> Engine:
@@ -65,17 +66,25 @@ DrainDep = Annotated[Drain, Depends(_drain_dependency)]
 SettingsDep = Annotated[Settings, Depends(_settings_dependency)]
 
 
+def salience_runner(app: Starlette) -> SalienceRunner:
+    """The process's Salience service on the engine, made on first use. One for every
+    connection of every transport (websocket, gRPC): sessions outlive connections."""
+    state = app.state
+    runner: SalienceRunner | None = getattr(state, "salience", None)
+    if runner is None:
+        runner = state.salience = SalienceRunner.from_settings(
+            state.engine, state.admission, state.settings
+        )
+    return runner
+
+
 def check_credentials(conn: HTTPConnection) -> None:
     """Raise `Unauthenticated` unless the connection carries the configured key, as
     `Authorization: Bearer <key>` or (for browsers' websockets) a `token` query parameter."""
-    expected = get_settings(conn).api_key
-    if expected is None:
-        return
-    header = conn.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    offered = value.strip() if scheme.lower() == "bearer" else conn.query_params.get("token")
-    if offered is None or not hmac.compare_digest(offered.encode(), expected.encode()):
-        raise Unauthenticated("Missing or invalid API key", code="invalid_api_key")
+    offered = bearer_token(conn.headers.get("authorization", ""))
+    if offered is None:
+        offered = conn.query_params.get("token")
+    check_key(get_settings(conn).api_key, offered)
 
 
 async def require_api_key(request: Request) -> None:

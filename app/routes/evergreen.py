@@ -17,33 +17,15 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, WebSocket
 
-from app.config import Settings
 from app.errors import SwitchboardError
 from app.protocols.evergreen import frames
 from app.protocols.evergreen.lifecycle import abort_message, close_code, close_reason
-from app.protocols.evergreen.session import Limits
-from app.routes.deps import (
-    check_credentials,
-    get_admission,
-    get_drain,
-    get_engine,
-    get_settings,
-)
+from app.routes.deps import check_credentials, get_admission, get_drain, get_engine, get_settings
 from app.routes.ws_pump import WebSocketPump
 from app.sessions.evergreen import EvergreenRun
 from schemas import evergreen_service_pb2 as service_pb
 
 router = APIRouter()
-
-
-def _limits(settings: Settings) -> Limits:
-    return Limits(
-        max_nodes=settings.evergreen_max_nodes,
-        max_bytes=settings.evergreen_max_bytes,
-        max_pending_actions=settings.evergreen_max_pending_actions,
-        max_depth=settings.evergreen_max_depth,
-        files_allowed=settings.evergreen_file_root is not None,
-    )
 
 
 @router.websocket("/evergreen/ws")
@@ -68,12 +50,8 @@ async def evergreen_socket(websocket: WebSocket) -> None:
     except SwitchboardError as exc:
         failure = exc
     else:
-        run = EvergreenRun(
-            get_engine(websocket),
-            get_admission(websocket),
-            _limits(settings),
-            settings.evergreen_file_root,
-            send,
+        run = EvergreenRun.from_settings(
+            get_engine(websocket), get_admission(websocket), settings, send
         )
 
         async def goodbye() -> None:

@@ -19,29 +19,13 @@ from fastapi import APIRouter, WebSocket
 from app.errors import SwitchboardError
 from app.protocols.salience import envelope
 from app.protocols.salience.envelope import Call, CallIds, Cancel
-from app.routes.deps import (
-    check_credentials,
-    get_admission,
-    get_drain,
-    get_engine,
-    get_settings,
-)
+from app.routes.deps import check_credentials, get_drain, salience_runner
 from app.routes.ws_pump import WebSocketPump
 from app.sessions.salience import SalienceRunner
 from schemas import salience_pb2 as pb
 
 router = APIRouter()
 GOING_AWAY = 1001
-
-
-def _runner(websocket: WebSocket) -> SalienceRunner:
-    state = websocket.app.state
-    runner: SalienceRunner | None = getattr(state, "salience", None)
-    if runner is None:
-        runner = state.salience = SalienceRunner.from_settings(
-            get_engine(websocket), get_admission(websocket), get_settings(websocket)
-        )
-    return runner
 
 
 @router.websocket("/salience/ws")
@@ -60,7 +44,7 @@ async def salience_socket(websocket: WebSocket) -> None:
         await pump.send(envelope.error("", False, exc))
         await pump.close(GOING_AWAY)
         return
-    runner, calls = _runner(websocket), CallIds()
+    runner, calls = salience_runner(websocket.app), CallIds()
     binary = False  # the encoding of the client's last call: the goodbye's
 
     async def goodbye() -> None:

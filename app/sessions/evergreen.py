@@ -33,6 +33,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable
 from pathlib import Path
 
 from app.admission import Admission, Ticket, generate, text_tokens_bound
+from app.config import Settings
 from app.engine.base import Engine, GenerationRequest
 from app.errors import Aborted, InvalidRequest, ResourceExhausted, SwitchboardError
 from app.protocols.evergreen import inputs
@@ -70,6 +71,20 @@ class EvergreenRun:
         self.lifecycle = Lifecycle(session)
         self._actions = TaskGroup()
         self._over = asyncio.Event()  # set once the session is no longer live
+
+    @classmethod
+    def from_settings(
+        cls, engine: Engine, admission: Admission, settings: Settings, send: Send
+    ) -> EvergreenRun:
+        """A session under the configured limits and file root (every transport's)."""
+        limits = Limits(
+            max_nodes=settings.evergreen_max_nodes,
+            max_bytes=settings.evergreen_max_bytes,
+            max_pending_actions=settings.evergreen_max_pending_actions,
+            max_depth=settings.evergreen_max_depth,
+            files_allowed=settings.evergreen_file_root is not None,
+        )
+        return cls(engine, admission, limits, settings.evergreen_file_root, send)
 
     async def serve(
         self, messages: AsyncIterable[service_pb.SessionMessage], *, drain: bool = False

@@ -1,0 +1,107 @@
+"""What every gRPC adapter needs: how its service is registered, how requests decode, and
+how a call ends with an error.
+
+- `register` adds a service's handlers from its descriptor in the published proto (the
+  method names and streaming shapes are the schema's, as in the generated
+  `add_*Servicer_to_server`), with one difference: requests reach the adapter as bytes
+  and `decode` turns them into messages, so a request that does not decode is
+  INVALID_ARGUMENT with a message, where grpcio's own deserializer would end the call
+  UNKNOWN with the exception's text.
+- `Writer` sends a call's responses: one at a time (grpcio allows one write in flight per
+  call; Evergreen's actions stream concurrently), and none once the call is over.
+- `abort` is the gRPC form of the one rule for errors: a `SwitchboardError` ends the call
+  with its own status (`app.errors` names it per class) and message; any other exception
+  is a bug of ours, logged by `InternalError.wrap` under an id, and the client sees
+  INTERNAL with that id, never the exception's text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from fastapi import FastAPI
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+
+from app.errors import InternalError, InvalidRequest, SwitchboardError
+
+Context = grpc.aio.ServicerContext[Any, Any]
+M = TypeVar("M", bound=Message)
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """A protocol service: its full name, and how to add its servicer, for an app, to a
+    server."""
+
+    name: str
+    add: Callable[[grpc.aio.Server, FastAPI], None]
+
+
+def status_code(exc: SwitchboardError) -> grpc.StatusCode:
+    return grpc.StatusCode[exc.grpc_status]
+
+
+async def abort(context: Context, exc: BaseException) -> NoReturn:
+    """End the call with `exc` as its status."""
+    error = exc if isinstance(exc, SwitchboardError) else InternalError.wrap(exc)
+    await context.abort(status_code(error), error.message)
+
+
+class Writer:
+    def __init__(self, context: Context) -> None:
+        self._context = context
+        self._lock = asyncio.Lock()
+
+    async def __call__(self, message: Message) -> None:
+        """Write `message`; dropped once the call is over (the client cancelled it or its
+        deadline passed: grpcio is cancelling the handler, which ends the work)."""
+        async with self._lock:
+            try:
+                await self._context.write(message)
+            except grpc.aio.BaseError:
+                if not (self._context.done() or self._context.cancelled()):
+                    raise
+
+
+def decode(message_type: type[M], data: bytes) -> M:
+    try:
+        return message_type.FromString(data)
+    except DecodeError as exc:
+        name = message_type.DESCRIPTOR.full_name
+        raise InvalidRequest(f"not a {name}: {exc}") from exc
+
+
+def _serialize(message: Message) -> bytes:
+    data: bytes = message.SerializeToString()
+    return data
+
+
+_HANDLER_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def register(
+    server: grpc.aio.Server, service: ServiceDescriptor, behaviours: Mapping[str, Any]
+) -> None:
+    """Serve `service` with `behaviours[method name]` (each takes the request's bytes, or
+    an async iterator of them, and the context); every method of the service must have
+    one."""
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for method in service.methods:
+        kind = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = kind(
+            behaviours[method.name], request_deserializer=None, response_serializer=_serialize
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+    server.add_registered_method_handlers(service.full_name, handlers)

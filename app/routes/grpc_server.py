@@ -1,0 +1,190 @@
+"""The native gRPC transport: one grpcio asyncio server in the app's process, on its engine.
+
+The app's lifespan runs it (`serve_grpc`) on `--host` and `--grpc-port` (0 turns it off),
+once the engine is up, and stops it before the engine. It serves:
+
+- the protocol services, each a thin adapter in its own module (`grpc_salience`,
+  `grpc_evergreen`), registered through `SERVICES`;
+- `grpc.health.v1.Health`: the overall status ("") and each service's are SERVING while
+  `engine.check_health()` passes and NOT_SERVING otherwise; `Check` asks the engine on
+  every call, `Watch` sees the status polled every few seconds; all turn NOT_SERVING as
+  the server stops;
+- server reflection (`grpc.reflection.v1alpha`, what grpcurl and grpcui ask), listing the
+  services above, health and reflection.
+
+`--api-key`: the protocol services need `authorization: Bearer <key>` metadata, or the
+call ends UNAUTHENTICATED before its handler runs. Health and reflection stay open, as
+`/health` and `/openapi.json` do over HTTP (a Kubernetes gRPC probe sends no metadata).
+
+Messages are bounded by `--grpc-max-message-bytes` both ways (RESOURCE_EXHAUSTED beyond).
+The port is bound without SO_REUSEPORT (grpcio's default would share a port in use with
+another process without a word): a taken port stops the start as a `ConfigError`. On
+stop, calls in flight get `STOP_GRACE_S`, then are cancelled, which aborts their engine
+requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeAlias
+
+import grpc
+from fastapi import FastAPI
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from app.auth import bearer_token, check_key
+from app.config import Settings
+from app.engine.base import Engine
+from app.errors import ConfigError, Unauthenticated
+from app.routes import grpc_evergreen, grpc_salience
+from app.routes.grpc_calls import Context, Service, abort
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE_S = 2.0
+HEALTH_POLL_S = 5.0
+_Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs only
+
+
+# The protocol services, each from its adapter module.
+SERVICES: tuple[Service, ...] = (grpc_salience.SERVICE, grpc_evergreen.SERVICE)
+
+
+# -- auth -----------------------------------------------------------------------------
+
+
+class _ApiKey(grpc.aio.ServerInterceptor):
+    """Refuses calls to the protocol services without the configured key."""
+
+    def __init__(self, key: str, guarded: Sequence[str]) -> None:
+        self._key = key
+        self._prefixes = tuple(f"/{name}/" for name in guarded)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[_Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> _Handler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(self._prefixes):
+            return handler
+        offered = None
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization" and isinstance(value, str):
+                offered = bearer_token(value)
+        try:
+            check_key(self._key, offered)
+        except Unauthenticated as exc:
+            return _refusal(handler, exc)
+        return handler
+
+
+def _refusal(handler: _Handler, exc: Unauthenticated) -> _Handler:
+    """A handler of the same shape as `handler` that ends the call with `exc`."""
+
+    async def refuse(_: object, context: Context) -> None:
+        await abort(context, exc)
+
+    make = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[(handler.request_streaming, handler.response_streaming)]
+    return make(
+        refuse,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+# -- health ---------------------------------------------------------------------------
+
+
+class _Health(health_aio.HealthServicer):
+    """grpc.health.v1 over `engine.check_health()`."""
+
+    def __init__(self, engine: Engine, services: Sequence[str]) -> None:
+        super().__init__()
+        self._engine = engine
+        self._services = ("", *services)
+
+    async def refresh(self) -> None:
+        try:
+            await self._engine.check_health()
+            status: int = health_pb2.HealthCheckResponse.SERVING
+        except Exception:
+            logger.warning("engine health check failed", exc_info=True)
+            status = health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in self._services:
+            await self.set(service, status)
+
+    async def Check(
+        self,
+        request: health_pb2.HealthCheckRequest,
+        context: Context,
+    ) -> health_pb2.HealthCheckResponse:
+        await self.refresh()
+        return await super().Check(request, context)
+
+    async def poll(self) -> None:
+        while True:
+            await self.refresh()
+            await asyncio.sleep(HEALTH_POLL_S)
+
+
+# -- the server -----------------------------------------------------------------------
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@asynccontextmanager
+async def serve_grpc(app: FastAPI) -> AsyncIterator[grpc.aio.Server | None]:
+    """Run the gRPC server for `app` (its settings, its engine on `app.state`) while
+    inside; None when `--grpc-port` is 0."""
+    settings: Settings = app.state.settings
+    if not settings.grpc_port:
+        yield None
+        return
+    engine: Engine = app.state.engine
+    names = [service.name for service in SERVICES]
+    interceptors = [] if settings.api_key is None else [_ApiKey(settings.api_key, names)]
+    limit = settings.grpc_max_message_bytes
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+        ],
+    )
+    for service in SERVICES:
+        service.add(server, app)
+    health = _Health(engine, names)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+    reflection.enable_server_reflection([*names, health_name, reflection.SERVICE_NAME], server)
+    address = _address(settings.host, settings.grpc_port)
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise ConfigError(f"cannot listen for gRPC on {address}: {exc}") from exc
+    await server.start()
+    poller = asyncio.create_task(health.poll())
+    logger.info("gRPC on %s", address)
+    try:
+        yield server
+    finally:
+        await health.enter_graceful_shutdown()
+        poller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await poller
+        await server.stop(STOP_GRACE_S)
