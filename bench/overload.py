@@ -65,6 +65,7 @@ def server_command(target: str, port: int, bound: int) -> list[str]:
         return [
             *(PY, "-m", "app.cli", "serve", *common, "--log-level", "warning"),
             *("--max-queued-requests", str(bound), "--max-queued-tokens", "0"),
+            *("--grpc-port", "0"),  # not measured here
             *ENGINE_FLAGS,
         ]
     return [

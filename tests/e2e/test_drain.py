@@ -77,6 +77,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         str(port),
         "--drain-timeout-s",
         str(DRAIN_TIMEOUT_S),
+        "--grpc-port",
+        str(free_port()),
         "--dtype",
         "float32",
         "--max-model-len",
