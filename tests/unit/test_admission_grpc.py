@@ -30,9 +30,14 @@ def served(**settings: Any) -> Iterator[tuple[Any, TestClient, grpc.Channel]]:
         yield app, client, channel
 
 
-def _session(channel: grpc.Channel) -> tuple[list[service_pb.SessionMessage], grpc.RpcError]:
+def _session(
+    channel: grpc.Channel, actions: bool = True
+) -> tuple[list[service_pb.SessionMessage], grpc.RpcError]:
     stub = evergreen_grpc.EvergreenServiceStub(channel)
-    message = json_format.ParseDict(_turn(4), service_pb.SessionMessage())
+    turn = _turn(4)
+    if not actions:  # a node and nothing to do: the session alone is refused
+        del turn["actions"]
+    message = json_format.ParseDict(turn, service_pb.SessionMessage())
     received = []
     with pytest.raises(grpc.RpcError) as ended:
         for reply in stub.StartSession(iter([message]), timeout=10):
@@ -62,6 +67,6 @@ def test_a_refused_generate_ends_the_grpc_session_unavailable() -> None:
 def test_a_draining_server_refuses_a_new_grpc_session() -> None:
     with served() as (app, client, channel):
         client.portal.call(app.state.drain.begin)  # type: ignore[union-attr]
-        received, error = _session(channel)
+        received, error = _session(channel, actions=False)
     assert _abort_status(received[-1])["code"] == "UNAVAILABLE"
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in error.details()
