@@ -9,15 +9,20 @@ hands every other flag to vLLM's engine-argument parser. vLLM starts its engine 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
 import socket
 from pathlib import Path
+from types import FrameType
 from typing import Any, get_args, get_origin
 
 from pydantic import ValidationError
 
 from app.config import Settings
 from app.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 
 def _help(description: str | None) -> str | None:
@@ -72,13 +77,21 @@ def _settings(known: argparse.Namespace, rest: list[str]) -> Settings:
 async def _run(settings: Settings) -> None:
     """Start the engine, then serve until a signal; the engine stops either way. The
     engine starts before uvicorn so that a `ConfigError` (a bad flag or file) ends the
-    command with one line rather than a failed ASGI lifespan's traceback."""
+    command with one line rather than a failed ASGI lifespan's traceback.
+
+    The first SIGTERM (or SIGINT) drains (`app.drain`: readiness 503, new work refused,
+    running work finishes or is aborted after --drain-timeout-s, sessions say goodbye);
+    only then does uvicorn's own shutdown begin. A second signal shuts down at once."""
     import uvicorn
 
+    from app.drain import Drain
     from app.engine.vllm import VllmEngine
     from app.main import create_app
 
     engine = await VllmEngine.start(settings)
+    app = create_app(settings, engine=engine)
+    drain: Drain = app.state.drain
+    loop = asyncio.get_running_loop()
     stopped = False
 
     def stop_engine() -> None:
@@ -88,6 +101,28 @@ async def _run(settings: Settings) -> None:
             engine.shutdown()
 
     class Server(uvicorn.Server):
+        draining: asyncio.Task[None] | None = None
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # Runs in Python's signal handler: hand the drain to the loop.
+            if self.draining is None and not self.should_exit:
+                self._captured_signals.append(sig)  # re-raised after shutdown, as uvicorn does
+                loop.call_soon_threadsafe(self._start_drain, signal.Signals(sig).name)
+                return
+            super().handle_exit(sig, frame)
+
+        def _start_drain(self, name: str) -> None:
+            if self.draining is None:
+                logger.info("%s: draining for up to %.1f s", name, drain.timeout_s)
+                drain.begin()  # readiness 503 and refusals at once, not a loop turn later
+                self.draining = asyncio.ensure_future(self._drain_then_exit())
+
+        async def _drain_then_exit(self) -> None:
+            try:
+                await drain.run(engine.abort)
+            finally:
+                self.should_exit = True
+
         # After a signal uvicorn shuts down, then raises the signal again, which ends the
         # process: the engine must be stopped before that, with the server.
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
@@ -97,12 +132,14 @@ async def _run(settings: Settings) -> None:
                 stop_engine()
 
     config = uvicorn.Config(
-        create_app(settings, engine=engine),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         http="httptools",
         access_log=False,
+        # The drain has ended the work already; what is left is idle connections.
+        timeout_graceful_shutdown=5,
     )
     try:
         await Server(config).serve()

@@ -79,6 +79,31 @@ class Settings(BaseSettings):
         "vLLM's 92% of the NUMA node, which fails to start when the page cache is full.",
     )
 
+    # Admission and drain (app.admission, app.drain)
+    max_queued_requests: int = Field(
+        default=512,
+        ge=0,
+        description="Requests (an OpenAI prompt x choice, a GraphPipe batch row, an Evergreen "
+        "GENERATE, a Salience Generate) that may wait for the engine, across every protocol; "
+        "running ones are not counted. Beyond it a request is refused with 503 / UNAVAILABLE "
+        "and a retry hint. Default 512: two full batches of vLLM's default 256 sequences. "
+        "0: no bound.",
+    )
+    max_queued_tokens: int = Field(
+        default=524_288,
+        ge=0,
+        description="Prompt tokens that may wait for the engine, across every protocol (a "
+        "request alone in the queue is admitted however long). Default 512 x 1024 tokens, "
+        "about a minute of prefill at 10k tokens/s. 0: no bound.",
+    )
+    drain_timeout_s: float = Field(
+        default=25.0,
+        ge=0,
+        description="On SIGTERM: how long running requests may take to finish before they "
+        "are aborted and sessions are ended. Keep it a few seconds under the pod's grace "
+        "period (Kubernetes' default 30 s) so the engine stops before SIGKILL.",
+    )
+
     # GraphPipe
     graphpipe_max_request_bytes: int = Field(
         default=64 * 1024 * 1024, description="Largest GraphPipe request body accepted."

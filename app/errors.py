@@ -13,6 +13,7 @@ protocol needs to say about it, so no adapter keeps its own mapping table:
     ├── FailedPrecondition           409  invalid_request_error FAILED_PRECONDITION
     ├── ResourceExhausted            429  rate_limit_error      RESOURCE_EXHAUSTED
     ├── Aborted                      409  conflict_error        ABORTED
+    ├── Overloaded                   503  server_error          UNAVAILABLE
     ├── EngineError                  500  server_error          INTERNAL
     │   └── EngineDead               503  server_error          UNAVAILABLE
     └── InternalError                500  server_error          INTERNAL
@@ -157,6 +158,19 @@ class Aborted(SwitchboardError):
     openai_type = "conflict_error"
     grpc_status = "ABORTED"
     evergreen_reason = "ABORTED"
+
+
+class Overloaded(SwitchboardError):
+    """Admission refused the request: the queue is at its bound, or the server is
+    draining. `retry_after_s` is the hint each protocol passes on (HTTP Retry-After)."""
+
+    http_status = 503
+    grpc_status = "UNAVAILABLE"
+    evergreen_reason = "UNAVAILABLE"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, code="overloaded")
+        self.retry_after_s = retry_after_s
 
 
 class EngineError(SwitchboardError):

@@ -4,6 +4,10 @@ The lifespan owns the engine: with no engine given it starts the one vLLM engine
 process from the settings and shuts it down on exit; tests may pass a ready engine (real
 or fake), which the app then uses but does not stop. Either way the native gRPC server
 (`app.routes.grpc_server`) runs on that engine while the app does, unless --grpc-port is 0.
+
+Each app has one `Admission` (`app.state.admission`: the queue bound every protocol asks
+before any prompt work) and one `Drain` over it (`app.state.drain`: what SIGTERM starts,
+see `app.cli`).
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from app.admission import Admission
 from app.config import Settings
+from app.drain import Drain
 from app.engine.base import Engine
 from app.metrics import install_metrics
-from app.routes import evergreen, graphpipe, openai, playground, salience
+from app.routes import evergreen, graphpipe, openai, playground, probes, salience
 from app.routes.bodies import collect_definitions
 from app.routes.failures import install_error_handlers
 from app.routes.grpc_server import serve_grpc
@@ -44,12 +50,16 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     app = FastAPI(title="Switchboard", lifespan=lifespan, default_response_class=OrjsonResponse)
     app.state.settings = settings
+    app.state.admission = Admission(
+        settings.max_queued_requests or None, settings.max_queued_tokens or None
+    )
+    app.state.drain = Drain(app.state.admission, settings.drain_timeout_s)
     if engine is not None:
         app.state.engine = engine
     install_error_handlers(app)
-    for module in (openai, graphpipe, salience, evergreen, playground):
+    for module in (probes, openai, graphpipe, salience, evergreen, playground):
         app.include_router(module.router)
-    install_metrics(app)
+    install_metrics(app, app.state.admission)
     _document_bodies(app)
     return app
 

@@ -7,6 +7,13 @@ registry; they are served as vLLM writes them. vLLM 0.32 no longer exports
 is re-exported under that name with the value of `vllm:kv_cache_usage_perc`. HTTP metrics
 come from prometheus-fastapi-instrumentator in a registry of the app's own (so that
 several apps in one process, as in tests, do not collide).
+
+Admission (`app.admission`), read from the app's `Admission` at scrape time, per protocol
+(every protocol listed, zeros included): `switchboard_admitted_total` and
+`switchboard_refused_total` (units of work: an OpenAI prompt x choice, a GraphPipe row,
+an Evergreen GENERATE, a Salience Generate; refusals include a draining server's), and the
+gauges `switchboard_queued_requests` (admitted, not yet started by the engine) and
+`switchboard_queued_tokens` (their prompt tokens, all protocols).
 """
 
 from __future__ import annotations
@@ -16,9 +23,11 @@ from collections.abc import Iterator
 from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_fastapi_instrumentator import Instrumentator
+
+from app.admission import Admission
 
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 LEGACY_KV_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
@@ -62,9 +71,48 @@ def _register_legacy_alias() -> None:
         REGISTRY.register(_legacy_collector)
 
 
-def install_metrics(app: FastAPI) -> None:
+PROTOCOLS = ("openai", "graphpipe", "evergreen", "salience")
+
+
+class AdmissionMetrics(Collector):
+    """The admission counters and gauges of one app, read when scraped."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+
+    def collect(self) -> Iterator[Metric]:
+        admission = self._admission
+        admitted = CounterMetricFamily(
+            "switchboard_admitted", "Units of work admitted.", labels=["protocol"]
+        )
+        refused = CounterMetricFamily(
+            "switchboard_refused",
+            "Units of work refused (queue at its bound, or draining).",
+            labels=["protocol"],
+        )
+        queued = GaugeMetricFamily(
+            "switchboard_queued_requests",
+            "Admitted units the engine has not started yet.",
+            labels=["protocol"],
+        )
+        waiting = admission.queued()
+        protocols = sorted(set(PROTOCOLS) | set(admission.admitted) | set(admission.refused))
+        for protocol in protocols:
+            admitted.add_metric([protocol], admission.admitted[protocol])
+            refused.add_metric([protocol], admission.refused[protocol])
+            queued.add_metric([protocol], waiting[protocol])
+        tokens = GaugeMetricFamily(
+            "switchboard_queued_tokens",
+            "Prompt tokens of the admitted units the engine has not started yet.",
+            value=admission.queued_tokens,
+        )
+        yield from (admitted, refused, queued, tokens)
+
+
+def install_metrics(app: FastAPI, admission: Admission) -> None:
     _register_legacy_alias()
     http_registry = CollectorRegistry()
+    http_registry.register(AdmissionMetrics(admission))
     Instrumentator(registry=http_registry, excluded_handlers=["/metrics"]).instrument(app)
 
     @app.get("/metrics", include_in_schema=False)

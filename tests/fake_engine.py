@@ -111,6 +111,7 @@ class FakeEngine:
         return None
 
     async def abort(self, request_id: str) -> None:
+        # As vLLM: a running request's stream ends with a final `abort` event.
         self.aborted.append(request_id)
         self.running.discard(request_id)
 
@@ -143,6 +144,9 @@ class FakeEngine:
                 return
             for i in range(sampling.max_tokens):
                 await asyncio.sleep(self.step_delay)
+                if request.request_id in self.aborted:
+                    yield TokenEvent(token_ids=[], text="", finish_reason="abort")
+                    return
                 token = (last + 1) % 256
                 last = token
                 done = i == sampling.max_tokens - 1 or token in sampling.stop_token_ids

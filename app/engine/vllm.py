@@ -45,6 +45,8 @@ from vllm import __version__ as vllm_version
 from vllm.config import VllmConfig
 from vllm.exceptions import (
     GracefulHTTPError,
+    MaxQueuedTokensError,
+    QueueOverflowError,
     VLLMClientError,
     VLLMError,
     VLLMNotFoundError,
@@ -90,6 +92,7 @@ from app.errors import (
     InvalidRequest,
     ModelNotFound,
     NotFound,
+    Overloaded,
     ResourceExhausted,
     SwitchboardError,
 )
@@ -127,7 +130,11 @@ def map_engine_errors() -> Iterator[None]:
         raise InvalidRequest(str(exc.args[0]) if exc.args else "", param=exc.parameter) from exc
     except VLLMClientError as exc:
         raise InvalidRequest(str(exc)) from exc
-    except GracefulHTTPError as exc:  # admission control: busy now, fine later
+    except (QueueOverflowError, MaxQueuedTokensError) as exc:
+        # vLLM's own admission (--max-num-queued-reqs/-tokens passed through): refused as
+        # ours is (app.admission), 503 with a retry hint.
+        raise Overloaded(exc.message, retry_after_s=1) from exc
+    except GracefulHTTPError as exc:  # busy now, fine later
         raise ResourceExhausted(exc.message) from exc
     except (EngineGenerateError, VLLMError) as exc:
         error_id = uuid.uuid4().hex[:16]

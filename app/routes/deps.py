@@ -1,7 +1,9 @@
-"""Typed dependencies shared by the route modules: the engine, the settings, auth.
+"""Typed dependencies shared by the route modules: the engine, the settings, the
+admission bound, auth.
 
-The engine and settings live on `app.state` (set by `app.main.create_app`); routes take
-them through `EngineDep` / `SettingsDep` and never reach for a global.
+They live on `app.state` (set by `app.main.create_app`); routes take them through
+`EngineDep` / `SettingsDep` / `AdmissionDep` (or the `get_*` functions on a websocket)
+and never reach for a global.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from fastapi import Depends, Request
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
+from app.admission import Admission
 from app.auth import bearer_token, check_key
 from app.config import Settings
+from app.drain import Drain
 from app.engine.base import Engine
 from app.sessions.salience import SalienceRunner
 
@@ -28,6 +32,16 @@ def get_settings(conn: HTTPConnection) -> Settings:
     return settings
 
 
+def get_admission(conn: HTTPConnection) -> Admission:
+    admission: Admission = conn.app.state.admission
+    return admission
+
+
+def get_drain(conn: HTTPConnection) -> Drain:
+    drain: Drain = conn.app.state.drain
+    return drain
+
+
 # Dependencies are `async def` on purpose: FastAPI runs a plain `def` dependency in its
 # thread pool, a thread hop on every request.
 async def _engine_dependency(conn: HTTPConnection) -> Engine:
@@ -38,7 +52,17 @@ async def _settings_dependency(conn: HTTPConnection) -> Settings:
     return get_settings(conn)
 
 
+async def _admission_dependency(conn: HTTPConnection) -> Admission:
+    return get_admission(conn)
+
+
+async def _drain_dependency(conn: HTTPConnection) -> Drain:
+    return get_drain(conn)
+
+
 EngineDep = Annotated[Engine, Depends(_engine_dependency)]
+AdmissionDep = Annotated[Admission, Depends(_admission_dependency)]
+DrainDep = Annotated[Drain, Depends(_drain_dependency)]
 SettingsDep = Annotated[Settings, Depends(_settings_dependency)]
 
 
@@ -48,7 +72,9 @@ def salience_runner(app: Starlette) -> SalienceRunner:
     state = app.state
     runner: SalienceRunner | None = getattr(state, "salience", None)
     if runner is None:
-        runner = state.salience = SalienceRunner.from_settings(state.engine, state.settings)
+        runner = state.salience = SalienceRunner.from_settings(
+            state.engine, state.admission, state.settings
+        )
     return runner
 
 

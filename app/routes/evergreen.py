@@ -5,11 +5,14 @@ decoded by the core (`app.protocols.evergreen.frames`; the server answers in the
 encoding of the client's first frame), the session runs, and an aborted session ends
 with the core's ABORT message and close code and reason
 (`app.protocols.evergreen.lifecycle`). Bearer auth as on every route (header, or
-`?token=`); a refused client gets the UNAUTHENTICATED abort.
+`?token=`); a refused client gets the UNAUTHENTICATED abort. A draining server refuses a
+new session with the UNAVAILABLE abort, and ends an open one with it (the drain's
+goodbye, `app.drain`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, WebSocket
@@ -17,7 +20,7 @@ from fastapi import APIRouter, WebSocket
 from app.errors import SwitchboardError
 from app.protocols.evergreen import frames
 from app.protocols.evergreen.lifecycle import abort_message, close_code, close_reason
-from app.routes.deps import check_credentials, get_engine, get_settings
+from app.routes.deps import check_credentials, get_admission, get_drain, get_engine, get_settings
 from app.routes.ws_pump import WebSocketPump
 from app.sessions.evergreen import EvergreenRun
 from schemas import evergreen_service_pb2 as service_pb
@@ -37,15 +40,31 @@ async def evergreen_socket(websocket: WebSocket) -> None:
         async for frame in pump.frames():
             yield encoding.decode(frame)
 
-    settings = get_settings(websocket)
+    settings, drain = get_settings(websocket), get_drain(websocket)
     failure: SwitchboardError | None
+    closed = asyncio.Event()
+    unsubscribe = None
     try:
         check_credentials(websocket)
+        drain.check_open()
     except SwitchboardError as exc:
         failure = exc
     else:
-        run = EvergreenRun.from_settings(get_engine(websocket), settings, send)
+        run = EvergreenRun.from_settings(
+            get_engine(websocket), get_admission(websocket), settings, send
+        )
+
+        async def goodbye() -> None:
+            run.stop(drain.refusal())
+            await closed.wait()
+
+        unsubscribe = drain.subscribe(goodbye)
         failure = await run.serve(messages())
-    if failure is not None:
-        await send(abort_message(failure))
-        await pump.close(close_code(failure), close_reason(failure))
+    try:
+        if failure is not None:
+            await send(abort_message(failure))
+            await pump.close(close_code(failure), close_reason(failure))
+    finally:
+        if unsubscribe is not None:
+            unsubscribe()
+        closed.set()

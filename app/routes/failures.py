@@ -2,7 +2,9 @@
 
 Paths under `/graphpipe` answer a GraphPipe `InferResponse` flatbuffer carrying one
 `Error` whose code is the HTTP status (the spec's error shape); every other path answers
-OpenAI's `{"error": {"message", "type", "param", "code"}}`. Whatever the error:
+OpenAI's `{"error": {"message", "type", "param", "code"}}`. An `Overloaded` refusal
+(admission's bound, or a draining server) carries its retry hint as `Retry-After` in
+both shapes. Whatever the error:
 
 - a `SwitchboardError` raised by a route or a dependency (the API key check);
 - FastAPI's and Starlette's own: `RequestValidationError`, `HTTPException` (404 for an
@@ -33,6 +35,7 @@ from app.errors import (
     InternalError,
     InvalidRequest,
     NotFound,
+    Overloaded,
     SwitchboardError,
     Unauthenticated,
 )
@@ -48,13 +51,21 @@ def is_graphpipe(path: str) -> bool:
     return path == GRAPHPIPE_PREFIX or path.startswith(GRAPHPIPE_PREFIX + "/")
 
 
+def _headers(exc: SwitchboardError, headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    if isinstance(exc, Overloaded):
+        return {**(headers or {}), "Retry-After": str(exc.retry_after_s)}
+    return headers
+
+
 def graphpipe_error(
     exc: SwitchboardError, status: int | None = None, headers: Mapping[str, str] | None = None
 ) -> Response:
     """An `InferResponse` holding only `exc` as its one `Error`; code = HTTP status."""
     status = status or exc.graphpipe_code
     body = encode_errors([(status, exc.message)])
-    return Response(body, status_code=status, media_type=OCTET_STREAM, headers=headers)
+    return Response(
+        body, status_code=status, media_type=OCTET_STREAM, headers=_headers(exc, headers)
+    )
 
 
 def openai_error(
@@ -63,7 +74,9 @@ def openai_error(
     body = exc.openai_body()
     if status is not None and exc.code is None:
         body["error"]["code"] = status  # type: ignore[index]
-    return OrjsonResponse(body, status_code=status or exc.http_status, headers=headers)
+    return OrjsonResponse(
+        body, status_code=status or exc.http_status, headers=_headers(exc, headers)
+    )
 
 
 def error_response(

@@ -1,9 +1,10 @@
 """Running several engine requests as one stream of `(index, TokenEvent)`.
 
-Used when one client call needs many generations (OpenAI `n` or prompt batches, GraphPipe
-batches). Invariant: however the merged iterator ends (exhausted, closed early by its
-consumer, cancelled, or failed in one branch), every branch's engine iterator is closed,
-which aborts any engine request still running.
+Used when one client call needs many generations (OpenAI `n` or prompt batches). Each
+request runs on its admission ticket (`app.admission.generate`). Invariant: however the
+merged iterator ends (exhausted, closed early by its consumer, cancelled, or failed in
+one branch), every branch's engine iterator is closed, which aborts any engine request
+still running and releases its ticket.
 """
 
 from __future__ import annotations
@@ -12,17 +13,19 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
+from app.admission import Tickets, generate
 from app.engine.base import Engine, GenerationRequest, TokenEvent
 
 _DONE = object()
 
 
 async def merge_generations(
-    engine: Engine, requests: Sequence[GenerationRequest]
+    engine: Engine, requests: Sequence[GenerationRequest], tickets: Tickets
 ) -> AsyncIterator[tuple[int, TokenEvent]]:
+    """`tickets[i]` is `requests[i]`'s."""
     if len(requests) == 1:
         # The common case: no tasks, no queue, one engine iterator.
-        stream = engine.generate(requests[0])
+        stream = generate(engine, requests[0], tickets[0])
         try:
             async for event in stream:
                 yield 0, event
@@ -33,7 +36,7 @@ async def merge_generations(
     queue: asyncio.Queue[tuple[int, TokenEvent] | BaseException | object] = asyncio.Queue()
 
     async def pump(index: int, request: GenerationRequest) -> None:
-        stream = engine.generate(request)
+        stream = generate(engine, request, tickets[index])
         try:
             async for event in stream:
                 queue.put_nowait((index, event))

@@ -4,7 +4,9 @@ adapter) take exactly one flatbuffer `Request` and answer an `InferResponse` or 
 a description of how to call them.
 
 Thin adapter: body (at most `settings.graphpipe_max_request_bytes`) -> core (decode,
-validate, plan) -> engine, one generation per prompt, all at once -> core (encode).
+validate, plan; no tokenizing) -> admission (one unit per batch row; the whole batch is
+admitted or refused, 503 + Retry-After) -> engine, one generation per prompt, all at once
+-> core (encode).
 Every failure of a POST, authentication included, answers an `InferResponse` carrying
 one `Error` whose code is also the HTTP status: never FastAPI's JSON error body, never a
 bare 500. A prompt that fails, or a client that disconnects, closes every generation of
@@ -23,6 +25,7 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from app import __version__
+from app.admission import Tickets, generate, prompt_tokens_bound
 from app.engine.base import Engine
 from app.errors import InternalError, ModelNotFound, SwitchboardError
 from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_request
@@ -30,7 +33,7 @@ from app.protocols.graphpipe.encode import encode_infer_response, encode_metadat
 from app.protocols.graphpipe.inference import InferCore
 from app.protocols.graphpipe.model import describe
 from app.routes.bodies import documented
-from app.routes.deps import EngineDep, SettingsDep, check_credentials
+from app.routes.deps import EngineDep, SettingsDep, check_credentials, get_admission
 from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.failures import OCTET_STREAM, graphpipe_error
 from app.routes.responses import OrjsonResponse
@@ -65,13 +68,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _generate(engine: Engine, core: InferCore) -> None:
-    """Run every prompt of the batch concurrently; the first failure cancels the others.
-    However this ends, every engine iterator is closed (`aclosing`), which aborts its
-    request if it is still running."""
+async def _generate(engine: Engine, core: InferCore, tickets: Tickets) -> None:
+    """Run every prompt of the batch concurrently, each on its ticket; the first failure
+    cancels the others. However this ends, every engine iterator is closed (`aclosing`),
+    which aborts its request if it is still running."""
 
     async def one(index: int) -> None:
-        async with contextlib.aclosing(engine.generate(core.requests[index])) as events:
+        run = generate(engine, core.requests[index], tickets[index])
+        async with contextlib.aclosing(run) as events:
             async for event in events:
                 core.feed(index, event)
 
@@ -96,7 +100,9 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
         if isinstance(call, MetadataCall):
             return _octet(encode_metadata(describe(name, __version__, engine.info)))
         core = InferCore(call, engine.info, request_id=f"gp-{uuid.uuid4().hex}", lora_name=lora)
-        await unless_disconnected(request, _generate(engine, core))
+        bounds = [prompt_tokens_bound(r) for r in core.requests]
+        with get_admission(request).admit_all("graphpipe", bounds) as tickets:
+            await unless_disconnected(request, _generate(engine, core, tickets))
         return _octet(encode_infer_response(core.outputs()))
     except SwitchboardError as exc:
         return graphpipe_error(exc)
@@ -120,7 +126,8 @@ def _how_to_call(path: str, engine: Engine) -> list[str]:
         "Tensor data is little-endian and row-major; strings go in `string_val`.",
         "Errors answer an `InferResponse` whose `errors` holds one Error; its code is the "
         "HTTP status of the response (400 bad request, 401 bad API key, 404 unknown model, "
-        "429 over the size limit, 500/503 engine failure).",
+        "429 over the size limit, 500/503 engine failure, 503 with a Retry-After header: "
+        "the server's queue is full or it is shutting down, retry after that many seconds).",
         f"LoRA adapters: POST /graphpipe/<adapter> ({adapters}).",
         "With an API key set, send `Authorization: Bearer <key>`.",
     ]

@@ -16,17 +16,24 @@ output nodes' fragments stream back as the engine produces text.
 - A client that cancels the call, passes its deadline or drops the connection ends the
   session: its running actions are cancelled and their engine requests aborted.
 - A message that does not decode is INVALID_ARGUMENT, like any broken rule.
+- Admission and drain as on the websocket: a GENERATE refused by the queue bound aborts
+  the session UNAVAILABLE (the ABORT's Struct carries `retry_after_s`); a draining server
+  refuses a new session, and ends an open one, with ABORT UNAVAILABLE and that status.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterable, AsyncIterator
 
 import grpc
 from fastapi import FastAPI
 
+from app.admission import Admission
 from app.config import Settings
+from app.drain import Drain
 from app.engine.base import Engine
+from app.errors import SwitchboardError
 from app.protocols.evergreen.frames import decode
 from app.protocols.evergreen.lifecycle import abort_message
 from app.routes.grpc_calls import Context, Service, Writer, register
@@ -37,9 +44,13 @@ _SERVICE = service_pb.DESCRIPTOR.services_by_name["EvergreenService"]
 
 
 class _Evergreen:
-    def __init__(self, engine: Engine, settings: Settings) -> None:
+    def __init__(
+        self, engine: Engine, settings: Settings, admission: Admission, drain: Drain
+    ) -> None:
         self._engine = engine
         self._settings = settings
+        self._admission = admission
+        self._drain = drain
 
     async def start_session(self, requests: AsyncIterable[bytes], context: Context) -> None:
         send = Writer(context)
@@ -48,15 +59,35 @@ class _Evergreen:
             async for data in requests:
                 yield decode(data)
 
-        run = EvergreenRun.from_settings(self._engine, self._settings, send)
-        failure = await run.serve(messages(), drain=True)
-        if failure is not None:
-            await send(abort_message(failure))
-            await context.abort(grpc.StatusCode[failure.evergreen_reason], failure.message)
+        ended = asyncio.Event()
+        unsubscribe = None
+        failure: SwitchboardError | None
+        try:
+            self._drain.check_open()
+        except SwitchboardError as exc:
+            failure = exc
+        else:
+            run = EvergreenRun.from_settings(self._engine, self._admission, self._settings, send)
+
+            async def goodbye() -> None:
+                run.stop(self._drain.refusal())
+                await ended.wait()
+
+            unsubscribe = self._drain.subscribe(goodbye)
+            failure = await run.serve(messages(), drain=True)
+        try:
+            if failure is not None:
+                await send(abort_message(failure))
+                await context.abort(grpc.StatusCode[failure.evergreen_reason], failure.message)
+        finally:
+            if unsubscribe is not None:
+                unsubscribe()
+            ended.set()
 
 
 def _add(server: grpc.aio.Server, app: FastAPI) -> None:
-    servicer = _Evergreen(app.state.engine, app.state.settings)
+    state = app.state
+    servicer = _Evergreen(state.engine, state.settings, state.admission, state.drain)
     register(server, _SERVICE, {"StartSession": servicer.start_session})
 
 

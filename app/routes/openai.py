@@ -1,10 +1,12 @@
 """OpenAI-compatible HTTP routes: completions, chat, their render routes (llm-d's
 tokenization), models, LoRA admin, tokenizer, health.
 
-Thin adapter: body -> core (validation happens there, before any stream starts) -> engine
--> core -> JSON or SSE. Once a stream has started, errors go inside it (an SSE error
-event, then `data: [DONE]`). A client that goes away aborts its engine requests: streams
-are cancelled by sse-starlette, non-streamed calls by `unless_disconnected`.
+Thin adapter: body -> admission (one unit per prompt x choice, before any tokenizing; a
+refusal is a 503 with Retry-After) -> core (validation happens there, before any stream
+starts) -> engine -> core -> JSON or SSE. Once a stream has started, errors go inside it
+(an SSE error event, then `data: [DONE]`). A client that goes away aborts its engine
+requests: streams are cancelled by sse-starlette, non-streamed calls by
+`unless_disconnected`.
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
+from starlette.types import Receive, Scope, Send
 
 from app import __version__
+from app.admission import Tickets
 from app.engine.base import Engine
 from app.engine.validation import check_token_ids
 from app.errors import InternalError, ModelNotFound, SwitchboardError
 from app.protocols.openai.chat import ChatCore
 from app.protocols.openai.completions import CompletionCore
 from app.protocols.openai.render import render_chat, render_completions
+from app.protocols.openai.units import admission_units
 from app.routes.bodies import documented, json_body, parse_json, read_body, validate
-from app.routes.deps import AuthDep, EngineDep
+from app.routes.deps import AdmissionDep, AuthDep, EngineDep
 from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.fanout import merge_generations
 from app.routes.responses import OrjsonResponse, dump_json
@@ -111,9 +116,24 @@ def _sse(body: dict[str, Any]) -> bytes:
     return b"data: " + dump_json(body) + b"\n\n"
 
 
-async def _stream(engine: Engine, core: Core) -> AsyncIterator[bytes]:
+class _AdmittedStream(EventSourceResponse):  # type: ignore[misc]
+    """An SSE response that gives its call's admission tickets back when it ends, however
+    it ends: even a stream the client left before its first byte, whose body generator
+    never started (and whose `finally` would never run)."""
+
+    def __init__(self, body: AsyncIterator[bytes], tickets: Tickets) -> None:
+        super().__init__(body, ping=None)
+        self._tickets = tickets
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with self._tickets:
+            await super().__call__(scope, receive, send)
+
+
+async def _stream(engine: Engine, core: Core, tickets: Tickets) -> AsyncIterator[bytes]:
     try:
-        async for index, event in merge_generations(engine, [p.request for p in core.plans]):
+        requests = [p.request for p in core.plans]
+        async for index, event in merge_generations(engine, requests, tickets):
             for chunk in core.chunks(index, event):
                 yield _sse(chunk)
         usage = core.usage_chunk()
@@ -126,18 +146,21 @@ async def _stream(engine: Engine, core: Core) -> AsyncIterator[bytes]:
     yield _DONE
 
 
-async def _collect(engine: Engine, core: Core) -> dict[str, Any]:
-    async for index, event in merge_generations(engine, [p.request for p in core.plans]):
+async def _collect(engine: Engine, core: Core, tickets: Tickets) -> dict[str, Any]:
+    requests = [p.request for p in core.plans]
+    async for index, event in merge_generations(engine, requests, tickets):
         core.feed(index, event)
     return core.response()
 
 
-async def _serve(request: Request, engine: Engine, core: Core, stream: bool) -> Response:
+async def _serve(
+    request: Request, engine: Engine, core: Core, stream: bool, tickets: Tickets
+) -> Response:
     if stream:
-        sse: Response = EventSourceResponse(_stream(engine, core), ping=None)
-        return sse
+        return _AdmittedStream(_stream(engine, core, tickets), tickets)
     try:
-        body = await unless_disconnected(request, _collect(engine, core))
+        with tickets:
+            body = await unless_disconnected(request, _collect(engine, core, tickets))
     except ClientGone:
         return Response(status_code=CLIENT_GONE)
     except SwitchboardError:
@@ -160,12 +183,17 @@ def _core_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]
     openapi_extra=json_body(CompletionRequest),
     responses=_answers(Completion, CompletionChunk),
 )
-async def completions(request: Request, engine: EngineDep) -> Response:
+async def completions(request: Request, engine: EngineDep, admission: AdmissionDep) -> Response:
     body = await read_body(request, CompletionRequest)
-    core = CompletionCore(
-        body, engine.info, engine.tokenizer, **_core_args(engine, "cmpl", body.model)
-    )
-    return await _serve(request, engine, core, body.stream)
+    tickets = admission.admit_all("openai", admission_units(body), priority=body.priority)
+    try:
+        core = CompletionCore(
+            body, engine.info, engine.tokenizer, **_core_args(engine, "cmpl", body.model)
+        )
+    except BaseException:
+        tickets.release()
+        raise
+    return await _serve(request, engine, core, body.stream, tickets)
 
 
 @v1.post(
@@ -173,12 +201,19 @@ async def completions(request: Request, engine: EngineDep) -> Response:
     openapi_extra=json_body(ChatCompletionRequest),
     responses=_answers(ChatCompletion, ChatCompletionChunk),
 )
-async def chat_completions(request: Request, engine: EngineDep) -> Response:
+async def chat_completions(
+    request: Request, engine: EngineDep, admission: AdmissionDep
+) -> Response:
     body = await read_body(request, ChatCompletionRequest)
-    core = ChatCore(
-        body, engine.info, engine.tokenizer, **_core_args(engine, "chatcmpl", body.model)
-    )
-    return await _serve(request, engine, core, body.stream)
+    tickets = admission.admit_all("openai", admission_units(body), priority=body.priority)
+    try:
+        core = ChatCore(
+            body, engine.info, engine.tokenizer, **_core_args(engine, "chatcmpl", body.model)
+        )
+    except BaseException:
+        tickets.release()
+        raise
+    return await _serve(request, engine, core, body.stream, tickets)
 
 
 @v1.post(
@@ -288,16 +323,6 @@ async def detokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
     _model(engine, body.model)
     check_token_ids(body.tokens, engine.info, "tokens")
     return {"prompt": engine.tokenizer.decode(body.tokens)}
-
-
-@router.get(
-    "/health",
-    response_class=Response,
-    responses={200: {"description": "The engine is up (empty body)"}, **_ERRORS},
-)
-async def health(engine: EngineDep) -> Response:
-    await engine.check_health()
-    return Response(status_code=200)
 
 
 @router.get("/version", responses=_answers(VersionResponse))

@@ -19,6 +19,10 @@ with the failure's code), or None.
   prompt is tokenized in a worker thread too (an input may be megabytes of text).
 - Any exception that is not a `SwitchboardError` fails the session as `InternalError`
   (`client_error`), never with the exception's text.
+- Each action that generates is one unit of admission (`app.admission`), asked before its
+  files are read or its prompt tokenized (bounded by its inline bytes); a refusal fails
+  the session as `Overloaded` (ABORT UNAVAILABLE, with the retry hint). `stop(failure)`
+  ends the session from outside (the drain's goodbye) as if an action had failed.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable
 from pathlib import Path
 
+from app.admission import Admission, Ticket, generate, text_tokens_bound
 from app.config import Settings
 from app.engine.base import Engine, GenerationRequest
 from app.errors import Aborted, InvalidRequest, ResourceExhausted, SwitchboardError
@@ -48,8 +53,16 @@ Send = Callable[[service_pb.SessionMessage], Awaitable[None]]
 
 
 class EvergreenRun:
-    def __init__(self, engine: Engine, limits: Limits, file_root: Path | None, send: Send) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        admission: Admission,
+        limits: Limits,
+        file_root: Path | None,
+        send: Send,
+    ) -> None:
         self._engine = engine
+        self._admission = admission
         self._file_root = file_root
         self._send = send
         session: Session[GeneratePlan] = Session(
@@ -60,7 +73,9 @@ class EvergreenRun:
         self._over = asyncio.Event()  # set once the session is no longer live
 
     @classmethod
-    def from_settings(cls, engine: Engine, settings: Settings, send: Send) -> EvergreenRun:
+    def from_settings(
+        cls, engine: Engine, admission: Admission, settings: Settings, send: Send
+    ) -> EvergreenRun:
         """A session under the configured limits and file root (every transport's)."""
         limits = Limits(
             max_nodes=settings.evergreen_max_nodes,
@@ -69,7 +84,7 @@ class EvergreenRun:
             max_depth=settings.evergreen_max_depth,
             files_allowed=settings.evergreen_file_root is not None,
         )
-        return cls(engine, limits, settings.evergreen_file_root, send)
+        return cls(engine, admission, limits, settings.evergreen_file_root, send)
 
     async def serve(
         self, messages: AsyncIterable[service_pb.SessionMessage], *, drain: bool = False
@@ -86,6 +101,11 @@ class EvergreenRun:
             await self._actions.aclose()
             await asyncio.gather(reader, return_exceptions=True)
         return self.lifecycle.abort
+
+    def stop(self, failure: SwitchboardError) -> None:
+        """End the session as failed with `failure` (its running actions are aborted)."""
+        self.lifecycle.fail(failure)
+        self._wake()
 
     def _wake(self) -> None:
         if not self.lifecycle.starts_actions:
@@ -118,9 +138,13 @@ class EvergreenRun:
 
     async def _run(self, ready: Ready[GeneratePlan]) -> None:
         plan = ready.plan
+        ticket: Ticket | None = None
         try:
             session = self.lifecycle.session
             leaves = session.leaves(plan.input_ids[0])
+            if plan.output_ids:
+                inline = b"".join(p for leaf in leaves for p in leaf.parts if isinstance(p, bytes))
+                ticket = self._admission.admit("evergreen", tokens=text_tokens_bound(inline))
             files = {ref: await self._read_file(ref) for ref in inputs.file_refs(leaves)}
             chunks = inputs.join(leaves, files, session.limits.max_bytes)
             engine = self._engine
@@ -129,21 +153,24 @@ class EvergreenRun:
             ids, sampling = await asyncio.to_thread(
                 prompt_token_ids, plan, chunks, engine.tokenizer, engine.info
             )
-            if plan.output_ids:
+            if ticket is not None:
                 request = GenerationRequest(
                     request_id=f"evg-{uuid.uuid4().hex}",
                     prompt_token_ids=ids,
                     sampling=sampling,
                     lora_name=plan.lora_name,
                 )
-                await self._generate(request, plan.output_ids[0])
+                await self._generate(request, plan.output_ids[0], ticket)
             self._start(self.lifecycle.finish(ready.index))
         except Exception as exc:
             self.lifecycle.fail(client_error(exc))
             self._wake()
+        finally:
+            if ticket is not None:
+                ticket.release()
 
-    async def _generate(self, request: GenerationRequest, node_id: str) -> None:
-        stream = self._engine.generate(request)
+    async def _generate(self, request: GenerationRequest, node_id: str, ticket: Ticket) -> None:
+        stream = generate(self._engine, request, ticket)
         try:
             async for event in stream:
                 if event.finish_reason == "abort":

@@ -18,6 +18,12 @@ connection of every transport. For each RPC a transport calls:
   propagates. A failed call raises its error (`client_error` says what to tell the
   client); its session is rolled back as the core says.
 
+Each Generate is one unit of admission (`app.admission`), asked in `start_generate`
+before any image is decoded or the session touched (bounded by its appended tokens; the
+real prompt, the whole session, replaces the bound once known); a refusal raises
+`Overloaded`. The ticket is released when `run_generate` ends, or at once if the call
+fails before it.
+
 Every method raises `app.errors` classes for the client's mistakes.
 """
 
@@ -30,6 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from google.protobuf.message import Message
 
+from app.admission import Admission, Ticket, generate
 from app.config import Settings
 from app.engine.base import DecodedImage, Engine, VisionInfo
 from app.protocols.salience.images import (
@@ -45,12 +52,16 @@ Emit = Callable[[pb.GenerateEvent], Awaitable[None]]
 
 
 class SalienceRunner:
-    def __init__(self, engine: Engine, service: Service) -> None:
+    def __init__(self, engine: Engine, admission: Admission, service: Service) -> None:
         self.engine = engine
+        self.admission = admission
         self.service = service
+        self._tickets: dict[Generation, Ticket] = {}
 
     @classmethod
-    def from_settings(cls, engine: Engine, settings: Settings) -> SalienceRunner:
+    def from_settings(
+        cls, engine: Engine, admission: Admission, settings: Settings
+    ) -> SalienceRunner:
         info = engine.info
         limits = Limits(
             max_model_len=info.max_model_len,
@@ -59,14 +70,22 @@ class SalienceRunner:
             max_session_tokens=settings.salience_max_session_tokens,
             max_images=info.vision.max_images if info.vision else 0,
         )
-        return cls(engine, Service(SessionStore(info.model_name, limits, time.monotonic), info))
+        store = SessionStore(info.model_name, limits, time.monotonic)
+        return cls(engine, admission, Service(store, info))
 
     def unary(self, method: str, request: Message) -> Message:
         return self.service.unary(method, request)
 
     async def start_generate(self, request: pb.GenerateRequest) -> Generation:
-        decoded = await self._decode(request) if request.images else []
-        return self.service.begin_generate(request, f"sal-{uuid.uuid4().hex}", decoded)
+        ticket = self.admission.admit("salience", tokens=len(request.append_tokens))
+        try:
+            decoded = await self._decode(request) if request.images else []
+            generation = self.service.begin_generate(request, f"sal-{uuid.uuid4().hex}", decoded)
+        except BaseException:
+            ticket.release()
+            raise
+        self._tickets[generation] = ticket
+        return generation
 
     async def _decode(self, request: pb.GenerateRequest) -> list[DecodedImage]:
         """The attachments' images, decoded in a worker thread once the cheap checks
@@ -82,10 +101,11 @@ class SalienceRunner:
         task = asyncio.current_task()
         assert task is not None
         call = generation.call
+        ticket = self._tickets.pop(generation)
         try:
-            with generation.interruptible(task.cancel):
+            with ticket, generation.interruptible(task.cancel):
                 if call.engine_request is not None and not generation.cancelled:
-                    stream = self.engine.generate(call.engine_request)
+                    stream = generate(self.engine, call.engine_request, ticket)
                     try:
                         async for event in stream:
                             for out in call.on_event(event):

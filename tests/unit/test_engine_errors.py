@@ -15,7 +15,7 @@ from app.errors import (
     EngineError,
     InvalidRequest,
     NotFound,
-    ResourceExhausted,
+    Overloaded,
     SwitchboardError,
 )
 
@@ -23,6 +23,7 @@ vllm = pytest.importorskip("app.engine.vllm")
 from vllm.exceptions import (  # noqa: E402
     GenerationError,
     LoRAAdapterNotFoundError,
+    MaxQueuedTokensError,
     QueueOverflowError,
     VLLMClientError,
     VLLMNotFoundError,
@@ -54,7 +55,8 @@ def _mapped(exc: BaseException) -> BaseException:
         ),
         (VLLMUnprocessableEntityError("cannot fetch", parameter="image"), InvalidRequest, "cannot"),
         (VLLMClientError("bad"), InvalidRequest, "bad"),
-        (QueueOverflowError(), ResourceExhausted, "The engine is currently busy"),
+        (QueueOverflowError(), Overloaded, "The engine is currently busy"),
+        (MaxQueuedTokensError(), Overloaded, "The engine has reached its prefill"),
         (EngineGenerateError(), EngineError, "The engine failed the request (error id "),
         (GenerationError("secret inside"), EngineError, "The engine failed the request"),
     ],

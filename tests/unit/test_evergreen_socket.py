@@ -16,6 +16,7 @@ from google.protobuf import json_format, struct_pb2, text_format
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
+from app.admission import Admission
 from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
 from app.errors import EngineError
@@ -351,7 +352,7 @@ def test_nothing_starts_once_the_session_has_failed(engine: FakeEngine, pause: i
         ],
         pause,
     )
-    run = EvergreenRun(engine, Limits(), None, client.send)
+    run = EvergreenRun(engine, Admission(None, None), Limits(), None, client.send)
     failure = asyncio.run(run.serve(client.messages()))
     assert engine.requests == [] and client.sent == []
     assert failure is not None and close_code(failure) == 4008

@@ -10,12 +10,17 @@ from collections.abc import AsyncGenerator
 import httpx
 import pytest
 
+from app.admission import Admission, Tickets
 from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
 from app.errors import EngineError
 from app.main import create_app
 from app.routes.fanout import merge_generations
 from tests.fake_engine import FakeEngine
+
+
+def _tickets(n: int) -> Tickets:
+    return Admission(None, None).admit_all("openai", [1] * n)
 
 
 def client(engine: FakeEngine, **settings: object) -> httpx.AsyncClient:
@@ -85,7 +90,7 @@ async def test_merge_closes_every_branch_when_one_fails() -> None:
     engine = FailingEngine(step_delay=0.001)
     requests = [GenerationRequest(request_id=f"r{i}", prompt_text="a") for i in range(3)]
     with pytest.raises(EngineError):
-        async for _ in merge_generations(engine, requests):
+        async for _ in merge_generations(engine, requests, _tickets(len(requests))):
             pass
     assert engine.running == set()
 
@@ -93,7 +98,7 @@ async def test_merge_closes_every_branch_when_one_fails() -> None:
 async def test_merge_closes_branches_when_consumer_stops_early() -> None:
     engine = FakeEngine(step_delay=0.001)
     requests = [GenerationRequest(request_id=f"r{i}", prompt_text="a") for i in range(2)]
-    stream = merge_generations(engine, requests)
+    stream = merge_generations(engine, requests, _tickets(len(requests)))
     await stream.__anext__()
     assert engine.running == {"r0", "r1"}
     await stream.aclose()

@@ -14,6 +14,7 @@ import pytest
 from google.protobuf import text_format
 from starlette.testclient import TestClient
 
+from app.admission import Admission
 from app.config import Settings
 from app.engine.base import DecodedImage, GenerationRequest, TokenEvent, VisionInfo
 from app.main import create_app
@@ -74,7 +75,7 @@ async def test_a_slow_image_decode_blocks_neither_the_loop_nor_other_calls() -> 
 
 async def test_cancel_and_close_session_from_another_connection_as_grpc_would() -> None:
     engine = FakeEngine(step_delay=0.01)
-    runner = SalienceRunner.from_settings(engine, Settings(model="fake"))
+    runner = SalienceRunner.from_settings(engine, Admission(None, None), Settings(model="fake"))
     opened = runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"))
     assert isinstance(opened, pb.OpenSessionResponse)
     sid = opened.session_id
@@ -97,7 +98,7 @@ async def test_cancel_and_close_session_from_another_connection_as_grpc_would() 
 
 async def test_a_transport_that_cancels_its_call_aborts_the_engine_request() -> None:
     engine = FakeEngine(step_delay=0.01)
-    runner = SalienceRunner.from_settings(engine, Settings(model="fake"))
+    runner = SalienceRunner.from_settings(engine, Admission(None, None), Settings(model="fake"))
     sid = runner.service.store.open("fake").session_id
     events: list[pb.GenerateEvent] = []
 
@@ -136,7 +137,7 @@ async def test_evergreen_half_close_drains_then_ends_cleanly() -> None:
         )
         yield message(generate("never", "r3"))  # its input never comes: it never runs
 
-    run = EvergreenRun(engine, Limits(), None, send)
+    run = EvergreenRun(engine, Admission(None, None), Limits(), None, send)
     assert await asyncio.wait_for(run.serve(messages(), drain=True), 5) is None
     fragments = [f for out in sent for f in out.node_fragments]
     assert [f.id for f in fragments] == ["r"] * 5 + ["r2"] * 2
@@ -157,7 +158,7 @@ async def test_evergreen_client_leaving_cancels_its_actions() -> None:
         yield message(generate("p", "r", max_tokens=400) + leaf("p", "hi"))
         await left.wait()
 
-    run = EvergreenRun(engine, Limits(), None, send)
+    run = EvergreenRun(engine, Admission(None, None), Limits(), None, send)
     assert await asyncio.wait_for(run.serve(messages()), 5) is None
     assert engine.running == set() and 1 <= len(sent) < 100
 

@@ -19,7 +19,8 @@ Leaving OPEN or DRAINING for any other phase drops the session's nodes at once, 
 action still running can neither read nor emit.
 
 The abort on the wire: a final `SessionMessage` holding one action named `ABORT`, whose
-one config is a `google.protobuf.Struct` `{"code": <gRPC status name>, "message": ...}`
+one config is a `google.protobuf.Struct` `{"code": <gRPC status name>, "message": ...}`,
+plus `"retry_after_s"` when the server refused for overload or shutdown
 (`abort_message`); a websocket then closes with 4000 + the gRPC status code and the
 message cut to the 123 bytes a close frame holds (`close_code`, `close_reason`), a gRPC
 call ends with the status itself.
@@ -33,7 +34,7 @@ from typing import Generic
 
 from google.protobuf import struct_pb2
 
-from app.errors import SwitchboardError
+from app.errors import Overloaded, SwitchboardError
 from app.protocols.evergreen.session import P, Ready, Session
 from schemas import evergreen_pb2 as pb
 from schemas import evergreen_service_pb2 as service_pb
@@ -146,6 +147,8 @@ def abort_message(exc: SwitchboardError) -> service_pb.SessionMessage:
     """The final message of an aborted session."""
     status = struct_pb2.Struct()
     status.update({"code": exc.evergreen_reason, "message": exc.message})
+    if isinstance(exc, Overloaded):  # the server's queue is full, or it is shutting down
+        status.update({"retry_after_s": exc.retry_after_s})
     action = pb.Action(name=ABORT_ACTION)
     action.configs.add().Pack(status)
     return service_pb.SessionMessage(actions=[action])

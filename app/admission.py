@@ -1,0 +1,308 @@
+"""Admission: one bound on queued work, decided once for every protocol.
+
+Every unit of engine work (an OpenAI prompt or choice, a GraphPipe batch row, an Evergreen
+action, a Salience Generate) asks `Admission.admit` for a `Ticket` before any prompt work
+(tokenizing, templating), and gives it back with `Ticket.release` when it finishes, fails
+or is aborted. A refusal is `Overloaded` (HTTP 503 + Retry-After, gRPC UNAVAILABLE), with
+a retry hint.
+
+What is bounded is the QUEUE, as vLLM's `num_requests_waiting` counts it: a ticket is
+queued from admission until `Ticket.running` (the engine's first event for it: prefill
+done) or its release; running requests are not counted. Both bounds, `max_requests` and
+`max_tokens` (prompt tokens), are optional.
+
+Priority (vLLM's priority scheduler runs lower values first): a request of priority `p`
+is measured only against queued work of priority `<= p`, the work that would be
+scheduled before it or beside it. So a higher-priority request is never refused because
+lower-priority requests wait, and what a request waits behind stays bounded at every
+priority. (The total queue can then exceed the bound by lower-priority work that was
+admitted first; it drains first-come within a priority.)
+
+Tokens before tokenizing: the caller passes an upper bound (a text prompt's UTF-8 length:
+a byte-level tokenizer never makes more tokens than bytes, plus its few specials) and may
+correct it with `Ticket.measured` once the prompt is tokenized.
+
+Retry hint: the median-ish recent queue wait (an exponentially weighted mean of
+admission-to-running times), at least `min_retry_after_s`.
+
+Draining (`close`): once closed, every admission is refused as `Overloaded` (the server is
+going away; another replica, or this one restarted, takes the retry), and `cut` marks the
+tickets still in flight so that `generate` ends them as `Overloaded` once the engine has
+aborted their requests (the drain does that, `app.drain`).
+
+Counters count units: a call of several units (`admit_all`) is admitted whole or refused
+whole, and a refused call adds all its units to `refused`, none to `admitted`.
+
+The rule itself does no I/O and knows no framework; single-threaded by design (the event
+loop's thread), like the engine seam it guards. `generate` is the one wrapper every
+protocol runs an admitted request through: it moves the ticket to running on the
+engine's first event and releases it however the request ends.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from app.engine.base import Engine, GenerationRequest, TokenEvent
+from app.errors import Overloaded
+
+# Weight of the newest sample in the queue-wait average.
+_EWMA_WEIGHT = 0.2
+# Special tokens a tokenizer may add around a text prompt (BOS, EOS, a few markers).
+_SPECIALS_ALLOWANCE = 8
+
+_SHUTTING_DOWN = "The server is shutting down; retry on another replica or after the restart"
+
+
+def text_tokens_bound(text: str | bytes) -> int:
+    """An upper bound of the tokens `text` (or its UTF-8 bytes) makes, without tokenizing
+    it: its UTF-8 length (a byte-level tokenizer never makes more tokens than bytes) plus
+    a few specials."""
+    data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+    return len(data) + _SPECIALS_ALLOWANCE
+
+
+def prompt_tokens_bound(request: GenerationRequest) -> int:
+    """`text_tokens_bound` of a request's prompt, or its length when it is token ids."""
+    if request.prompt_token_ids is not None:
+        return len(request.prompt_token_ids)
+    return text_tokens_bound(request.prompt_text or "")
+
+
+@dataclass(eq=False)  # identity: two tickets are never the same one
+class Ticket:
+    """One admitted unit of work; `release` it once it is over (later calls do nothing),
+    or hold it in a `with` block."""
+
+    _owner: Admission = field(repr=False)
+    protocol: str
+    priority: int
+    tokens: int
+    admitted_at: float
+    queued: bool = True
+    released: bool = False
+    # The engine request running it (set by `generate`), so a drain can abort it.
+    request_id: str | None = None
+    # Set by `Admission.cut`: the server is shutting down and this work is to end.
+    cut: bool = False
+
+    def measured(self, tokens: int) -> None:
+        """The prompt's real token count, once known (replaces the upper bound)."""
+        if self.queued and not self.released:
+            self._owner._queued_tokens += tokens - self.tokens
+        self.tokens = tokens
+
+    def running(self) -> None:
+        """The engine has started this request: it leaves the queue."""
+        if self.queued and not self.released:
+            self._owner._dequeue(self, waited=True)
+
+    def release(self) -> None:
+        if self.released:
+            return
+        if self.queued:
+            self._owner._dequeue(self, waited=False)
+        self.released = True
+        self._owner._live.discard(self)
+
+    def __enter__(self) -> Ticket:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class Tickets:
+    """The tickets of one call (`Admission.admit_all`), in the order of its units. As a
+    context manager (or with `release`) it releases whatever its units have not."""
+
+    def __init__(self, tickets: Sequence[Ticket]) -> None:
+        self.tickets = tuple(tickets)
+
+    def __getitem__(self, index: int) -> Ticket:
+        return self.tickets[index]
+
+    def __len__(self) -> int:
+        return len(self.tickets)
+
+    def release(self) -> None:
+        for ticket in self.tickets:
+            ticket.release()
+
+    def __enter__(self) -> Tickets:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class Admission:
+    """The bound every protocol shares."""
+
+    def __init__(
+        self,
+        max_requests: int | None,
+        max_tokens: int | None,
+        *,
+        min_retry_after_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_requests = max_requests
+        self.max_tokens = max_tokens
+        self.min_retry_after_s = min_retry_after_s
+        self._clock = clock
+        self._queue: list[Ticket] = []
+        self._queued_tokens = 0
+        self._live: set[Ticket] = set()
+        self._closed = False
+        self._wait_s = 0.0
+        self.admitted: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+
+    # -- the rule ------------------------------------------------------------------
+
+    def admit(self, protocol: str, *, priority: int = 0, tokens: int = 0) -> Ticket:
+        """A ticket, or `Overloaded` when the queued work this request would wait behind
+        (priority <= its own) is at a bound."""
+        if self._closed:
+            self.refused[protocol] += 1
+            raise self.shutting_down()
+        unbounded = self.max_requests is None and self.max_tokens is None
+        ahead = [] if unbounded else [t for t in self._queue if t.priority <= priority]
+        full_requests = self.max_requests is not None and len(ahead) >= self.max_requests
+        full_tokens = (
+            self.max_tokens is not None
+            and ahead
+            and sum(t.tokens for t in ahead) + tokens > self.max_tokens
+        )
+        if full_requests or full_tokens:
+            self.refused[protocol] += 1
+            retry = self.retry_after_s()
+            what = "requests" if full_requests else "prompt tokens"
+            raise Overloaded(
+                f"The server is at its bound of queued {what}; retry after {retry} s",
+                retry_after_s=retry,
+            )
+        ticket = Ticket(self, protocol, priority, tokens, self._clock())
+        self._queue.append(ticket)
+        self._queued_tokens += tokens
+        self._live.add(ticket)
+        self.admitted[protocol] += 1
+        return ticket
+
+    def admit_all(self, protocol: str, tokens: Iterable[int], *, priority: int = 0) -> Tickets:
+        """One ticket per unit of a call (`tokens`: each unit's prompt-token bound), or
+        `Overloaded` for the whole call, with nothing taken."""
+        taken: list[Ticket] = []
+        bounds = list(tokens)
+        try:
+            for bound in bounds:
+                taken.append(self.admit(protocol, priority=priority, tokens=bound))
+        except Overloaded:
+            for ticket in taken:
+                ticket.release()
+            self.admitted[protocol] -= len(taken)
+            self.refused[protocol] += len(bounds) - 1  # `admit` counted the refused one
+            raise
+        return Tickets(taken)
+
+    def retry_after_s(self) -> int:
+        return max(math.ceil(self.min_retry_after_s), math.ceil(self._wait_s))
+
+    def shutting_down(self) -> Overloaded:
+        """What a draining server tells the work it refuses or cuts: retry soon, on
+        another replica or on this one restarted."""
+        return Overloaded(_SHUTTING_DOWN, retry_after_s=math.ceil(self.min_retry_after_s))
+
+    # -- what /metrics and readiness read ------------------------------------------
+
+    def queued(self) -> Counter[str]:
+        """Queued tickets per protocol."""
+        return Counter(t.protocol for t in self._queue)
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._queued_tokens
+
+    @property
+    def in_flight(self) -> int:
+        """Tickets admitted and not yet released, queued or running."""
+        return len(self._live)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Refuse every admission from now on (the server is draining)."""
+        self._closed = True
+
+    def cut(self) -> list[str]:
+        """Mark every ticket in flight to end (`generate` then raises `Overloaded`); the
+        engine request ids among them, for the caller to abort."""
+        ids = []
+        for ticket in self._live:
+            ticket.cut = True
+            if ticket.request_id is not None:
+                ids.append(ticket.request_id)
+        return ids
+
+    def saturated(self) -> bool:
+        """A request of the default priority (0) would be refused now (what readiness
+        reports): the queued work of priority <= 0 is at a bound, or admission is closed."""
+        if self._closed:
+            return True
+        ahead = [t for t in self._queue if t.priority <= 0]
+        at_requests = self.max_requests is not None and len(ahead) >= self.max_requests
+        at_tokens = self.max_tokens is not None and sum(t.tokens for t in ahead) >= self.max_tokens
+        return at_requests or at_tokens
+
+    # -- bookkeeping ---------------------------------------------------------------
+
+    def _dequeue(self, ticket: Ticket, *, waited: bool) -> None:
+        self._queue.remove(ticket)
+        self._queued_tokens -= ticket.tokens
+        ticket.queued = False
+        if waited:
+            wait = self._clock() - ticket.admitted_at
+            self._wait_s += _EWMA_WEIGHT * (wait - self._wait_s)
+
+
+async def generate(
+    engine: Engine, request: GenerationRequest, ticket: Ticket
+) -> AsyncGenerator[TokenEvent, None]:
+    """`engine.generate(request)` run on `ticket`: running from the first event, released
+    however it ends; the ticket's call `cut` by a drain ends it as `Overloaded`. Closing
+    this iterator closes the engine's, which aborts the request (the seam's invariant)."""
+    try:
+        if ticket.cut:
+            raise ticket._owner.shutting_down()
+        if request.prompt_token_ids is not None:
+            ticket.measured(len(request.prompt_token_ids))
+        ticket.request_id = request.request_id
+        events = engine.generate(request)
+        try:
+            async for event in events:
+                ticket.running()
+                if ticket.cut and event.finish_reason == "abort":
+                    raise ticket._owner.shutting_down()
+                yield event
+        finally:
+            await events.aclose()
+    finally:
+        ticket.release()

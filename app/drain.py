@@ -1,0 +1,104 @@
+"""The graceful end of the server: one `Drain` per app, started by SIGTERM (`app.cli`).
+
+The sequence, in order:
+
+1. `begin()`: readiness turns 503 (`/ready`), and admission is closed, so every new
+   request, action or session of every protocol is refused as `Overloaded` in its own
+   shape. Idempotent, synchronous: a signal handler may call it.
+2. `run()` waits up to `timeout_s` for the work in flight (admission's tickets) to end by
+   itself; what is left is then cut: its engine requests are aborted, and each protocol's
+   stream ends with `Overloaded` in its shape (an SSE error event, a GraphPipe error, a
+   Salience error frame, an Evergreen ABORT).
+3. Every subscribed goodbye runs: each open session (websocket, and gRPC when it lands)
+   says its protocol's goodbye (`refusal()`, UNAVAILABLE) and closes; the drain waits
+   for each goodbye to return, so a goodbye returns once its session is closed. A
+   transport calls `check_open()` before it opens a session (refused as `Overloaded`
+   once draining), subscribes the session's goodbye when it opens and unsubscribes it
+   when the session ends.
+
+Then the caller stops the server and the engine. Transports never poll the drain: they
+are refused by admission, or called by their goodbye.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from app.admission import Admission
+from app.errors import Overloaded
+
+logger = logging.getLogger(__name__)
+
+Goodbye = Callable[[], Awaitable[None]]
+Abort = Callable[[str], Awaitable[None]]
+
+# How often the drain looks at the work in flight, and how long it gives streams whose
+# requests it has aborted to say their last words.
+_POLL_S = 0.05
+_AFTER_CUT_S = 5.0
+_GOODBYE_S = 5.0
+
+
+class Drain:
+    def __init__(self, admission: Admission, timeout_s: float) -> None:
+        self.admission = admission
+        self.timeout_s = timeout_s
+        self._goodbyes: set[Goodbye] = set()
+        self.draining = False
+
+    def refusal(self) -> Overloaded:
+        """What a client is told when the drain refuses or ends its work."""
+        return self.admission.shutting_down()
+
+    def check_open(self) -> None:
+        """Raise `refusal()` once draining: no new session."""
+        if self.draining:
+            raise self.refusal()
+
+    def subscribe(self, goodbye: Goodbye) -> Callable[[], None]:
+        """Call `goodbye` when the drain ends sessions; the returned function unsubscribes."""
+        self._goodbyes.add(goodbye)
+        return lambda: self._goodbyes.discard(goodbye)
+
+    def begin(self) -> None:
+        if not self.draining:
+            self.draining = True
+            self.admission.close()
+            logger.info("draining: new work is refused; %d in flight", self.admission.in_flight)
+
+    async def run(self, abort: Abort) -> None:
+        """The whole sequence; `abort` aborts one engine request by id."""
+        self.begin()
+        deadline = time.monotonic() + self.timeout_s
+        await self._settle(deadline)
+        ids = self.admission.cut()
+        if self.admission.in_flight:
+            logger.warning(
+                "drain timeout (%.1f s): aborting %d request(s)", self.timeout_s, len(ids)
+            )
+        for request_id in ids:
+            with contextlib.suppress(Exception):  # the engine may be gone already
+                await abort(request_id)
+        await self._settle(time.monotonic() + _AFTER_CUT_S)
+        goodbyes = list(self._goodbyes)
+        self._goodbyes.clear()
+        if goodbyes:
+            logger.info("draining: ending %d session(s)", len(goodbyes))
+            await asyncio.wait(
+                [asyncio.ensure_future(_say(g)) for g in goodbyes], timeout=_GOODBYE_S
+            )
+
+    async def _settle(self, deadline: float) -> None:
+        while self.admission.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL_S)
+
+
+async def _say(goodbye: Goodbye) -> None:
+    try:
+        await goodbye()
+    except Exception:  # one session's failure must not keep the others from closing
+        logger.exception("a session's goodbye failed")

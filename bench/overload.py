@@ -1,0 +1,360 @@
+"""Overload: an open-loop burst at ~10x the engine's capacity, Switchboard with its
+admission bound against `vllm serve --max-num-queued-reqs` with the same bound.
+
+Load: streamed `/v1/completions` (a text prompt of ~128 tokens, 64 output tokens under
+`ignore_eos`, usage in the last chunk), arriving as a seeded Poisson process at
+`--factor` times the capacity for `--duration` s, whatever the server answers (open
+loop: a slow or refused answer does not slow the arrivals). The capacity (completed
+requests/s) is measured first, closed loop at `MAX_NUM_SEQS` concurrency on Switchboard,
+unless `--rate` gives the arrival rate.
+
+The same bound: both servers may keep `--bound` requests WAITING beside the
+`MAX_NUM_SEQS` the engine runs (passed to both as `--max-num-seqs`). Switchboard's
+`--max-queued-requests` counts waiting requests only; vLLM's `--max-num-queued-reqs`
+counts waiting + running, so it gets `bound + MAX_NUM_SEQS`.
+
+Per server: goodput (output tok/s of the requests that completed, over the burst from
+the first arrival to the last answer), p50/p99 TTFT of those, refusals: 503 with and
+without a `Retry-After` header, and a 200 whose stream holds only an error (vLLM refuses
+a streamed request that way once it has rendered its prompt); other 5xx (goal 0),
+connection errors (refused, reset or timed out), other failures, the peak RSS of the
+server's process tree (frontend + engine core), sampled every 0.5 s, and the frontend's
+CPU seconds over the burst. One server alive at a time. Writes bench/results/overload.json
+and the README table between the `bench:overload` markers.
+
+    .venv/bin/python bench/overload.py [--duration 60] [--factor 10] [--bound 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import psutil
+from common import cpu_seconds, machine, markdown_table, start_server, stop_server, write_table
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+MODEL = ROOT / ".cache" / "tiny-model"
+PY = sys.executable
+MAX_NUM_SEQS = 128  # vLLM's CPU default, given explicitly to both servers
+OUTPUT_LEN = 64
+PROMPT_WORDS = 100  # ~128 tokens of the tiny model's tokenizer
+ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "1024"]
+ENGINE_FLAGS += ["--max-num-seqs", str(MAX_NUM_SEQS)]
+TARGETS = ("switchboard", "vllm serve")
+WORDS = ["the", "of", "and", "to", "in", "is", "for", "on", "that", "with", "as", "by"]
+
+
+def server_command(target: str, port: int, bound: int) -> list[str]:
+    common = ["--model", str(MODEL), "--served-model-name", "tiny", "--port", str(port)]
+    if target == "switchboard":
+        return [
+            *(PY, "-m", "app.cli", "serve", *common, "--log-level", "warning"),
+            *("--max-queued-requests", str(bound), "--max-queued-tokens", "0"),
+            *("--grpc-port", "0"),  # not measured here
+            *ENGINE_FLAGS,
+        ]
+    return [
+        *(PY, "-m", "vllm.entrypoints.openai.api_server", *common),
+        *("--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"),
+        *("--max-num-queued-reqs", str(bound + MAX_NUM_SEQS)),
+        *ENGINE_FLAGS,
+    ]
+
+
+def prompt(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS))
+
+
+@dataclass
+class Outcome:
+    # ok | refused_retry | refused_no_retry | refused_in_stream | other_5xx | connection |
+    # failed
+    kind: str
+    ttft_s: float | None = None
+    tokens: int = 0
+    ended_at: float = 0.0
+    detail: str = ""
+
+
+async def one(session: aiohttp.ClientSession, url: str, text: str) -> Outcome:
+    body = {
+        "model": "tiny",
+        "prompt": text,
+        "max_tokens": OUTPUT_LEN,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    try:
+        async with session.post(url, json=body) as response:
+            if response.status == 503:
+                await response.read()
+                retry = "Retry-After" in response.headers
+                return Outcome("refused_retry" if retry else "refused_no_retry", ended_at=start)
+            if response.status >= 500:
+                return Outcome("other_5xx", detail=str(response.status), ended_at=start)
+            if response.status != 200:
+                return Outcome("failed", detail=f"HTTP {response.status}", ended_at=start)
+            ttft, tokens, error = None, 0, ""
+            async for raw in response.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    error = str(chunk["error"].get("message", ""))[:80]
+                elif chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                elif ttft is None and any(c.get("text") for c in chunk.get("choices", [])):
+                    ttft = time.perf_counter() - start
+            now = time.perf_counter()
+            if error and ttft is None:
+                # A 200 whose stream is only an error: a refusal after the prompt was
+                # rendered (vLLM's admission), with no retry hint.
+                return Outcome("refused_in_stream", detail=error, ended_at=now)
+            if error or tokens == 0:
+                return Outcome("failed", detail=error or "no usage", ended_at=now)
+            return Outcome("ok", ttft, tokens, now)
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        # Refused a connection, reset, or timed out: the server (or its backlog) gave up.
+        return Outcome("connection", detail=type(exc).__name__, ended_at=time.perf_counter())
+
+
+def _session() -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=600, sock_connect=30)
+    )
+
+
+async def capacity(port: int, seconds: float) -> float:
+    """Completed requests/s, closed loop at MAX_NUM_SEQS concurrency."""
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    rng = random.Random(1)
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            if (await one(session, url, prompt(rng))).kind == "ok":
+                done += 1
+
+    async with _session() as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(MAX_NUM_SEQS)))
+        return done / (time.perf_counter() - start)
+
+
+@dataclass
+class Sampler:
+    """Peak RSS of a process tree, sampled in a thread."""
+
+    pid: int
+    peak_bytes: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _sample(self) -> None:
+        root = psutil.Process(self.pid)
+        while not self._stop.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+                total = 0
+                for proc in procs:
+                    with contextlib.suppress(psutil.NoSuchProcess):  # gone meanwhile
+                        total += proc.memory_info().rss
+                self.peak_bytes = max(self.peak_bytes, total)
+            except psutil.NoSuchProcess:
+                return
+            self._stop.wait(0.5)
+
+    def __enter__(self) -> Sampler:
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+async def burst(port: int, rate: float, duration: float, pid: int) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    rng = random.Random(0)
+    arrivals: list[float] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration:
+            break
+        arrivals.append(t)
+    prompts = [prompt(rng) for _ in arrivals]
+    cpu = cpu_seconds(pid)
+    with Sampler(pid) as sampler:
+        async with _session() as session:
+            start = time.perf_counter()
+            tasks = []
+            for at, text in zip(arrivals, prompts, strict=True):
+                delay = start + at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(session, url, text)))
+            sent_s = time.perf_counter() - start
+            outcomes: list[Outcome] = await asyncio.gather(*tasks)
+    cpu = cpu_seconds(pid) - cpu
+    ok = [o for o in outcomes if o.kind == "ok"]
+    window = max([o.ended_at for o in ok], default=start) - start
+    ttfts = sorted(o.ttft_s for o in ok if o.ttft_s is not None)
+    kinds = ("ok", "refused_retry", "refused_no_retry", "refused_in_stream", "other_5xx")
+    counts = {k: sum(o.kind == k for o in outcomes) for k in (*kinds, "connection")}
+    failures: dict[str, int] = {}
+    for o in outcomes:
+        if o.kind in ("failed", "connection"):
+            failures[o.detail] = failures.get(o.detail, 0) + 1
+    return {
+        "offered": len(arrivals),
+        "offered_rate": rate,
+        "sending_took_s": sent_s,  # > duration: the client could not keep the pace
+        **counts,
+        "failed": sum(o.kind == "failed" for o in outcomes),
+        "failures": failures,
+        "goodput_tok_s": sum(o.tokens for o in ok) / window if window > 0 else 0.0,
+        "ttft_p50_ms": _percentile(ttfts, 50) * 1000,
+        "ttft_p99_ms": _percentile(ttfts, 99) * 1000,
+        "peak_rss_mib": sampler.peak_bytes / 2**20,
+        "frontend_cpu_s": cpu,
+    }
+
+
+def _percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[max(0, min(98, int(p) - 1))]
+
+
+def table(results: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
+    head = (
+        f"Tiny model, ~128-token text prompts, {OUTPUT_LEN} output tokens (ignore_eos), "
+        f"streamed; Poisson arrivals at {info['rate']:.1f} req/s ({info['factor']}x the "
+        f"measured capacity of {info['capacity']:.1f} req/s) for {info['duration']:.0f} s; "
+        f"at most {info['bound']} requests waiting beside the {MAX_NUM_SEQS} running on "
+        "both servers."
+    )
+    header = [
+        "server",
+        "offered",
+        "completed",
+        "goodput tok/s",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "503 with Retry-After",
+        "503 without",
+        "refused inside a 200 stream",
+        "other 5xx",
+        "connection errors",
+        "other failures",
+        "peak RSS MiB",
+        "frontend CPU s",
+    ]
+    rows = [
+        [
+            target,
+            r["offered"],
+            r["ok"],
+            f"{r['goodput_tok_s']:.0f}",
+            f"{r['ttft_p50_ms']:.0f}",
+            f"{r['ttft_p99_ms']:.0f}",
+            r["refused_retry"],
+            r["refused_no_retry"],
+            r["refused_in_stream"],
+            r["other_5xx"],
+            r["connection"],
+            r["failed"],
+            f"{r['peak_rss_mib']:.0f}",
+            f"{r['frontend_cpu_s']:.1f}",
+        ]
+        for target, r in results.items()
+    ]
+    return "\n".join([head, "", *markdown_table(header, rows)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--factor", type=float, default=10.0)
+    parser.add_argument("--bound", type=int, default=64)
+    parser.add_argument("--rate", type=float, help="arrivals/s (default: factor x capacity)")
+    parser.add_argument("--capacity-s", type=float, default=20.0, help="capacity run length")
+    parser.add_argument("--port", type=int, default=8124)
+    parser.add_argument("--no-readme", action="store_true", help="leave README.md alone")
+    args = parser.parse_args()
+    if not (MODEL / "config.json").is_file():
+        subprocess.run([PY, "-m", "app.cli", "make-tiny-model", str(MODEL)], check=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, Any]] = {}
+    cap = float("nan")
+    rate = args.rate
+    for target in TARGETS:
+        log = RESULTS / f"overload-{target.replace(' ', '-')}.log"
+        proc = start_server(server_command(target, args.port, args.bound), args.port, log)
+        try:
+            # The first request of a fresh CPU engine pays its warm-up.
+            httpx.post(
+                f"http://127.0.0.1:{args.port}/v1/completions",
+                json={"model": "tiny", "prompt": "warm up", "max_tokens": 8},
+                timeout=300,
+            )
+            if rate is None:
+                cap = asyncio.run(capacity(args.port, args.capacity_s))
+                rate = args.factor * cap
+                print(f"capacity {cap:.1f} req/s -> offering {rate:.1f} req/s", flush=True)
+            results[target] = asyncio.run(burst(args.port, rate, args.duration, proc.pid))
+            print(target, json.dumps(results[target]), flush=True)
+        finally:
+            stop_server(proc)
+    info = {
+        "capacity": cap,
+        "rate": rate,
+        "factor": args.factor,
+        "duration": args.duration,
+        "bound": args.bound,
+    }
+    md = table(results, info)
+    (RESULTS / "overload.json").write_text(
+        json.dumps(
+            {
+                "machine": machine(),
+                "date": time.strftime("%Y-%m-%d"),
+                **info,
+                "max_num_seqs": MAX_NUM_SEQS,
+                "output_len": OUTPUT_LEN,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
+    if not args.no_readme:
+        write_table("overload", md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""SIGTERM during streams on every protocol, against a real `switchboard serve` process.
+
+ONE subprocess server (the tiny model, no `VLLM_CPU_KVCACHE_SPACE` in its environment, so
+it also proves that serve starts on a CPU host right after the suite has filled the page
+cache) is drained once, by the module's `drained` fixture; each test then checks one part
+of what the clients saw:
+
+- before SIGTERM: streams on every protocol, a short OpenAI stream that ends within the
+  drain, long ones (48 choices x 960 tokens under `ignore_eos`: several seconds, well past
+  `--drain-timeout-s`) that must be cut, and idle websocket sessions;
+- right after SIGTERM: `/ready` 503, `/health` 200, a new request refused with 503 and
+  Retry-After, a new Evergreen session refused with ABORT UNAVAILABLE;
+- each client's ending: the short stream complete, the long OpenAI stream an SSE error
+  (`overloaded`) then `[DONE]`, GraphPipe a 503 InferResponse error, Evergreen ABORT
+  UNAVAILABLE + close 4014, Salience an UNAVAILABLE error frame + close 1001;
+- the process gone within the drain timeout plus the engine's own shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import websockets
+
+from tests.conftest import ROOT, free_port, tiny_model_path
+from tests.e2e.test_overload import (
+    evergreen_outcome,
+    evergreen_turn,
+    salience_generate,
+)
+from tests.graphpipe_client import Infer, infer_request, read_infer_response
+
+pytestmark = pytest.mark.e2e
+
+DRAIN_TIMEOUT_S = 2.0
+# What exiting may take past the drain timeout: the cut streams' last words, goodbyes,
+# uvicorn's shutdown and vLLM stopping its engine core (it waits up to 5 s for workers).
+SHUTDOWN_SLACK_S = 20.0
+LONG = 960  # tokens: the tiny model's 1,024-token context, less the prompt
+WIDE = 48  # choices (and GraphPipe rows) of the long requests
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.process, self.port, self.log = process, port, log
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.ws_url = f"ws://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    port = free_port()
+    log = tmp_path_factory.mktemp("drain") / "serve.log"
+    command = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "serve",
+        "--model",
+        str(tiny_model_path()),
+        "--served-model-name",
+        "tiny",
+        "--port",
+        str(port),
+        "--drain-timeout-s",
+        str(DRAIN_TIMEOUT_S),
+        "--grpc-port",
+        str(free_port()),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
+    ]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    live = Server(process, port, log)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert process.poll() is None, f"serve exited: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "serve did not become ready in 600 s"
+            try:
+                if httpx.get(f"{live.base_url}/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        warm = {"model": "tiny", "prompt": "warm up", "max_tokens": 2}
+        httpx.post(f"{live.base_url}/v1/completions", json=warm, timeout=300).raise_for_status()
+        yield live
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+
+
+async def _sse(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], first: asyncio.Event
+) -> list[str]:
+    """The stream's `data:` payloads, setting `first` at the first one."""
+    events = []
+    async with client.stream("POST", url, json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                first.set()
+    return events
+
+
+async def _after_sigterm(server: Server, client: httpx.AsyncClient) -> dict[str, Any]:
+    """What a new client meets once SIGTERM has been sent."""
+    seen: dict[str, Any] = {}
+    started = time.monotonic()
+    while True:  # readiness turns at once: well within a second
+        ready = await client.get(f"{server.base_url}/ready")
+        if ready.status_code == 503 or time.monotonic() - started > 5:
+            break
+        await asyncio.sleep(0.02)
+    seen["ready_after_s"] = time.monotonic() - started
+    seen["ready"] = ready.status_code
+    seen["health"] = (await client.get(f"{server.base_url}/health")).status_code
+    body = {"model": "tiny", "prompt": "too late", "max_tokens": 2}
+    refused = await client.post(f"{server.base_url}/v1/completions", json=body)
+    seen["refused"] = (refused.status_code, refused.headers.get("retry-after"), refused.json())
+    async with websockets.connect(f"{server.ws_url}/evergreen/ws") as ws:
+        seen["evergreen_refused"] = await evergreen_outcome(ws)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def drained(server: Server) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        limits = httpx.Limits(max_connections=32)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            url = f"{server.base_url}/v1/completions"
+            long_started, short_started = asyncio.Event(), asyncio.Event()
+            long_body = {
+                "model": "tiny",
+                "prompt": "Once upon a time",
+                "max_tokens": LONG,
+                "n": WIDE,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            long_stream = asyncio.create_task(_sse(client, url, long_body, long_started))
+            rows = np.empty(WIDE, dtype=object)
+            rows[:] = [f"row {i}".encode() for i in range(WIDE)]
+            call = Infer([rows], config=json.dumps({"max_tokens": LONG, "temperature": 0}))
+            graphpipe = asyncio.create_task(
+                client.post(f"{server.base_url}/graphpipe", content=infer_request(call))
+            )
+            evergreen_busy = await websockets.connect(f"{server.ws_url}/evergreen/ws")
+            await evergreen_busy.send(evergreen_turn("Tell me a long story.", LONG))
+            evergreen_idle = await websockets.connect(f"{server.ws_url}/evergreen/ws")
+            salience_busy = await websockets.connect(f"{server.ws_url}/salience/ws")
+            await salience_generate(salience_busy, "tiny", "g", [5, 6, 7], LONG)
+            salience_idle = await websockets.connect(f"{server.ws_url}/salience/ws")
+            await asyncio.wait_for(long_started.wait(), 120)
+            short_body = {"model": "tiny", "prompt": "Hi", "max_tokens": 8, "stream": True}
+            short_stream = asyncio.create_task(_sse(client, url, short_body, short_started))
+            await asyncio.wait_for(short_started.wait(), 120)
+
+            sent_at = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            seen = await _after_sigterm(server, client)
+
+            seen["short"] = await short_stream
+            seen["long"] = await long_stream
+            seen["long_ended_after_s"] = time.monotonic() - sent_at
+            gp = await graphpipe
+            seen["graphpipe"] = (gp.status_code, read_infer_response(gp.content).errors)
+            seen["evergreen_busy"] = await _evergreen_ending(evergreen_busy)
+            seen["evergreen_idle"] = await evergreen_outcome(evergreen_idle)
+            seen["salience_busy"] = await _salience_ending(salience_busy, "g")
+            seen["salience_idle"] = await _salience_ending(salience_idle, None)
+            exit_code = await asyncio.to_thread(server.process.wait, 120)
+            seen["exit"] = (exit_code, time.monotonic() - sent_at)
+            return seen
+
+    return asyncio.run(run())
+
+
+async def _evergreen_ending(ws: Any) -> tuple[str, Any]:
+    """The session's ending, past any output that completed first (stopped at EOS)."""
+    while True:
+        kind, outcome = await evergreen_outcome(ws)
+        if kind != "text":
+            return kind, outcome
+
+
+async def _salience_ending(ws: Any, call_id: str | None) -> list[Any]:
+    """Every reply until the socket closes, then its close code."""
+    replies: list[Any] = []
+    try:
+        while True:
+            replies.append(json.loads(await asyncio.wait_for(ws.recv(), timeout=120)))
+    except websockets.ConnectionClosed as closed:
+        replies.append(closed.rcvd.code if closed.rcvd else None)
+    if call_id is None:
+        assert all(r.get("id") == "" for r in replies[:-1]), replies
+    return replies
+
+
+def test_readiness_turns_at_once_and_new_work_is_refused(drained: dict[str, Any]) -> None:
+    assert drained["ready"] == 503 and drained["ready_after_s"] < 1.0
+    assert drained["health"] == 200  # alive: not to be killed while it drains
+    status, retry_after, body = drained["refused"]
+    assert status == 503 and retry_after is not None and int(retry_after) >= 1
+    assert body["error"]["code"] == "overloaded" and "shutting down" in body["error"]["message"]
+    kind, (abort, code) = drained["evergreen_refused"]
+    assert kind == "abort" and abort["code"] == "UNAVAILABLE" and code == 4014
+
+
+def test_a_stream_that_ends_within_the_drain_finishes(drained: dict[str, Any]) -> None:
+    events = drained["short"]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all("error" not in c for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_long_openai_stream_is_cut_with_an_error_event(drained: dict[str, Any]) -> None:
+    events = drained["long"]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "overloaded" and "shutting down" in error["message"]
+    assert drained["long_ended_after_s"] < DRAIN_TIMEOUT_S + 6
+
+
+def test_graphpipe_answers_its_error_shape(drained: dict[str, Any]) -> None:
+    status, errors = drained["graphpipe"]
+    assert status == 503 and errors and errors[0][0] == 503
+    assert "shutting down" in errors[0][1]
+
+
+def test_evergreen_sessions_end_with_abort_unavailable(drained: dict[str, Any]) -> None:
+    for name in ("evergreen_busy", "evergreen_idle"):
+        kind, outcome = drained[name]
+        assert kind == "abort", (name, kind, outcome)
+        abort, code = outcome
+        assert abort["code"] == "UNAVAILABLE" and abort["retry_after_s"] >= 1
+        assert code == 4014
+
+
+def test_salience_sockets_end_with_an_error_frame_and_going_away(
+    drained: dict[str, Any],
+) -> None:
+    busy = drained["salience_busy"]
+    # The Generate's own ending (cut: UNAVAILABLE; or done if it stopped at EOS first),
+    # then the socket's goodbye: an UNAVAILABLE error frame, close 1001.
+    assert busy[-1] == 1001
+    goodbye = busy[-2]
+    assert goodbye["id"] == "" and goodbye["error"]["code"] == "UNAVAILABLE"
+    ending = [
+        r
+        for r in busy[:-2]
+        if r.get("id") == "g" and ("error" in r or "done" in r.get("event", {}))
+    ]
+    assert ending, busy[-5:]
+    idle = drained["salience_idle"]
+    assert idle[-1] == 1001 and idle[-2]["error"]["code"] == "UNAVAILABLE"
+
+
+def test_the_process_exits_within_the_drain_timeout(drained: dict[str, Any]) -> None:
+    code, took = drained["exit"]
+    assert code in (0, -signal.SIGTERM), code
+    assert took < DRAIN_TIMEOUT_S + SHUTDOWN_SLACK_S, took

@@ -1,0 +1,72 @@
+"""Admission and drain on gRPC Evergreen sessions, over the fake engine: a GENERATE the
+bound refuses, and a draining server's new session, both end the call with the ABORT
+message (UNAVAILABLE, `retry_after_s`) and the status UNAVAILABLE, as on the websocket."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import grpc
+import pytest
+from fastapi.testclient import TestClient
+from google.protobuf import json_format, struct_pb2
+
+from app.config import Settings
+from app.main import create_app
+from schemas import evergreen_service_pb2 as service_pb
+from schemas import evergreen_service_pb2_grpc as evergreen_grpc
+from tests.conftest import free_port
+from tests.fake_engine import FakeEngine
+from tests.unit.test_admission_sessions import _turn
+
+
+@contextmanager
+def served(**settings: Any) -> Iterator[tuple[Any, TestClient, grpc.Channel]]:
+    port = free_port()
+    app = create_app(Settings(model="fake", grpc_port=port, **settings), engine=FakeEngine())
+    with TestClient(app) as client, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield app, client, channel
+
+
+def _session(
+    channel: grpc.Channel, actions: bool = True
+) -> tuple[list[service_pb.SessionMessage], grpc.RpcError]:
+    stub = evergreen_grpc.EvergreenServiceStub(channel)
+    turn = _turn(4)
+    if not actions:  # a node and nothing to do: the session alone is refused
+        del turn["actions"]
+    message = json_format.ParseDict(turn, service_pb.SessionMessage())
+    received = []
+    with pytest.raises(grpc.RpcError) as ended:
+        for reply in stub.StartSession(iter([message]), timeout=10):
+            received.append(reply)
+    return received, ended.value
+
+
+def _abort_status(message: service_pb.SessionMessage) -> dict[str, Any]:
+    [action] = message.actions
+    assert action.name == "ABORT"
+    status = struct_pb2.Struct()
+    assert action.configs[0].Unpack(status)
+    return json_format.MessageToDict(status)
+
+
+def test_a_refused_generate_ends_the_grpc_session_unavailable() -> None:
+    with served(max_queued_requests=1) as (app, client, channel):
+        held = client.portal.call(app.state.admission.admit, "test")  # type: ignore[union-attr]
+        received, error = _session(channel)
+        client.portal.call(held.release)  # type: ignore[union-attr]
+        assert app.state.admission.refused["evergreen"] == 1
+    status = _abort_status(received[-1])
+    assert status["code"] == "UNAVAILABLE" and status["retry_after_s"] >= 1
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "retry after" in error.details()
+
+
+def test_a_draining_server_refuses_a_new_grpc_session() -> None:
+    with served() as (app, client, channel):
+        client.portal.call(app.state.drain.begin)  # type: ignore[union-attr]
+        received, error = _session(channel, actions=False)
+    assert _abort_status(received[-1])["code"] == "UNAVAILABLE"
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in error.details()
