@@ -161,13 +161,21 @@ class RenderedRequest(BaseModel):
 
     request_id: str
     token_ids: list[int]
+    token_offsets: None = None
     features: None = None
+    content_parts: None = None
     sampling_params: dict[str, object]
     model: str
+    reasoning_ended: None = None
+    reasoning_parser_kwargs: None = None
+    return_token_ids: None = None
+    output_mode: Literal["tokens"] = "tokens"
     stream: bool
     stream_options: dict[str, object] | None = None
     cache_salt: str | None = None
     priority: int
+    kv_transfer_params: None = None
+    ec_transfer_params: None = None
 
 
 class RenderedRequests(RootModel[list[RenderedRequest]]):

@@ -4,9 +4,14 @@ and tokenized exactly as for generation (the same core builds it), and answered 
 what would be handed to the engine: a chat body gives one generate request, a
 completions body a list, one per prompt.
 
-Each item has vLLM's `GenerateRequest` shape: `request_id`, `token_ids`, `features`
-(null: no multimodal), `sampling_params` (vLLM's field names), `model`, `stream`,
-`stream_options`, `cache_salt`, `priority`.
+Each item has vLLM's `GenerateRequest` shape, its keys in vLLM's order (checked against
+vLLM's own render server by tests/e2e/test_render_peer.py): `request_id` (a completions
+body with one prompt gets the bare id, several get `-<index>` suffixes, as vLLM does),
+`token_ids`, `token_offsets`, `features`, `content_parts` (null: no offsets asked, no
+multimodal), `sampling_params` (vLLM's field names), `model`, `reasoning_ended`,
+`reasoning_parser_kwargs` (null: no reasoning parser), `return_token_ids`, `output_mode`
+(`tokens`), `stream`, `stream_options`, `cache_salt`, `priority`, `kv_transfer_params`,
+`ec_transfer_params` (null: no disaggregation).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ def _sampling(options: SamplingOptions, n: int) -> dict[str, Any]:
         "max_tokens": options.max_tokens,
         "temperature": options.temperature,
         "top_p": options.top_p,
-        "top_k": options.top_k if options.top_k else -1,
+        "top_k": options.top_k,  # 0: all tokens, as vLLM writes it (it reads -1 as 0)
         "min_p": options.min_p,
         "seed": options.seed,
         "presence_penalty": options.presence_penalty,
@@ -54,15 +59,23 @@ def _item(
     return {
         "request_id": request_id,
         "token_ids": list(request.prompt_token_ids or ()),
+        "token_offsets": None,
         "features": None,
+        "content_parts": None,
         "sampling_params": _sampling(request.sampling, body.n),
         "model": core.model,
+        "reasoning_ended": None,
+        "reasoning_parser_kwargs": None,
+        "return_token_ids": None,
+        "output_mode": "tokens",
         "stream": body.stream,
         "stream_options": body.stream_options.model_dump()
         if body.stream and body.stream_options
         else None,
         "cache_salt": None,
         "priority": request.priority,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
     }
 
 
@@ -75,6 +88,8 @@ def render_completions(core: CompletionCore) -> list[dict[str, Any]]:
     firsts: dict[int, GenerationRequest] = {}
     for plan in core.plans:
         firsts.setdefault(plan.prompt_index, plan.request)
+    if len(firsts) == 1:
+        return [_item(core, next(iter(firsts.values())), core.response_id)]
     return [
         _item(core, request, f"{core.response_id}-{index}")
         for index, request in sorted(firsts.items())
