@@ -53,19 +53,39 @@ async def abort(context: Context, exc: BaseException) -> NoReturn:
 
 
 class Writer:
+    """One write at a time: gRPC takes one message send per call at once, and a second
+    one fails the call (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS)."""
+
     def __init__(self, context: Context) -> None:
         self._context = context
         self._lock = asyncio.Lock()
+        # A write whose writer was cancelled (an aborted action) goes on in grpcio's core
+        # until the client reads it or leaves; nothing more may be sent meanwhile.
+        self._orphan: asyncio.Future[None] | None = None
 
     async def __call__(self, message: Message) -> None:
         """Write `message`; dropped once the call is over (the client cancelled it or its
-        deadline passed: grpcio is cancelling the handler, which ends the work)."""
+        deadline passed: grpcio is cancelling the handler, which ends the work), or while
+        an abandoned write is still in flight (the call is ending: its status still goes)."""
         async with self._lock:
+            if self._orphan is not None and not self._orphan.done():
+                return
+            write = asyncio.ensure_future(self._context.write(message))
             try:
-                await self._context.write(message)
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                self._orphan = write
+                write.add_done_callback(_consume)
+                raise
             except grpc.aio.BaseError:
                 if not (self._context.done() or self._context.cancelled()):
                     raise
+
+
+def _consume(write: asyncio.Future[None]) -> None:
+    # The abandoned write's outcome is nobody's: the call ends with its own status.
+    if not write.cancelled():
+        write.exception()
 
 
 def decode(message_type: type[M], data: bytes) -> M:
