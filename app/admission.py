@@ -47,6 +47,7 @@ from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Self
 
 from app.engine.base import Engine, GenerationRequest, TokenEvent
 from app.errors import Overloaded
@@ -74,8 +75,26 @@ def prompt_tokens_bound(request: GenerationRequest) -> int:
     return text_tokens_bound(request.prompt_text or "")
 
 
+class _Releasing:
+    """`with` releases on the way out, however the block ends."""
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
 @dataclass(eq=False)  # identity: two tickets are never the same one
-class Ticket:
+class Ticket(_Releasing):
     """One admitted unit of work; `release` it once it is over (later calls do nothing),
     or hold it in a `with` block."""
 
@@ -110,19 +129,8 @@ class Ticket:
         self.released = True
         self._owner._live.discard(self)
 
-    def __enter__(self) -> Ticket:
-        return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.release()
-
-
-class Tickets:
+class Tickets(_Releasing):
     """The tickets of one call (`Admission.admit_all`), in the order of its units. As a
     context manager (or with `release`) it releases whatever its units have not."""
 
@@ -138,17 +146,6 @@ class Tickets:
     def release(self) -> None:
         for ticket in self.tickets:
             ticket.release()
-
-    def __enter__(self) -> Tickets:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.release()
 
 
 class Admission:
