@@ -245,15 +245,21 @@ async def _closed_after_abort(ws: Any) -> tuple[dict[str, Any], int]:
     return abort["configs"][0]["value"], closed.value.rcvd.code
 
 
-async def test_a_client_that_leaves_mid_generation_aborts_its_requests(  # type: ignore[no-untyped-def]
-    live_server, abort_workload
-) -> None:
+async def _sessions_running(live_server, abort_workload):  # type: ignore[no-untyped-def]
+    """The workload's actions running in SESSIONS sockets, all held by vLLM."""
     url = f"{live_server.ws_url}/evergreen/ws"
     sockets = [await websockets.connect(url, close_timeout=CLOSE_TIMEOUT) for _ in range(SESSIONS)]
     watch = await AbortWatch.start(live_server.engine, abort_workload)
     for session, ws in enumerate(sockets):
         await ws.send(_long_actions(abort_workload, session))
     await watch.all_in_engine()
+    return sockets, watch
+
+
+async def test_a_client_that_leaves_mid_generation_aborts_its_requests(  # type: ignore[no-untyped-def]
+    live_server, abort_workload
+) -> None:
+    sockets, watch = await _sessions_running(live_server, abort_workload)
     closing = asyncio.gather(*(ws.close() for ws in sockets))
     await watch.idle()
     await closing
@@ -262,12 +268,7 @@ async def test_a_client_that_leaves_mid_generation_aborts_its_requests(  # type:
 async def test_a_session_that_aborts_mid_generation_aborts_its_requests(  # type: ignore[no-untyped-def]
     live_server, abort_workload
 ) -> None:
-    url = f"{live_server.ws_url}/evergreen/ws"
-    sockets = [await websockets.connect(url, close_timeout=CLOSE_TIMEOUT) for _ in range(SESSIONS)]
-    watch = await AbortWatch.start(live_server.engine, abort_workload)
-    for session, ws in enumerate(sockets):
-        await ws.send(_long_actions(abort_workload, session))
-    await watch.all_in_engine()
+    sockets, watch = await _sessions_running(live_server, abort_workload)
     # A fragment past the final seq of a node aborts the session mid-generation.
     past_the_end = [
         {"id": "x", "chunkFragment": {"metadata": {"mimetype": "text/plain"}}},
