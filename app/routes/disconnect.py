@@ -1,8 +1,8 @@
-"""Cancelling a non-streamed call's work when its HTTP client goes away.
+"""Cancelling an HTTP call's work when its client goes away.
 
-Streams are cancelled by their response machinery (sse-starlette); a plain request/response
-handler is not, so it runs its work beside a watcher of the ASGI `http.disconnect`
-message. Cancelling the work closes its engine iterators, which aborts the requests.
+The work (a non-streamed call's collection, or a stream's pump) runs beside a watcher of
+the ASGI `http.disconnect` message; once the client is gone the work is cancelled, which
+closes its engine iterators and so aborts its requests.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from starlette.requests import Request
+from starlette.types import Receive
 
 T = TypeVar("T")
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, logs do
@@ -21,12 +21,12 @@ class ClientGone(Exception):
     """The client disconnected before the work finished (control flow, never rendered)."""
 
 
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
     """`work`'s result (its exception propagates), or `ClientGone` once its client has
     disconnected and the work's cancellation has completed."""
 
     async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
+        while (await receive())["type"] != "http.disconnect":
             pass
 
     task = asyncio.ensure_future(work)

@@ -102,7 +102,7 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
         core = InferCore(call, engine.info, request_id=f"gp-{uuid.uuid4().hex}", lora_name=lora)
         bounds = [prompt_tokens_bound(r) for r in core.requests]
         with get_admission(request).admit_all("graphpipe", bounds) as tickets:
-            await unless_disconnected(request, _generate(engine, core, tickets))
+            await unless_disconnected(request.receive, _generate(engine, core, tickets))
         return _octet(encode_infer_response(core.outputs()))
     except SwitchboardError as exc:
         return graphpipe_error(exc)

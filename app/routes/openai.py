@@ -5,22 +5,19 @@ Thin adapter: body -> admission (one unit per prompt x choice, before any tokeni
 refusal is a 503 with Retry-After) -> core (validation happens there, before any stream
 starts) -> engine -> core -> JSON or SSE. Once a stream has started, errors go inside it
 (an SSE error event, then `data: [DONE]`). A client that goes away aborts its engine
-requests: streams are cancelled by sse-starlette, non-streamed calls by
-`unless_disconnected`.
+requests (`unless_disconnected`, under streams too).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
-from sse_starlette import EventSourceResponse
-from starlette.types import Receive, Scope, Send
 
 from app import __version__
 from app.admission import Tickets
@@ -35,7 +32,8 @@ from app.routes.bodies import documented, json_body, parse_json, read_body, vali
 from app.routes.deps import AdmissionDep, AuthDep, EngineDep
 from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.fanout import merge_generations
-from app.routes.responses import OrjsonResponse, dump_json
+from app.routes.responses import OrjsonResponse
+from app.routes.sse import DONE, EventStream, sse
 from schemas.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -63,7 +61,6 @@ router = APIRouter()
 v1 = APIRouter(dependencies=[AuthDep])
 
 Core = CompletionCore | ChatCore
-_DONE = b"data: [DONE]\n\n"
 
 # What /openapi.json says each route answers (documentation only: the handlers return
 # ready Responses, never validated through these models).
@@ -112,38 +109,20 @@ def _model(engine: Engine, requested: str | None) -> str:
     return name
 
 
-def _sse(body: dict[str, Any]) -> bytes:
-    return b"data: " + dump_json(body) + b"\n\n"
-
-
-class _AdmittedStream(EventSourceResponse):  # type: ignore[misc]
-    """An SSE response that gives its call's admission tickets back when it ends, however
-    it ends: even a stream the client left before its first byte, whose body generator
-    never started (and whose `finally` would never run)."""
-
-    def __init__(self, body: AsyncIterator[bytes], tickets: Tickets) -> None:
-        super().__init__(body, ping=None)
-        self._tickets = tickets
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        with self._tickets:
-            await super().__call__(scope, receive, send)
-
-
-async def _stream(engine: Engine, core: Core, tickets: Tickets) -> AsyncIterator[bytes]:
+async def _stream(engine: Engine, core: Core, tickets: Tickets) -> AsyncGenerator[bytes, None]:
     try:
         requests = [p.request for p in core.plans]
         async for index, event in merge_generations(engine, requests, tickets):
             for chunk in core.chunks(index, event):
-                yield _sse(chunk)
+                yield sse(chunk)
         usage = core.usage_chunk()
         if usage is not None:
-            yield _sse(usage)
+            yield sse(usage)
     except SwitchboardError as exc:
-        yield _sse(exc.openai_body())
+        yield sse(exc.openai_body())
     except Exception as exc:  # a bug must still end the stream in OpenAI's shape
-        yield _sse(InternalError.wrap(exc).openai_body())
-    yield _DONE
+        yield sse(InternalError.wrap(exc).openai_body())
+    yield DONE
 
 
 async def _collect(engine: Engine, core: Core, tickets: Tickets) -> dict[str, Any]:
@@ -157,10 +136,10 @@ async def _serve(
     request: Request, engine: Engine, core: Core, stream: bool, tickets: Tickets
 ) -> Response:
     if stream:
-        return _AdmittedStream(_stream(engine, core, tickets), tickets)
+        return EventStream(_stream(engine, core, tickets), tickets)
     try:
         with tickets:
-            body = await unless_disconnected(request, _collect(engine, core, tickets))
+            body = await unless_disconnected(request.receive, _collect(engine, core, tickets))
     except ClientGone:
         return Response(status_code=CLIENT_GONE)
     except SwitchboardError:

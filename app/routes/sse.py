@@ -1,0 +1,63 @@
+"""Server-sent events: the encoding of one event, and the streamed response that carries
+them.
+
+`EventStream` writes each event straight to the ASGI `send`, one message per event, and
+cancels its producer when the client disconnects (which closes the producer's engine
+iterators, so their requests are aborted). It replaces sse-starlette's response, whose
+per-event cancel scope and four tasks per stream cost the frontend about a tenth of its
+CPU per token at 32 streams (profiled); the wire is the same: `data: <json>\\n\\n`
+events, no pings. The call's admission tickets are given back when the response ends,
+however it ends: even when the client left before the producer started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from app.admission import Tickets
+from app.routes.disconnect import ClientGone, unless_disconnected
+from app.routes.responses import dump_json
+
+DONE = b"data: [DONE]\n\n"
+_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-store"),
+    (b"x-accel-buffering", b"no"),  # proxies must pass each event on at once
+]
+
+
+def sse(body: dict[str, Any]) -> bytes:
+    """One `data:` event holding `body` as JSON."""
+    return b"data: " + dump_json(body) + b"\n\n"
+
+
+class EventStream(Response):
+    """A 200 `text/event-stream` of the `events` (each one already encoded)."""
+
+    def __init__(self, events: AsyncGenerator[bytes, None], tickets: Tickets) -> None:
+        super().__init__(status_code=200, media_type="text/event-stream")
+        self.raw_headers = list(_HEADERS)
+        self._events = events
+        self._tickets = tickets
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with self._tickets:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            # A client gone has nobody to tell; its requests are aborted by then.
+            with contextlib.suppress(ClientGone):
+                await unless_disconnected(receive, self._pump(send))
+
+    async def _pump(self, send: Send) -> None:
+        try:
+            async for event in self._events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        finally:
+            # Cancelled during a send, the producer sits at a `yield`: close it now, not
+            # when the garbage collector gets to it, so its requests are aborted at once.
+            await self._events.aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
