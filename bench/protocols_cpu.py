@@ -3,16 +3,16 @@ beside `vllm serve` on OpenAI: issue 15's goals are Switchboard <= 0.5x `vllm se
 per token on OpenAI, and each protocol within 10% of the cheapest.
 
 Workload, the same on every protocol: greedy, one fixed prompt (`PROMPT`, ~64 tokens),
-`OUTPUT_TOKENS` output tokens. C clients at once (`--concurrency`, 1 and 16), each running
-`--requests` requests one after the other on one connection or session of its own (the
-clients in bench/clients.py): OpenAI completions SSE, OpenAI chat SSE, GraphPipe (one
-request per call, one row), Evergreen and Salience over the websocket and over gRPC, all
-on ONE Switchboard server; `vllm serve` (completions and chat SSE) is the peer. Only the
-OpenAI routes take `ignore_eos`; the prompt was chosen so that its greedy continuation
-holds no EOS within `OUTPUT_TOKENS`, and every run checks that every request produced
-exactly that many tokens (OpenAI: usage; GraphPipe and Salience: the token ids; Evergreen,
-which reports no count: its text equals Switchboard's chat output for the same prompt, as
-both render it with the chat template).
+`OUTPUT_TOKENS` output tokens. C clients at once (`--concurrency`, 1 and 16) share
+`--requests` requests, each client running its share one after the other on one
+connection or session of its own (the clients in bench/clients.py): OpenAI completions
+SSE, OpenAI chat SSE, GraphPipe (one request per call, one row), Evergreen and Salience
+over the websocket and over gRPC, all on ONE Switchboard server; `vllm serve`
+(completions and chat SSE) is the peer. Only the OpenAI routes take `ignore_eos`; the
+prompt was chosen so that its greedy continuation holds no EOS within `OUTPUT_TOKENS`,
+and every run checks that every request produced exactly that many tokens (OpenAI: usage;
+GraphPipe and Salience: the token ids; Evergreen, which reports no count: its text equals
+Switchboard's chat output for the same prompt, as both render it with the chat template).
 
 Per protocol: output tok/s (the run's wall time), TTFT p50 (where the protocol streams;
 GraphPipe does not), and the frontend CPU per output token: the server process's own
@@ -25,7 +25,7 @@ One server alive at a time; rounds alternate which server goes first, and rotate
 of the protocols within a server. Writes bench/results/protocols.json and the README table
 between the `bench:protocols` markers.
 
-    .venv/bin/python bench/protocols_cpu.py [--rounds 3] [--concurrency 1 16] [--requests 8]
+    .venv/bin/python bench/protocols_cpu.py [--rounds 3] [--concurrency 1 16] [--requests 96]
 """
 
 from __future__ import annotations
@@ -169,8 +169,9 @@ async def serve_round(
     for c in args.concurrency:
         for name in order:
             client = TARGETS[target][name]
-            metrics, runs = await measure(client, server, prompt, c, args.requests, pid)
-            check(name, runs, c * args.requests)
+            each = max(1, args.requests // c)
+            metrics, runs = await measure(client, server, prompt, c, each, pid)
+            check(name, runs, c * each)
             out[name][c] = metrics
             print(
                 f"round {round_} {target} c={c} {name}: {metrics['output_tok_s']:.0f} tok/s, "
@@ -242,7 +243,8 @@ def table(summary: dict[str, dict[str, dict[int, Metrics]]], args: argparse.Name
     return "\n".join(
         [
             f"Tiny model, one fixed {args.prompt_tokens}-token prompt, {OUTPUT_TOKENS} greedy "
-            f"output tokens per request (checked), {args.requests} requests per client; "
+            f"output tokens per request (checked), {args.requests} requests per run shared by "
+            "its clients; "
             f"medians of {args.rounds} alternating round(s), ratios taken within each round. "
             "CPU: the server process's own user+sys (the frontend; the engine core excluded) "
             "per output token.",
@@ -270,7 +272,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--requests", type=int, default=8, help="requests per client")
+    parser.add_argument(
+        "--requests", type=int, default=96, help="requests per run, shared by its clients"
+    )
     parser.add_argument("--port", type=int, default=8128)
     parser.add_argument("--grpc-port", type=int, default=50128)
     args = parser.parse_args()
@@ -310,7 +314,7 @@ def main() -> None:
                 "rounds": args.rounds,
                 "prompt_tokens": args.prompt_tokens,
                 "output_tokens": OUTPUT_TOKENS,
-                "requests_per_client": args.requests,
+                "requests_per_run": args.requests,
                 "median": summary,
                 "raw": raw,
             },
