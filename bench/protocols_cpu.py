@@ -139,13 +139,15 @@ async def measure(
     cpu = cpu_seconds(pid) - cpu
     tokens = clients * requests * OUTPUT_TOKENS  # checked by the caller
     ttfts = [t for run in runs for t in run.ttfts]
-    return {
+    metrics = {
         "output_tok_s": tokens / wall,
-        "ttft_p50_ms": statistics.median(ttfts) * 1000 if ttfts else float("nan"),
         "frontend_cpu_us_per_tok": cpu / tokens * 1e6,
         "wall_s": wall,
         "frontend_cpu_s": cpu,
-    }, runs
+    }
+    if ttfts:  # GraphPipe does not stream: no TTFT
+        metrics["ttft_p50_ms"] = statistics.median(ttfts) * 1000
+    return metrics, runs
 
 
 async def serve_round(
@@ -217,7 +219,7 @@ def table(summary: dict[str, dict[str, dict[int, Metrics]]], args: argparse.Name
         for target, protocols in summary.items():
             for name, by_c in protocols.items():
                 m = by_c[c]
-                ttft = "" if m["ttft_p50_ms"] != m["ttft_p50_ms"] else f"{m['ttft_p50_ms']:.1f}"
+                ttft = f"{m['ttft_p50_ms']:.1f}" if "ttft_p50_ms" in m else "-"
                 rows.append(
                     [
                         c,
