@@ -30,8 +30,16 @@ from typing import Any
 
 import aiohttp
 import websockets
+from clients import (
+    Server,
+    chat_body,
+    evergreen_action,
+    evergreen_leaf,
+    evergreen_output,
+    http_client,
+    openai_stream,
+)
 from common import machine, markdown_table, serve_tiny_8k, stop_server, write_table
-from google.protobuf import struct_pb2
 
 from schemas import evergreen_service_pb2 as service_pb
 
@@ -43,72 +51,25 @@ TURN_DECODE = 16
 QUESTION = "Explain, with care and in order, what the following Python function does: " * 5
 
 
-def _action(prompt: str, output: str, max_tokens: int) -> Any:
-    config = struct_pb2.Struct()
-    config.update({"temperature": 0, "max_tokens": max_tokens})
-    action = service_pb.SessionMessage().actions.add(name="GENERATE")
-    action.inputs.add(name="prompt", id=prompt)
-    action.outputs.add(name="response", id=output)
-    action.configs.add().Pack(config)
-    return action
-
-
-def _leaf(message: Any, node_id: str, text: str) -> None:
-    fragment = message.node_fragments.add(id=node_id)
-    fragment.chunk_fragment.metadata.mimetype = "text/plain"
-    fragment.chunk_fragment.data = text.encode()
-
-
 async def _evergreen_request(ws: Any, message: Any, output: str) -> tuple[str, float, int]:
     """(output text, seconds to its first fragment, bytes sent)."""
     frame = message.SerializeToString()
     start = time.perf_counter()
     await ws.send(frame)
-    ttft, pieces = 0.0, []
-    while True:
-        reply = service_pb.SessionMessage.FromString(await ws.recv())
-        if reply.actions:
-            raise RuntimeError(f"session aborted: {reply}")
-        for fragment in reply.node_fragments:
-            assert fragment.id == output
-            ttft = ttft or time.perf_counter() - start
-            pieces.append(fragment.chunk_fragment.data)
-            if not fragment.continued:
-                return b"".join(pieces).decode(), ttft, len(frame)
+
+    async def receive() -> Any:
+        return service_pb.SessionMessage.FromString(await ws.recv())
+
+    text, ttft, _ = await evergreen_output(receive, output, start)
+    return text.decode(), ttft, len(frame)
 
 
 async def _chat_request(
     client: aiohttp.ClientSession, messages: list[dict[str, str]], max_tokens: int
 ) -> tuple[str, float, int, int]:
     """(output text, seconds to its first text, bytes sent, output tokens)."""
-    body = json.dumps(
-        {
-            "model": "tiny",
-            "messages": messages,
-            "temperature": 0,
-            "max_tokens": max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode()
-    start = time.perf_counter()
-    ttft, pieces, tokens = 0.0, [], 0
-    headers = {"content-type": "application/json"}
-    async with client.post("/v1/chat/completions", data=body, headers=headers) as response:
-        response.raise_for_status()
-        async for raw in response.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            for choice in chunk["choices"]:
-                text = choice["delta"].get("content") or ""
-                if text:
-                    ttft = ttft or time.perf_counter() - start
-                    pieces.append(text)
-    return "".join(pieces), ttft, len(body), tokens
+    body = chat_body("tiny", messages, max_tokens)
+    return await openai_stream(client, "/v1/chat/completions", body)
 
 
 def _prompt(client: int, request: int, round_: int) -> str:
@@ -125,8 +86,8 @@ async def _throughput_evergreen(
         async with websockets.connect(f"ws://127.0.0.1:{PORT}/evergreen/ws", max_size=None) as ws:
             for r in range(REQUESTS_PER_CLIENT):
                 message = service_pb.SessionMessage()
-                message.actions.append(_action(f"p{r}", f"r{r}", OUTPUT_TOKENS))
-                _leaf(message, f"p{r}", _prompt(c, r, round_))
+                message.actions.append(evergreen_action(f"p{r}", f"r{r}", OUTPUT_TOKENS))
+                evergreen_leaf(message, f"p{r}", _prompt(c, r, round_))
                 text, ttft, _ = await _evergreen_request(ws, message, f"r{r}")
                 outputs[_prompt(c, r, round_)] = text
                 ttfts.append(ttft)
@@ -160,11 +121,7 @@ async def _throughput_chat(
 
 
 def _chat_client() -> aiohttp.ClientSession:
-    # aiohttp rather than httpx: the client shares the machine's two cores with the
-    # server, and httpx's per-chunk cost would be charged to chat's side.
-    return aiohttp.ClientSession(
-        base_url=f"http://127.0.0.1:{PORT}", timeout=aiohttp.ClientTimeout(total=300)
-    )
+    return http_client(Server(PORT))
 
 
 async def throughput(clients: int, rounds: int) -> dict[str, Any]:
@@ -210,10 +167,10 @@ async def conversation(turns: int) -> list[dict[str, Any]]:
         for turn in range(1, turns + 1):
             question = f"Turn {turn}. {QUESTION}"
             message = service_pb.SessionMessage()
-            message.actions.append(_action(f"p{turn}", f"r{turn}", TURN_DECODE))
+            message.actions.append(evergreen_action(f"p{turn}", f"r{turn}", TURN_DECODE))
             children = [f"p{turn - 1}", f"r{turn - 1}"] if turn > 1 else []
             message.node_fragments.add(id=f"p{turn}", child_ids=[*children, f"q{turn}"])
-            _leaf(message, f"q{turn}", question)
+            evergreen_leaf(message, f"q{turn}", question)
             text, eg_ttft, eg_bytes = await _evergreen_request(ws, message, f"r{turn}")
             messages.append({"role": "user", "content": question})
             chat_text, chat_ttft, chat_bytes, _ = await _chat_request(client, messages, TURN_DECODE)

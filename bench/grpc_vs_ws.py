@@ -28,12 +28,18 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import grpc
-import websockets
+from clients import (
+    Client,
+    Prompt,
+    Server,
+    evergreen_grpc,
+    evergreen_ws,
+    salience_grpc,
+    salience_ws,
+)
 from common import (
     cpu_seconds,
     machine,
@@ -42,29 +48,15 @@ from common import (
     stop_server,
     write_table,
 )
-from google.protobuf import struct_pb2
-
-from schemas import evergreen_service_pb2 as service_pb
-from schemas import evergreen_service_pb2_grpc as evergreen_grpc
-from schemas import salience_pb2 as pb
-from schemas import salience_pb2_grpc as salience_grpc
-from schemas import salience_ws_pb2 as ws_pb
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT, GRPC_PORT = 8127, 50127
+SERVER = Server(PORT, GRPC_PORT)
 OUTPUT_TOKENS = 64
 REQUESTS_PER_CLIENT = 4
-WS = f"ws://127.0.0.1:{PORT}"
-TARGET = f"127.0.0.1:{GRPC_PORT}"
-
-# A client's prompts, as text and as token ids (tokenized before the clock starts).
-Prompts = list[tuple[str, list[int]]]
-# One client's run: (seconds to each request's first token, outputs by prompt, tokens).
-Result = tuple[list[float], dict[str, Any], int]
-Client = Callable[[Prompts], Awaitable[Result]]
 
 
-def _prompts(clients: int, round_: int) -> list[Prompts]:
+def _prompts(clients: int, round_: int) -> list[list[Prompt]]:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(ROOT / ".cache" / "tiny-model" / "tokenizer.json"))
@@ -78,159 +70,27 @@ def _prompts(clients: int, round_: int) -> list[Prompts]:
     return out
 
 
-# -- Salience ---------------------------------------------------------------------------
-
-
-def _generate(session: str, ids: list[int]) -> pb.GenerateRequest:
-    return pb.GenerateRequest(
-        session_id=session,
-        append_tokens=ids,
-        offset=0,
-        truncating=True,
-        max_tokens=OUTPUT_TOKENS,
-        top_k=1,
-    )
-
-
-async def salience_grpc_client(prompts: Prompts) -> Result:
-    ttfts, outputs, tokens = [], {}, 0
-    async with grpc.aio.insecure_channel(TARGET) as channel:
-        stub = salience_grpc.SalienceStub(channel)
-        session = (await stub.OpenSession(pb.OpenSessionRequest(model="tiny"))).session_id
-        for prompt, ids in prompts:
-            start, first, decoded = time.perf_counter(), 0.0, []
-            async for event in stub.Generate(_generate(session, ids)):
-                if event.HasField("token"):
-                    first = first or time.perf_counter() - start
-                    decoded.append(event.token.id)
-                else:
-                    tokens += event.done.completion_tokens
-            ttfts.append(first)
-            outputs[prompt] = decoded
-    return ttfts, outputs, tokens
-
-
-async def salience_ws_client(prompts: Prompts) -> Result:
-    ttfts, outputs, tokens = [], {}, 0
-    async with websockets.connect(f"{WS}/salience/ws", max_size=None) as ws:
-        await ws.send(
-            ws_pb.ClientFrame(
-                id="o", open_session=pb.OpenSessionRequest(model="tiny")
-            ).SerializeToString()
-        )
-        session = ws_pb.ServerFrame.FromString(await ws.recv()).open_session.session_id
-        for r, (prompt, ids) in enumerate(prompts):
-            frame = ws_pb.ClientFrame(id=f"g{r}", generate=_generate(session, ids))
-            start, first, decoded = time.perf_counter(), 0.0, []
-            await ws.send(frame.SerializeToString())
-            while True:
-                reply = ws_pb.ServerFrame.FromString(await ws.recv())
-                if reply.event.HasField("token"):
-                    first = first or time.perf_counter() - start
-                    decoded.append(reply.event.token.id)
-                elif reply.event.HasField("done"):
-                    tokens += reply.event.done.completion_tokens
-                    break
-                else:
-                    raise RuntimeError(f"Generate failed: {reply}")
-            ttfts.append(first)
-            outputs[prompt] = decoded
-    return ttfts, outputs, tokens
-
-
-# -- Evergreen --------------------------------------------------------------------------
-
-
-def _evergreen_request(r: int, prompt: str) -> service_pb.SessionMessage:
-    config = struct_pb2.Struct()
-    config.update({"temperature": 0, "max_tokens": OUTPUT_TOKENS})
-    message = service_pb.SessionMessage()
-    action = message.actions.add(name="GENERATE")
-    action.inputs.add(name="prompt", id=f"p{r}")
-    action.outputs.add(name="response", id=f"r{r}")
-    action.configs.add().Pack(config)
-    fragment = message.node_fragments.add(id=f"p{r}")
-    fragment.chunk_fragment.metadata.mimetype = "text/plain"
-    fragment.chunk_fragment.data = prompt.encode()
-    return message
-
-
-async def _evergreen_output(
-    receive: Callable[[], Awaitable[service_pb.SessionMessage]], start: float
-) -> tuple[bytes, float, int]:
-    pieces, first, fragments = [], 0.0, 0
-    while True:
-        reply = await receive()
-        if reply.actions:
-            raise RuntimeError(f"session aborted: {reply}")
-        for fragment in reply.node_fragments:
-            first = first or time.perf_counter() - start
-            pieces.append(fragment.chunk_fragment.data)
-            fragments += 1
-            if not fragment.continued:
-                return b"".join(pieces), first, fragments
-
-
-async def evergreen_grpc_client(prompts: Prompts) -> Result:
-    ttfts, outputs, fragments = [], {}, 0
-    async with grpc.aio.insecure_channel(TARGET) as channel:
-        call = evergreen_grpc.EvergreenServiceStub(channel).StartSession()
-
-        async def receive() -> service_pb.SessionMessage:
-            message: service_pb.SessionMessage = await call.read()
-            return message
-
-        for r, (prompt, _) in enumerate(prompts):
-            start = time.perf_counter()
-            await call.write(_evergreen_request(r, prompt))
-            text, first, n = await _evergreen_output(receive, start)
-            ttfts.append(first)
-            outputs[prompt] = text
-            fragments += n
-        await call.done_writing()
-        if await call.read() is not grpc.aio.EOF:
-            raise RuntimeError("the session sent more than its outputs")
-    return ttfts, outputs, fragments
-
-
-async def evergreen_ws_client(prompts: Prompts) -> Result:
-    ttfts, outputs, fragments = [], {}, 0
-    async with websockets.connect(f"{WS}/evergreen/ws", max_size=None) as ws:
-
-        async def receive() -> service_pb.SessionMessage:
-            return service_pb.SessionMessage.FromString(await ws.recv())
-
-        for r, (prompt, _) in enumerate(prompts):
-            start = time.perf_counter()
-            await ws.send(_evergreen_request(r, prompt).SerializeToString())
-            text, first, n = await _evergreen_output(receive, start)
-            ttfts.append(first)
-            outputs[prompt] = text
-            fragments += n
-    return ttfts, outputs, fragments
-
-
 # -- the runs ---------------------------------------------------------------------------
 
 PROTOCOLS: dict[str, dict[str, Client]] = {
-    "salience": {"grpc": salience_grpc_client, "websocket": salience_ws_client},
-    "evergreen": {"grpc": evergreen_grpc_client, "websocket": evergreen_ws_client},
+    "salience": {"grpc": salience_grpc, "websocket": salience_ws},
+    "evergreen": {"grpc": evergreen_grpc, "websocket": evergreen_ws},
 }
 
 
-async def _round(client: Client, prompts: list[Prompts], pid: int) -> dict[str, Any]:
+async def _round(client: Client, prompts: list[list[Prompt]], pid: int) -> dict[str, Any]:
     cpu = cpu_seconds(pid)
     start = time.perf_counter()
-    results = await asyncio.gather(*(client(mine) for mine in prompts))
+    results = await asyncio.gather(*(client(SERVER, mine, OUTPUT_TOKENS) for mine in prompts))
     wall = time.perf_counter() - start
     cpu = cpu_seconds(pid) - cpu
-    tokens = sum(r[2] for r in results)
-    outputs = {k: v for r in results for k, v in r[1].items()}
+    tokens = sum(r.tokens for r in results)
+    outputs = [output for r in results for output in r.outputs]
     return {
         "wall_s": wall,
         "tokens": tokens,
         "tok_s": tokens / wall,
-        "ttft_ms": statistics.median(t for r in results for t in r[0]) * 1000,
+        "ttft_ms": statistics.median(t for r in results for t in r.ttfts) * 1000,
         "cpu_us_per_token": cpu / tokens * 1e6,
         "outputs": outputs,
     }

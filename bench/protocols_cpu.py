@@ -1,0 +1,332 @@
+"""Frontend CPU per output token over every way Switchboard serves tokens, on one server,
+beside `vllm serve` on OpenAI: issue 15's goals are Switchboard <= 0.5x `vllm serve`'s CPU
+per token on OpenAI, and each protocol within 10% of the cheapest.
+
+Workload, the same on every protocol: greedy, one fixed prompt (`PROMPT`, ~64 tokens),
+`OUTPUT_TOKENS` output tokens. C clients at once (`--concurrency`, 1 and 16) share
+`--requests` requests, each client running its share one after the other on one
+connection or session of its own (the clients in bench/clients.py): OpenAI completions
+SSE, OpenAI chat SSE, GraphPipe (one request per call, one row), Evergreen and Salience
+over the websocket and over gRPC, all on ONE Switchboard server; `vllm serve`
+(completions and chat SSE) is the peer. Only the OpenAI routes take `ignore_eos`; the
+prompt was chosen so that its greedy continuation holds no EOS within `OUTPUT_TOKENS`,
+and every run checks that every request produced exactly that many tokens (OpenAI: usage;
+GraphPipe and Salience: the token ids; Evergreen, which reports no count: its text equals
+Switchboard's chat output for the same prompt, as both render it with the chat template).
+
+Per protocol: output tok/s (the run's wall time), TTFT p50 (where the protocol streams;
+GraphPipe does not), and the frontend CPU per output token: the server process's own
+user+sys CPU over the run (every thread; the engine-core child excluded: `cpu_seconds`),
+which is far steadier than tok/s on a shared 2-core machine. Ratios of CPU per token to the
+cheapest Switchboard protocol and to `vllm serve`'s completions SSE are taken within each
+round, then their median over rounds is reported (the other figures are medians too).
+
+One server alive at a time; rounds alternate which server goes first, and rotate the order
+of the protocols within a server. Writes bench/results/protocols.json and the README table
+between the `bench:protocols` markers.
+
+    .venv/bin/python bench/protocols_cpu.py [--rounds 3] [--concurrency 1 16] [--requests 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from clients import (
+    Client,
+    Prompt,
+    Run,
+    Server,
+    chat_sse,
+    completions_sse,
+    evergreen_grpc,
+    evergreen_ws,
+    graphpipe,
+    salience_grpc,
+    salience_ws,
+)
+from common import cpu_seconds, machine, markdown_table, start_server, stop_server, write_table
+from openai_vs_vllm import MODEL, server_command
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+OUTPUT_TOKENS = 128
+# 64 tokens of the tiny model's tokenizer; its greedy continuation (raw, and under the
+# chat template) holds no EOS within OUTPUT_TOKENS, which the warm-up checks.
+PROMPT = (
+    "def merge_sorted(left, right):\n"
+    '    """Merge two sorted lists into one."""\n'
+    "    result = []\n"
+    "    i = j = 0\n"
+    "    while i < len(left) and j < len(right):\n"
+    "        x = 1\n"
+)
+SWITCHBOARD: dict[str, Client] = {
+    "OpenAI completions SSE": completions_sse,
+    "OpenAI chat SSE": chat_sse,
+    "GraphPipe": graphpipe,
+    "Evergreen websocket": evergreen_ws,
+    "Salience websocket": salience_ws,
+    "Salience gRPC": salience_grpc,
+    "Evergreen gRPC": evergreen_grpc,
+}
+PEER: dict[str, Client] = {name: SWITCHBOARD[name] for name in SWITCHBOARD if "OpenAI" in name}
+TARGETS: dict[str, dict[str, Client]] = {"switchboard": SWITCHBOARD, "vllm serve": PEER}
+BASELINE = ("vllm serve", "OpenAI completions SSE")
+
+# A row's figures by name; a round is target -> protocol -> concurrency -> Metrics.
+Metrics = dict[str, float]
+
+
+def _command(target: str, server: Server) -> list[str]:
+    if target == "switchboard":
+        return [*server_command(target, server.port), "--grpc-port", str(server.grpc_port)]
+    return server_command(target, server.port)
+
+
+class Check:
+    """What every request must have produced: `OUTPUT_TOKENS` tokens, and on Evergreen
+    the text Switchboard's chat produced for the same prompt (`chat_text`)."""
+
+    def __init__(self) -> None:
+        self.chat_text: str | None = None
+
+    def __call__(self, protocol: str, runs: list[Run], requests: int) -> None:
+        outputs = [o for run in runs for o in run.outputs]
+        if len(outputs) != requests:
+            raise AssertionError(f"{protocol}: {len(outputs)} answers to {requests} requests")
+        if protocol.startswith("Evergreen"):
+            if self.chat_text is None:
+                raise AssertionError("Evergreen is checked against chat, which has not run")
+            wrong = [o for o in outputs if o != self.chat_text]
+            if wrong:
+                raise AssertionError(
+                    f"{protocol}: {len(wrong)} of {requests} outputs differ from chat's "
+                    f"{OUTPUT_TOKENS}-token output (an EOS, or another continuation): "
+                    f"{wrong[0]!r} vs {self.chat_text!r}"
+                )
+            return
+        tokens = sum(run.tokens for run in runs)
+        counts = [len(o) for o in outputs] if not isinstance(outputs[0], str) else []
+        if tokens != requests * OUTPUT_TOKENS or any(n != OUTPUT_TOKENS for n in counts):
+            raise AssertionError(
+                f"{protocol}: {tokens} tokens from {requests} requests, expected "
+                f"{OUTPUT_TOKENS} each: the prompt's greedy continuation may hold an EOS "
+                "(only OpenAI has ignore_eos); choose another PROMPT"
+            )
+        if protocol == "OpenAI chat SSE" and self.chat_text is None:
+            self.chat_text = outputs[0]
+
+
+async def measure(
+    client: Client, server: Server, prompt: Prompt, clients: int, requests: int, pid: int
+) -> tuple[Metrics, list[Run]]:
+    """`clients` clients at once, `requests` each, the server's CPU read around them."""
+    cpu = cpu_seconds(pid)
+    start = time.perf_counter()
+    runs = await asyncio.gather(
+        *(client(server, [prompt] * requests, OUTPUT_TOKENS) for _ in range(clients))
+    )
+    wall = time.perf_counter() - start
+    cpu = cpu_seconds(pid) - cpu
+    tokens = clients * requests * OUTPUT_TOKENS  # checked by the caller
+    ttfts = [t for run in runs for t in run.ttfts]
+    metrics = {
+        "output_tok_s": tokens / wall,
+        "frontend_cpu_us_per_tok": cpu / tokens * 1e6,
+        "wall_s": wall,
+        "frontend_cpu_s": cpu,
+    }
+    if ttfts:  # GraphPipe does not stream: no TTFT
+        metrics["ttft_p50_ms"] = statistics.median(ttfts) * 1000
+    return metrics, runs
+
+
+async def serve_round(
+    target: str,
+    server: Server,
+    pid: int,
+    prompt: Prompt,
+    args: argparse.Namespace,
+    round_: int,
+) -> dict[str, dict[int, Metrics]]:
+    protocols = list(TARGETS[target])
+    check = Check()
+    # Warm every path once (a fresh engine's first request, each transport's first call)
+    # and check the workload: every protocol produces OUTPUT_TOKENS tokens.
+    for name in protocols:
+        _, runs = await measure(TARGETS[target][name], server, prompt, 1, 1, pid)
+        check(name, runs, 1)
+    shift = round_ % len(protocols)
+    order = protocols[shift:] + protocols[:shift]
+    out: dict[str, dict[int, Metrics]] = {name: {} for name in protocols}
+    for c in args.concurrency:
+        for name in order:
+            client = TARGETS[target][name]
+            each = max(1, args.requests // c)
+            metrics, runs = await measure(client, server, prompt, c, each, pid)
+            check(name, runs, c * each)
+            out[name][c] = metrics
+            print(
+                f"round {round_} {target} c={c} {name}: {metrics['output_tok_s']:.0f} tok/s, "
+                f"{metrics['frontend_cpu_us_per_tok']:.0f} us/tok",
+                file=sys.stderr,
+                flush=True,
+            )
+    return out
+
+
+def ratios(round_: dict[str, dict[str, dict[int, Metrics]]]) -> None:
+    """Add, in place, each row's CPU per token over the cheapest Switchboard protocol's and
+    over `vllm serve` completions', within the round."""
+    key = "frontend_cpu_us_per_tok"
+    for c in round_[BASELINE[0]][BASELINE[1]]:
+        cheapest = min(m[c][key] for m in round_["switchboard"].values())
+        peer = round_[BASELINE[0]][BASELINE[1]][c][key]
+        for target in round_.values():
+            for m in target.values():
+                m[c]["cpu_vs_cheapest"] = m[c][key] / cheapest
+                m[c]["cpu_vs_vllm_completions"] = m[c][key] / peer
+
+
+def median_of(
+    rounds: list[dict[str, dict[str, dict[int, Metrics]]]],
+) -> dict[str, dict[str, dict[int, Metrics]]]:
+    first = rounds[0]
+    return {
+        target: {
+            name: {
+                c: {k: statistics.median(r[target][name][c][k] for r in rounds) for k in m}
+                for c, m in by_c.items()
+            }
+            for name, by_c in protocols.items()
+        }
+        for target, protocols in first.items()
+    }
+
+
+def table(summary: dict[str, dict[str, dict[int, Metrics]]], args: argparse.Namespace) -> str:
+    rows = []
+    for c in args.concurrency:
+        for target, protocols in summary.items():
+            for name, by_c in protocols.items():
+                m = by_c[c]
+                ttft = f"{m['ttft_p50_ms']:.1f}" if "ttft_p50_ms" in m else "-"
+                rows.append(
+                    [
+                        c,
+                        target,
+                        name,
+                        f"{m['output_tok_s']:.0f}",
+                        ttft,
+                        f"{m['frontend_cpu_us_per_tok']:.0f}",
+                        f"{m['cpu_vs_cheapest']:.2f}x",
+                        f"{m['cpu_vs_vllm_completions']:.2f}x",
+                    ]
+                )
+    goals = []
+    for c in args.concurrency:
+        sb = summary["switchboard"]
+        openai = max(sb[n][c]["cpu_vs_vllm_completions"] for n in PEER)
+        worst = max(sb.values(), key=lambda by_c: by_c[c]["cpu_vs_cheapest"])[c]
+        goals.append(
+            f"c={c}: Switchboard's OpenAI CPU/token up to {openai:.2f}x `vllm serve` "
+            f"completions' (goal <= 0.5x); the dearest protocol {worst['cpu_vs_cheapest']:.2f}x "
+            "the cheapest (goal <= 1.10x)."
+        )
+    return "\n".join(
+        [
+            f"Tiny model, one fixed {args.prompt_tokens}-token prompt, {OUTPUT_TOKENS} greedy "
+            f"output tokens per request (checked), {args.requests} requests per run shared by "
+            "its clients; "
+            f"medians of {args.rounds} alternating round(s), ratios taken within each round. "
+            "CPU: the server process's own user+sys (the frontend; the engine core excluded) "
+            "per output token.",
+            "",
+            *markdown_table(
+                [
+                    "clients",
+                    "server",
+                    "protocol",
+                    "output tok/s",
+                    "TTFT p50 ms",
+                    "frontend CPU us/tok",
+                    "CPU vs cheapest",
+                    "CPU vs vllm serve completions",
+                ],
+                rows,
+            ),
+            "",
+            *goals,
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument(
+        "--requests", type=int, default=96, help="requests per run, shared by its clients"
+    )
+    parser.add_argument("--port", type=int, default=8128)
+    parser.add_argument("--grpc-port", type=int, default=50128)
+    args = parser.parse_args()
+    if not (MODEL / "config.json").is_file():
+        subprocess.run(
+            [sys.executable, "-m", "app.cli", "make-tiny-model", str(MODEL)], check=True, cwd=ROOT
+        )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    server = Server(args.port, args.grpc_port)
+    raw: list[dict[str, dict[str, dict[int, Metrics]]]] = []
+    for r in range(args.rounds):
+        targets = list(TARGETS) if r % 2 == 0 else list(reversed(TARGETS))
+        round_: dict[str, dict[str, dict[int, Metrics]]] = {}
+        for target in targets:
+            log = RESULTS / f"protocols-{target.replace(' ', '-')}-{r}.log"
+            proc = start_server(_command(target, server), server.port, log)
+            try:
+                # Salience takes token ids: the server's own tokenization of PROMPT.
+                tokenized = httpx.post(
+                    f"{server.http}/tokenize",
+                    json={"model": server.model, "prompt": PROMPT},
+                    timeout=60,
+                )
+                prompt = (PROMPT, [int(t) for t in tokenized.json()["tokens"]])
+                args.prompt_tokens = len(prompt[1])
+                round_[target] = asyncio.run(serve_round(target, server, proc.pid, prompt, args, r))
+            finally:
+                stop_server(proc)
+        ratios(round_)
+        raw.append({t: round_[t] for t in TARGETS})
+    summary = median_of(raw)
+    (RESULTS / "protocols.json").write_text(
+        json.dumps(
+            {
+                "machine": machine(),
+                "date": time.strftime("%Y-%m-%d"),
+                "rounds": args.rounds,
+                "prompt_tokens": args.prompt_tokens,
+                "output_tokens": OUTPUT_TOKENS,
+                "requests_per_run": args.requests,
+                "median": summary,
+                "raw": raw,
+            },
+            indent=2,
+        )
+    )
+    md = table(summary, args)
+    write_table("protocols", md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
