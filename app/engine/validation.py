@@ -6,6 +6,8 @@ so nothing it takes is refused and nothing it would raise on gets through:
 
     seed                 an integer in [-2**63, 2**63)  (-1: none, as in vLLM)
     temperature          [0, 2]; 0 is greedy
+    n                    the samples drawn with these options: 1 when greedy (vLLM's
+                         "n must be 1 when using greedy sampling"; they would be copies)
     top_p                (0, 1]
     top_k                -1 or 0 (every token), or >= 1; a value >= the vocabulary size
                          also means every token (vLLM clamps it the same way)
@@ -69,15 +71,23 @@ def validate_sampling(
     fields: Fields = NEUTRAL,
     *,
     prefill_only: bool = False,
+    n: int = 1,
 ) -> SamplingOptions:
     """`options` checked against the engine's limits, normalised (top_k -1 or past the
     vocabulary -> 0; logprobs -1 -> the vocabulary size). `prefill_only`: max_tokens 0
-    is allowed and means the prompt is only scored."""
+    is allowed and means the prompt is only scored. `n`: how many samples the caller
+    draws with these options (one engine request each)."""
     o = options
     if o.seed is not None and not SEED_MIN <= o.seed <= SEED_MAX:
         raise _invalid(fields, "seed", "an integer in [-2**63, 2**63)", o.seed)
     if not 0.0 <= o.temperature <= MAX_TEMPERATURE:  # NaN fails every comparison
         raise _invalid(fields, "temperature", f"in [0, {MAX_TEMPERATURE:g}]", o.temperature)
+    # vLLM's SamplingParams treats only 0 as greedy (it raises (0, 0.01) to 0.01).
+    if n > 1 and o.temperature == 0.0:
+        name = _name(fields, "n")
+        raise InvalidRequest(
+            f"{name} must be 1 when using greedy sampling (temperature 0), got {n}", param=name
+        )
     if not 0.0 < o.top_p <= 1.0:
         raise _invalid(fields, "top_p", "in (0, 1]", o.top_p)
     if o.top_k < -1:

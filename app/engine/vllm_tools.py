@@ -2,7 +2,9 @@
 checked by vLLM's own request model, the forcing constraint (a structural tag or JSON
 schema) is what vLLM's parser sets for `required` and named choices, and calls are read
 by vLLM's parser chosen with `--tool-call-parser` (enabled for `auto` by
-`--enable-auto-tool-choice`), as `vllm serve` does. vLLM side of the seam.
+`--enable-auto-tool-choice`), as `vllm serve` does; with `parallel_tool_calls: false`
+only the first call is kept, by vLLM's own filter (as `vllm serve` filters its answer,
+whatever the model wrote). vLLM side of the seam.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import pydantic
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_tool_calls
 from vllm.exceptions import VLLMValidationError
 from vllm.parser import ParserManager
 from vllm.renderers.chat_utils import make_tool_call_id
@@ -53,6 +56,7 @@ class _Parser:
         _, content, calls = self._parser.parse(
             text, self._request, enable_auto_tools=True, model_output_token_ids=token_ids
         )
+        calls = maybe_filter_parallel_tool_calls(calls or [], self._request)
         return ParsedOutput(
             content=content,
             tool_calls=tuple(
@@ -82,6 +86,7 @@ class _Parser:
         )
         if delta is None:
             return ParsedDelta(None, ())
+        delta = maybe_filter_parallel_tool_calls(delta, self._request)
         calls = []
         for call in delta.tool_calls or ():
             function = call.function

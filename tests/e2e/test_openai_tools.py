@@ -184,6 +184,39 @@ def test_auto_reads_the_models_own_text_with_the_hermes_parser(live_server) -> N
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_auto_parallel_calls_through_the_sdk(client, live_server) -> None:  # type: ignore[no-untyped-def]
+    """Two crafted calls after some text, read by the SDK unchanged, streamed (its stream
+    helper's accumulator) and not. (`parallel_tool_calls: false` cannot be crafted so:
+    vLLM then lets the grammar choose a forced call over the regex; tests/unit/
+    test_tool_parsing.py holds that case to vllm serve's serving layer.)"""
+    first = '{"name": "get_weather", "arguments": {"city": "Lima", "unit": "f"}}'
+    second = '{"name": "get_time", "arguments": {"zone": "PET"}}'
+    text = f"Checking. <tool_call>\n{first}\n</tool_call>\n<tool_call>\n{second}\n</tool_call>"
+    tools = [{**tool, "function": {**tool["function"], "strict": False}} for tool in TOOLS]
+    kwargs = {
+        "model": live_server.model,
+        "messages": MESSAGES,
+        "tools": tools,
+        "tool_choice": "auto",
+        "max_tokens": 300,
+        "extra_body": {"structured_outputs": {"regex": _literal(text)}},
+    }
+    expected = [("get_weather", {"city": "Lima", "unit": "f"}), ("get_time", {"zone": "PET"})]
+    result = client.chat.completions.create(**kwargs).choices[0]
+    with client.chat.completions.stream(**kwargs) as stream:
+        for _ in stream:
+            pass
+        streamed = stream.get_final_completion().choices[0]
+    for choice in (result, streamed):
+        assert choice.finish_reason == "tool_calls"
+        assert (choice.message.content or "").strip() == "Checking."
+        calls = choice.message.tool_calls or []
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == expected
+        assert all(c.id and c.type == "function" for c in calls)
+        assert len({c.id for c in calls}) == len(calls)
+    assert live_server.wait_idle() == 0
+
+
 def test_round_trip_with_a_tool_message_in_the_history(client, live_server, compact) -> None:  # type: ignore[no-untyped-def]
     first = client.chat.completions.create(
         model=live_server.model,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -98,3 +99,115 @@ def test_a_bad_concept_file_ends_serve_with_one_line_and_a_nonzero_status(
     ours = [line for line in done.stderr.splitlines() if line.startswith("switchboard")]
     assert len(ours) == 1
     assert ours[0].startswith(f"switchboard serve: error: cannot read the concept file {bad}: ")
+
+
+def _kubernetes() -> dict[tuple[str, str], dict[str, Any]]:
+    """Every object under deploy/kubernetes/, by (kind, name)."""
+    objects: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                key = (doc["kind"], doc["metadata"]["name"])
+                assert key not in objects, f"{key} twice"
+                objects[key] = doc
+    return objects
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def _port(container: dict[str, Any], ref: int | str) -> int:
+    """A container port by number or name."""
+    for port in container.get("ports", ()):
+        if ref in (port["containerPort"], port.get("name")):
+            return int(port["containerPort"])
+    raise AssertionError(f"container {container['name']} has no port {ref!r}")
+
+
+def test_the_kubernetes_files_refer_to_each_other() -> None:
+    """The InferencePool selects Switchboard's pods on a port they serve and names the
+    picker's Service on its ext-proc port; each Service selects its Deployment's pods and
+    targets ports their containers open; the picker runs as the account its RBAC binds,
+    on the pool it is given, with its probes and config on ports and files it has."""
+    objects = _kubernetes()
+    pool = objects[("InferencePool", "switchboard")]
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    server = objects[("Deployment", "switchboard")]
+    server_pod = server["spec"]["template"]
+    (switchboard,) = server_pod["spec"]["containers"]
+    labels = server_pod["metadata"]["labels"]
+    assert _selects(server["spec"]["selector"]["matchLabels"], labels)
+    assert _selects(pool["spec"]["selector"]["matchLabels"], labels)
+    assert labels["inference.networking.k8s.io/engine-type"] == "vllm"
+    for target in pool["spec"]["targetPorts"]:
+        _port(switchboard, target["number"])
+    assert _port(switchboard, "http") == Settings.model_fields["port"].default
+    assert _port(switchboard, "grpc") == Settings.model_fields["grpc_port"].default
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        _port(switchboard, switchboard[probe]["httpGet"]["port"])
+    assert switchboard["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert switchboard["livenessProbe"]["httpGet"]["path"] == "/health"
+    drain = Settings.model_fields["drain_timeout_s"].default
+    assert server_pod["spec"]["terminationGracePeriodSeconds"] > drain
+
+    services = {name: doc for (kind, name), doc in objects.items() if kind == "Service"}
+    deployments = {name: doc for (kind, name), doc in objects.items() if kind == "Deployment"}
+    for name, service in services.items():
+        deployment = deployments[name]
+        pod = deployment["spec"]["template"]
+        assert _selects(service["spec"]["selector"], pod["metadata"]["labels"]), name
+        assert _selects(deployment["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+        for port in service["spec"]["ports"]:
+            target = port.get("targetPort", port["port"])
+            assert any(_port(c, target) for c in pod["spec"]["containers"]), (name, port)
+
+    ref = pool["spec"]["endpointPickerRef"]
+    assert ref.get("kind", "Service") == "Service"
+    picker_service = services[ref["name"]]
+    ext_proc = next(
+        p for p in picker_service["spec"]["ports"] if p["port"] == ref["port"]["number"]
+    )
+    assert ext_proc["name"] == "grpc-ext-proc"
+    picker = deployments[ref["name"]]["spec"]["template"]["spec"]
+    (epp,) = picker["containers"]
+    assert _port(epp, ext_proc.get("targetPort", ext_proc["port"])) == 9002
+    args = epp["args"]
+    flag = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    assert flag["--pool-name"] == pool["metadata"]["name"]
+    assert flag["--pool-group"] == pool["apiVersion"].split("/")[0]
+    env = {e["name"] for e in epp["env"]}
+    assert flag["--pool-namespace"].removeprefix("$(").removesuffix(")") in env
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert _port(epp, epp[probe]["grpc"]["port"]) == 9003  # the picker's health port
+    mounts = {m["name"]: m["mountPath"] for m in epp["volumeMounts"]}
+    (volume,) = [v for v in picker["volumes"] if v["name"] in mounts]
+    config = objects[("ConfigMap", volume["configMap"]["name"])]
+    directory, file = flag["--config-file"].rsplit("/", 1)
+    assert mounts[volume["name"]] == directory and file in config["data"]
+    assert yaml.safe_load(config["data"][file])["kind"] == "EndpointPickerConfig"
+
+    account = picker["serviceAccountName"]
+    assert ("ServiceAccount", account) in objects
+    granted: set[tuple[str, str]] = set()
+    for (kind, _), binding in objects.items():
+        if kind in ("RoleBinding", "ClusterRoleBinding") and any(
+            s["kind"] == "ServiceAccount" and s["name"] == account for s in binding["subjects"]
+        ):
+            role = objects[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+            for rule in role["rules"]:
+                for group in rule.get("apiGroups", ()):
+                    for resource in rule["resources"]:
+                        if {"get", "watch", "list"} <= set(rule["verbs"]):
+                            granted.add((group, resource))
+                        if "create" in rule["verbs"]:
+                            granted.add((group, resource))
+    # What the picker watches (its chart's RBAC), and its own /metrics auth.
+    for needed in (
+        ("inference.networking.k8s.io", "inferencepools"),
+        ("inference.networking.x-k8s.io", "inferenceobjectives"),
+        ("", "pods"),
+        ("authentication.k8s.io", "tokenreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+    ):
+        assert needed in granted, needed

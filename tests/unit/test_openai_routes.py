@@ -160,3 +160,41 @@ async def test_a_bug_in_the_generate_path_is_an_internal_error_with_an_id(
         assert events[-1] == "[DONE]"
         _internal_error_id(json.loads(events[-2])["error"])
     assert engine.running == set()
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        # vLLM's SamplingParams: "n must be 1 when using greedy sampling".
+        ({"n": 2, "temperature": 0}, "n"),
+        ({"n": 3, "temperature": 0, "seed": 1, "stream": True}, "n"),
+        # vLLM's request models: "Stream options can only be defined when `stream=True`".
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream_options": {"include_usage": False}, "stream": False}, "stream_options"),
+    ],
+)
+async def test_combinations_vllm_serve_refuses_are_400_naming_the_param(
+    path: str, extra: dict[str, object], param: str
+) -> None:
+    body: dict[str, object] = {"max_tokens": 2, **extra}
+    if path.endswith("chat/completions"):
+        body["messages"] = [{"role": "user", "content": "a"}]
+    else:
+        body["prompt"] = "ab"
+    async with client(FakeEngine()) as c:
+        for route in (path, f"{path}/render"):
+            response = await c.post(route, json=body)
+            assert response.status_code == 400, (route, response.text)
+            assert response.json()["error"]["param"] == param
+
+
+async def test_the_same_options_pass_where_vllm_serve_takes_them() -> None:
+    async with client(FakeEngine()) as c:
+        for body in (
+            {"prompt": "ab", "max_tokens": 2, "n": 2, "temperature": 0.5},
+            {"prompt": "ab", "max_tokens": 2, "n": 1, "temperature": 0},
+            {"prompt": "ab", "max_tokens": 2, "stream_options": {}},  # empty: vLLM takes it
+        ):
+            response = await c.post("/v1/completions", json=body)
+            assert response.status_code == 200, (body, response.text)

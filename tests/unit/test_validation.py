@@ -180,3 +180,24 @@ def test_vllm_accepts_what_we_accept_and_refuses_what_we_refuse() -> None:
                 continue  # vLLM's server bounds it (int64), not SamplingParams
             with pytest.raises(VLLMValidationError):
                 vllm(field, value)
+
+
+def test_n_above_one_is_refused_when_greedy_as_vllm_refuses_it() -> None:
+    """vLLM's `SamplingParams._verify_greedy_sampling`: n > 1 only when sampling (the
+    choices of a greedy request would be copies). Only temperature 0 is greedy there."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    greedy = SamplingOptions(max_tokens=4, temperature=0.0)
+    validate_sampling(greedy, INFO, n=1)
+    with pytest.raises(InvalidRequest) as refused:
+        validate_sampling(greedy, INFO, {"n": "config.n"}, n=2)
+    assert refused.value.param == "config.n"
+    assert refused.value.message == (
+        "config.n must be 1 when using greedy sampling (temperature 0), got 2"
+    )
+    with pytest.raises(VLLMValidationError, match="n must be 1 when using greedy sampling"):
+        SamplingParams(n=2, temperature=0.0)
+    for temperature in (1e-9, 0.5):  # vLLM raises (0, 0.01) to 0.01: sampling, not greedy
+        validate_sampling(replace(greedy, temperature=temperature), INFO, n=2)
+        SamplingParams(n=2, temperature=temperature)

@@ -21,6 +21,11 @@ def reject_unsupported(body: SamplingFields) -> None:
     """Fail loudly on parameters we would otherwise silently ignore."""
     if body.best_of is not None and body.best_of != body.n:
         raise InvalidRequest("best_of must equal n (or be omitted)", param="best_of")
+    # vllm serve refuses it too (an empty object passes there, and here).
+    if body.stream_options is not None and body.stream_options.model_fields_set and not body.stream:
+        raise InvalidRequest(
+            "stream_options can only be set when stream is true", param="stream_options"
+        )
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -69,7 +74,7 @@ def sampling_options(
         constraint=constraint,
         logit_bias=logit_bias,
     )
-    return validate_sampling(options, info, fields, prefill_only=prefill_only)
+    return validate_sampling(options, info, fields, prefill_only=prefill_only, n=body.n)
 
 
 def for_choice(options: SamplingOptions, choice: int) -> SamplingOptions:
