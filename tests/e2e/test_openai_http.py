@@ -46,7 +46,8 @@ def test_sse_framing(live_server) -> None:  # type: ignore[no-untyped-def]
 
 def _long_call(live: Any, workload: Workload, chat: bool, stream: bool) -> tuple[str, Any]:
     """The abort workload in one call: its prompts as a batch, or chat's `n` copies of
-    its first message (under `ignore_eos`, at least as long; see tests/aborts.py)."""
+    its first message (under `ignore_eos`, at least as long; see tests/aborts.py), sampled:
+    vLLM refuses `n` > 1 greedy."""
     common = {
         "model": live.model,
         "max_tokens": workload.max_tokens,
@@ -56,7 +57,8 @@ def _long_call(live: Any, workload: Workload, chat: bool, stream: bool) -> tuple
     }
     if chat:
         message = {"role": "user", "content": workload.texts[0]}
-        return "/v1/chat/completions", {**common, "messages": [message], "n": WORKERS}
+        body = {**common, "messages": [message], "n": WORKERS, "temperature": 1.0, "seed": 0}
+        return "/v1/chat/completions", body
     return "/v1/completions", {**common, "prompt": [list(p) for p in workload.prompts]}
 
 
