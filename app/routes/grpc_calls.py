@@ -102,11 +102,17 @@ def _retry_trailers(
 
 class Writer:
     """One write at a time: gRPC takes one message send per call at once, and a second
-    one fails the call (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS)."""
+    one fails the call (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS).
+
+    The call's initial metadata goes on its own before the first message: grpcio marks
+    it sent only once a write completes, so a first write abandoned in flight (the client
+    not reading) would make the call's final status send the initial metadata again, and
+    that status would fail the same way and never reach the client."""
 
     def __init__(self, context: Context) -> None:
         self._context = context
         self._lock = asyncio.Lock()
+        self._opened = False  # the initial metadata has gone
         # A write whose writer was cancelled (an aborted action) goes on in grpcio's core
         # until the client reads it or leaves; nothing more may be sent meanwhile.
         self._orphan: asyncio.Future[None] | None = None
@@ -118,7 +124,7 @@ class Writer:
         async with self._lock:
             if self._orphan is not None and not self._orphan.done():
                 return
-            write = asyncio.ensure_future(self._context.write(message))
+            write = asyncio.ensure_future(self._send(message))
             try:
                 await asyncio.shield(write)
             except asyncio.CancelledError:
@@ -128,6 +134,12 @@ class Writer:
             except grpc.aio.BaseError:
                 if not (self._context.done() or self._context.cancelled()):
                     raise
+
+    async def _send(self, message: Message) -> None:
+        if not self._opened:
+            await self._context.send_initial_metadata(())
+            self._opened = True
+        await self._context.write(message)
 
 
 def _consume(write: asyncio.Future[None]) -> None:
