@@ -194,7 +194,8 @@ def _plain(details: str | None) -> str | None:
     """Why a status message is not a clear one for a client, or None."""
     if not details or not details.strip():
         return "an empty status message"
-    if any(tell in details for tell in ("Traceback", "Exception calling", "Error(", "<")):
+    tells = ("Traceback", "Exception calling application", "ExecuteBatchError", " object at 0x")
+    if any(tell in details for tell in tells):
         return f"exception text in the status message: {details[:300]!r}"
     return None
 
