@@ -12,7 +12,17 @@ how a call ends with an error.
 - `abort` is the gRPC form of the one rule for errors: a `SwitchboardError` ends the call
   with its own status (`app.errors` names it per class) and message; any other exception
   is a bug of ours, logged by `InternalError.wrap` under an id, and the client sees
-  INTERNAL with that id, never the exception's text.
+  INTERNAL with that id, never the exception's text. `end` ends a call with an error's
+  message under a status the caller names (Evergreen's abort reason); both go through it.
+- The status message travels in a trailer (`grpc-message`, percent-encoded), and a
+  client refuses trailers over 16 KiB: the call would end RESOURCE_EXHAUSTED "received
+  metadata size exceeds hard limit" instead of its own status. A message quoting a
+  client's long input is therefore cut to `STATUS_MESSAGE_BYTES` (the whole message
+  still goes where the protocol has a body for it, as Evergreen's ABORT).
+- A refusal (`Overloaded`: the queue bound, or a draining server) carries its retry hint
+  as gRPC's rich status (`grpc-status-details-bin`: a `google.rpc.Status` holding a
+  `google.rpc.RetryInfo`, what grpcio-status and Google's client libraries read) and as
+  `grpc-retry-pushback-ms` (what a gRPC client's own retry policy obeys).
 """
 
 from __future__ import annotations
@@ -24,10 +34,12 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 from fastapi import FastAPI
+from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
+from google.rpc import error_details_pb2, status_pb2
 
-from app.errors import InternalError, InvalidRequest, SwitchboardError
+from app.errors import InternalError, InvalidRequest, Overloaded, SwitchboardError
 
 Context = grpc.aio.ServicerContext[Any, Any]
 M = TypeVar("M", bound=Message)
@@ -46,19 +58,61 @@ def status_code(exc: SwitchboardError) -> grpc.StatusCode:
     return grpc.StatusCode[exc.grpc_status]
 
 
+# Far under the 16 KiB a client takes in trailers, even percent-encoded (3 bytes a byte).
+STATUS_MESSAGE_BYTES = 1024
+
+
 async def abort(context: Context, exc: BaseException) -> NoReturn:
     """End the call with `exc` as its status."""
     error = exc if isinstance(exc, SwitchboardError) else InternalError.wrap(exc)
-    await context.abort(status_code(error), error.message)
+    await end(context, error, error.grpc_status)
+
+
+async def end(context: Context, error: SwitchboardError, code_name: str) -> NoReturn:
+    """End the call with status `code_name` and `error`'s message (cut to fit a trailer),
+    plus the retry hint of a refusal."""
+    code = grpc.StatusCode[code_name]
+    message = status_message(error)
+    trailers: tuple[tuple[str, str | bytes], ...] = ()
+    if isinstance(error, Overloaded):
+        trailers = _retry_trailers(code, message, error.retry_after_s)
+    await context.abort(code, message, trailing_metadata=trailers)
+
+
+def status_message(error: SwitchboardError) -> str:
+    """`error`'s message, cut to `STATUS_MESSAGE_BYTES` (never inside a UTF-8 sequence)."""
+    data = error.message.encode()
+    if len(data) <= STATUS_MESSAGE_BYTES:
+        return error.message
+    return data[:STATUS_MESSAGE_BYTES].decode(errors="ignore") + " [cut]"
+
+
+def _retry_trailers(
+    code: grpc.StatusCode, message: str, retry_after_s: int
+) -> tuple[tuple[str, str | bytes], ...]:
+    retry = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=retry_after_s))
+    detail = any_pb2.Any()
+    detail.Pack(retry)
+    status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
+    return (
+        ("grpc-status-details-bin", status.SerializeToString()),
+        ("grpc-retry-pushback-ms", str(retry_after_s * 1000)),
+    )
 
 
 class Writer:
     """One write at a time: gRPC takes one message send per call at once, and a second
-    one fails the call (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS)."""
+    one fails the call (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS).
+
+    The call's initial metadata goes on its own before the first message: grpcio marks
+    it sent only once a write completes, so a first write abandoned in flight (the client
+    not reading) would make the call's final status send the initial metadata again, and
+    that status would fail the same way and never reach the client."""
 
     def __init__(self, context: Context) -> None:
         self._context = context
         self._lock = asyncio.Lock()
+        self._opened = False  # the initial metadata has gone
         # A write whose writer was cancelled (an aborted action) goes on in grpcio's core
         # until the client reads it or leaves; nothing more may be sent meanwhile.
         self._orphan: asyncio.Future[None] | None = None
@@ -70,7 +124,7 @@ class Writer:
         async with self._lock:
             if self._orphan is not None and not self._orphan.done():
                 return
-            write = asyncio.ensure_future(self._context.write(message))
+            write = asyncio.ensure_future(self._send(message))
             try:
                 await asyncio.shield(write)
             except asyncio.CancelledError:
@@ -80,6 +134,12 @@ class Writer:
             except grpc.aio.BaseError:
                 if not (self._context.done() or self._context.cancelled()):
                     raise
+
+    async def _send(self, message: Message) -> None:
+        if not self._opened:
+            await self._context.send_initial_metadata(())
+            self._opened = True
+        await self._context.write(message)
 
 
 def _consume(write: asyncio.Future[None]) -> None:

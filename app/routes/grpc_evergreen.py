@@ -10,7 +10,8 @@ output nodes' fragments stream back as the engine produces text.
 - A broken rule or a failed action aborts the session as on the websocket: every running
   action is cancelled (aborting its engine request), the final message is the core's
   `ABORT` action (a Struct `{"code", "message"}`), and the call then ends with that gRPC
-  status and message (where the websocket closes with 4000 + the code). A client that
+  status and message (`grpc_calls.end`: the message cut to fit a trailer, a refusal's
+  retry hint as retry info), where the websocket closes with 4000 + the code. A client that
   reads only statuses sees the failure; one that reads the stream sees the ABORT first,
   as the spec's abort is a message of the session.
 - A client that cancels the call, passes its deadline or drops the connection ends the
@@ -36,7 +37,7 @@ from app.engine.base import Engine
 from app.errors import SwitchboardError
 from app.protocols.evergreen.frames import decode
 from app.protocols.evergreen.lifecycle import abort_message
-from app.routes.grpc_calls import Context, Service, Writer, register
+from app.routes.grpc_calls import Context, Service, Writer, end, register
 from app.sessions.evergreen import EvergreenRun
 from schemas import evergreen_service_pb2 as service_pb
 
@@ -78,7 +79,7 @@ class _Evergreen:
         try:
             if failure is not None:
                 await send(abort_message(failure))
-                await context.abort(grpc.StatusCode[failure.evergreen_reason], failure.message)
+                await end(context, failure, failure.evergreen_reason)
         finally:
             if unsubscribe is not None:
                 unsubscribe()

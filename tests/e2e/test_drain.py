@@ -7,12 +7,15 @@ of what the clients saw:
 
 - before SIGTERM: streams on every protocol, a short OpenAI stream that ends within the
   drain, long ones (48 choices x 960 tokens under `ignore_eos`: several seconds, well past
-  `--drain-timeout-s`) that must be cut, and idle websocket sessions;
+  `--drain-timeout-s`) that must be cut, idle websocket sessions, and over native gRPC a
+  Salience Generate and an Evergreen StartSession, each past its first output;
 - right after SIGTERM: `/ready` 503, `/health` 200, a new request refused with 503 and
   Retry-After, a new Evergreen session refused with ABORT UNAVAILABLE;
 - each client's ending: the short stream complete, the long OpenAI stream an SSE error
   (`overloaded`) then `[DONE]`, GraphPipe a 503 InferResponse error, Evergreen ABORT
-  UNAVAILABLE + close 4014, Salience an UNAVAILABLE error frame + close 1001;
+  UNAVAILABLE + close 4014, Salience an UNAVAILABLE error frame + close 1001, the gRPC
+  Generate the status UNAVAILABLE with retry info, the gRPC Evergreen session its ABORT
+  UNAVAILABLE then that status with the same retry info;
 - the process gone within the drain timeout plus the engine's own shutdown.
 """
 
@@ -29,11 +32,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import websockets
+from google.protobuf import json_format, struct_pb2
 
+from schemas import evergreen_service_pb2 as service_pb
+from schemas import evergreen_service_pb2_grpc as evergreen_grpc
+from schemas import salience_pb2 as salience_pb
+from schemas import salience_pb2_grpc as salience_grpc
 from tests.conftest import ROOT, free_port, tiny_model_path
 from tests.e2e.test_overload import (
     evergreen_outcome,
@@ -41,6 +50,7 @@ from tests.e2e.test_overload import (
     salience_generate,
 )
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
+from tests.grpc_retry import retry_after_s
 
 pytestmark = pytest.mark.e2e
 
@@ -53,16 +63,19 @@ WIDE = 48  # choices (and GraphPipe rows) of the long requests
 
 
 class Server:
-    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    def __init__(
+        self, process: subprocess.Popen[bytes], port: int, grpc_port: int, log: Path
+    ) -> None:
         self.process, self.port, self.log = process, port, log
         self.base_url = f"http://127.0.0.1:{port}"
         self.ws_url = f"ws://127.0.0.1:{port}"
+        self.grpc_target = f"127.0.0.1:{grpc_port}"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("drain") / "serve.log"
     command = [
         sys.executable,
@@ -78,7 +91,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "--drain-timeout-s",
         str(DRAIN_TIMEOUT_S),
         "--grpc-port",
-        str(free_port()),
+        str(grpc_port),
         "--dtype",
         "float32",
         "--max-model-len",
@@ -88,7 +101,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         process = subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-    live = Server(process, port, log)
+    live = Server(process, port, grpc_port, log)
     try:
         deadline = time.monotonic() + 600
         while True:
@@ -121,6 +134,49 @@ async def _sse(
                 events.append(line[6:])
                 first.set()
     return events
+
+
+async def _grpc_generate(channel: grpc.aio.Channel, first: asyncio.Event) -> tuple[str, Any]:
+    """("done", finish reason) or ("status", (code, details, retry hint, events seen))."""
+    stub = salience_grpc.SalienceStub(channel)
+    opened = await stub.OpenSession(salience_pb.OpenSessionRequest(model="tiny"), timeout=120)
+    # Greedy (top_k 1): the same tokens every run, and they do not reach EOS within
+    # LONG, so the call is still running when the drain cuts it.
+    request = salience_pb.GenerateRequest(
+        session_id=opened.session_id, append_tokens=[5, 6, 7], max_tokens=LONG, top_k=1
+    )
+    events: list[salience_pb.GenerateEvent] = []
+    try:
+        async for event in stub.Generate(request, timeout=120):
+            events.append(event)
+            first.set()
+    except grpc.aio.AioRpcError as error:
+        return "status", (error.code(), error.details(), retry_after_s(error), len(events))
+    return "done", events[-1].done.finish_reason
+
+
+async def _grpc_session(channel: grpc.aio.Channel, first: asyncio.Event) -> tuple[Any, ...]:
+    """(status code, details, retry hint, the last message's ABORT Struct or None), the
+    session left open (no half-close) after a long GENERATE."""
+    turn = json_format.Parse(
+        evergreen_turn("Tell me a long story.", LONG), service_pb.SessionMessage()
+    )
+    call = evergreen_grpc.EvergreenServiceStub(channel).StartSession(timeout=120)
+    await call.write(turn)
+    last = None
+    try:
+        async for reply in call:
+            last = reply
+            if reply.node_fragments:
+                first.set()
+    except grpc.aio.AioRpcError as error:
+        abort = None
+        if last is not None and last.actions and last.actions[0].name == "ABORT":
+            status = struct_pb2.Struct()
+            assert last.actions[0].configs[0].Unpack(status)
+            abort = json_format.MessageToDict(status)
+        return error.code(), error.details(), retry_after_s(error), abort
+    return grpc.StatusCode.OK, await call.details(), None, None
 
 
 async def _after_sigterm(server: Server, client: httpx.AsyncClient) -> dict[str, Any]:
@@ -171,6 +227,12 @@ def drained(server: Server) -> dict[str, Any]:
             salience_busy = await websockets.connect(f"{server.ws_url}/salience/ws")
             await salience_generate(salience_busy, "tiny", "g", [5, 6, 7], LONG)
             salience_idle = await websockets.connect(f"{server.ws_url}/salience/ws")
+            channel = grpc.aio.insecure_channel(server.grpc_target)
+            generate_started, session_started = asyncio.Event(), asyncio.Event()
+            grpc_generate = asyncio.create_task(_grpc_generate(channel, generate_started))
+            grpc_session = asyncio.create_task(_grpc_session(channel, session_started))
+            await asyncio.wait_for(generate_started.wait(), 120)
+            await asyncio.wait_for(session_started.wait(), 120)
             await asyncio.wait_for(long_started.wait(), 120)
             short_body = {"model": "tiny", "prompt": "Hi", "max_tokens": 8, "stream": True}
             short_stream = asyncio.create_task(_sse(client, url, short_body, short_started))
@@ -189,6 +251,9 @@ def drained(server: Server) -> dict[str, Any]:
             seen["evergreen_idle"] = await evergreen_outcome(evergreen_idle)
             seen["salience_busy"] = await _salience_ending(salience_busy, "g")
             seen["salience_idle"] = await _salience_ending(salience_idle, None)
+            seen["grpc_generate"] = await grpc_generate
+            seen["grpc_session"] = await grpc_session
+            await channel.close()
             exit_code = await asyncio.to_thread(server.process.wait, 120)
             seen["exit"] = (exit_code, time.monotonic() - sent_at)
             return seen
@@ -281,3 +346,16 @@ def test_the_process_exits_within_the_drain_timeout(drained: dict[str, Any]) -> 
     code, took = drained["exit"]
     assert code in (0, -signal.SIGTERM), code
     assert took < DRAIN_TIMEOUT_S + SHUTDOWN_SLACK_S, took
+
+
+def test_grpc_calls_end_unavailable_with_retry_info(drained: dict[str, Any]) -> None:
+    kind, outcome = drained["grpc_generate"]
+    assert kind == "status", (kind, outcome)
+    code, details, retry, events = outcome
+    assert code == grpc.StatusCode.UNAVAILABLE and "shutting down" in details, outcome
+    assert retry is not None and retry >= 1 and 0 < events < LONG, outcome
+    code, details, retry, abort = drained["grpc_session"]
+    assert code == grpc.StatusCode.UNAVAILABLE and "shutting down" in details
+    assert retry is not None and retry >= 1
+    assert abort is not None and abort["code"] == "UNAVAILABLE"
+    assert abort["retry_after_s"] == retry

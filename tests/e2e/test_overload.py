@@ -1,5 +1,6 @@
 """Admission on the live server (real vLLM, the tiny model): a burst of 4x the bound on
-every protocol at once, and priority.
+every protocol at once, the same over native gRPC (Salience Generate, Evergreen
+StartSession: refusals are UNAVAILABLE with retry info), and priority.
 
 The bound is set on the live app's `Admission` for each test and restored afterwards (no
 second engine). The tiny model starts a request within milliseconds and vLLM's CPU build
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -25,7 +27,11 @@ from google.protobuf import json_format, struct_pb2
 
 from app.admission import Admission, Ticket
 from schemas import evergreen_service_pb2 as service_pb
+from schemas import evergreen_service_pb2_grpc as evergreen_grpc
+from schemas import salience_pb2 as salience_pb
+from schemas import salience_pb2_grpc as salience_grpc
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
+from tests.grpc_retry import retry_after_s
 
 pytestmark = pytest.mark.e2e
 
@@ -217,6 +223,77 @@ def test_a_burst_of_four_times_the_bound_on_every_protocol(live_server: Any) -> 
     # what is admitted completes.
     assert any(o[1] == 200 for o in outcomes)
     assert all(o[2] is not None for o in outcomes if o[1] == 200)
+    assert after["in_flight"] == BOUND - 1  # only the test's own tickets
+    assert after["queued"] == {"test": BOUND - 1}
+    assert live.wait_idle() == 0
+
+
+def grpc_refusal(error: grpc.aio.AioRpcError) -> int:
+    """The retry hint of a gRPC refusal (asserting it is one: UNAVAILABLE, retry info)."""
+    assert error.code() == grpc.StatusCode.UNAVAILABLE, (error.code(), error.details())
+    retry = retry_after_s(error)
+    assert retry is not None and retry >= 1, error.trailing_metadata()
+    return retry
+
+
+async def _grpc_salience(channel: grpc.aio.Channel, live: Any, i: int) -> tuple[str, int, Any]:
+    stub = salience_grpc.SalienceStub(channel)
+    opened = await stub.OpenSession(salience_pb.OpenSessionRequest(model=live.model), timeout=60)
+    request = salience_pb.GenerateRequest(
+        session_id=opened.session_id, append_tokens=[5 + i, 6, 7], max_tokens=8
+    )
+    try:
+        events = [event async for event in stub.Generate(request, timeout=120)]
+    except grpc.aio.AioRpcError as error:
+        grpc_refusal(error)
+        assert "retry after" in (error.details() or "")
+        return "salience", 503, None
+    finally:
+        await stub.CloseSession(salience_pb.CloseSessionRequest(session_id=opened.session_id))
+    return "salience", 200, events[-1].done.finish_reason
+
+
+async def _grpc_evergreen(channel: grpc.aio.Channel, live: Any, i: int) -> tuple[str, int, Any]:
+    turn = json_format.Parse(evergreen_turn(f"burst {i}", 8), service_pb.SessionMessage())
+    call = evergreen_grpc.EvergreenServiceStub(channel).StartSession(iter([turn]), timeout=120)
+    replies = []
+    try:
+        async for reply in call:
+            replies.append(reply)
+    except grpc.aio.AioRpcError as error:
+        retry = grpc_refusal(error)
+        status = struct_pb2.Struct()
+        assert replies[-1].actions[0].name == "ABORT"
+        assert replies[-1].actions[0].configs[0].Unpack(status)
+        fields = json_format.MessageToDict(status)
+        assert fields["code"] == "UNAVAILABLE" and fields["retry_after_s"] == retry
+        return "evergreen", 503, None
+    text = b"".join(f.chunk_fragment.data for r in replies for f in r.node_fragments)
+    return "evergreen", 200, text.decode()
+
+
+def test_a_burst_of_four_times_the_bound_over_grpc(live_server: Any) -> None:
+    live = live_server
+    calls = [(i, call) for i in range(BURST) for call in (_grpc_salience, _grpc_evergreen)]
+
+    async def burst() -> list[tuple[str, int, Any]]:
+        async with grpc.aio.insecure_channel(live.grpc_target) as channel:
+            return list(await asyncio.gather(*(call(channel, live, i) for i, call in calls)))
+
+    with bounded(live, held=BOUND - 1) as admission:
+        before = live.call(_counts(admission))
+        outcomes = asyncio.run(burst())
+        after = live.call(_counts(admission))
+    for name in ("salience", "evergreen"):
+        mine = [o for o in outcomes if o[0] == name]
+        admitted = [o for o in mine if o[1] == 200]
+        refused = [o for o in mine if o[1] == 503]
+        assert len(admitted) + len(refused) == BURST
+        assert refused, f"{name}: the burst met a full queue, something must be refused"
+        assert after["refused"].get(name, 0) - before["refused"].get(name, 0) == len(refused)
+        assert after["admitted"].get(name, 0) - before["admitted"].get(name, 0) == len(admitted)
+    assert any(o[1] == 200 for o in outcomes)
+    assert all(o[2] for o in outcomes if o[1] == 200)  # a finish reason, a response text
     assert after["in_flight"] == BOUND - 1  # only the test's own tickets
     assert after["queued"] == {"test": BOUND - 1}
     assert live.wait_idle() == 0

@@ -1,6 +1,7 @@
 """Admission and drain on gRPC Evergreen sessions, over the fake engine: a GENERATE the
 bound refuses, and a draining server's new session, both end the call with the ABORT
-message (UNAVAILABLE, `retry_after_s`) and the status UNAVAILABLE, as on the websocket."""
+message (UNAVAILABLE, `retry_after_s`) and the status UNAVAILABLE with the same hint as
+retry info, as on the websocket."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from schemas import evergreen_service_pb2 as service_pb
 from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from tests.conftest import free_port
 from tests.fake_engine import FakeEngine
+from tests.grpc_retry import retry_after_s
 from tests.unit.test_admission_sessions import _turn
 
 
@@ -62,11 +64,14 @@ def test_a_refused_generate_ends_the_grpc_session_unavailable() -> None:
     status = _abort_status(received[-1])
     assert status["code"] == "UNAVAILABLE" and status["retry_after_s"] >= 1
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "retry after" in error.details()
+    assert retry_after_s(error) == status["retry_after_s"]
 
 
 def test_a_draining_server_refuses_a_new_grpc_session() -> None:
     with served() as (app, client, channel):
         client.portal.call(app.state.drain.begin)  # type: ignore[union-attr]
         received, error = _session(channel, actions=False)
-    assert _abort_status(received[-1])["code"] == "UNAVAILABLE"
+    status = _abort_status(received[-1])
+    assert status["code"] == "UNAVAILABLE"
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in error.details()
+    assert retry_after_s(error) == status["retry_after_s"]

@@ -1,8 +1,8 @@
 """The gRPC server the app's lifespan runs, on a fake engine: it starts and stops with the
 app, is off with port 0, refuses a port in use, its health service follows
 `engine.check_health()`, `--api-key` guards the protocol services (not health and
-reflection), and messages are bounded by `--grpc-max-message-bytes`. (The protocol
-services on real vLLM: tests/e2e/test_grpc_*.py.)"""
+reflection), messages are bounded by `--grpc-max-message-bytes`, and status messages are
+cut to fit a trailer. (The protocol services on real vLLM: tests/e2e/test_grpc_*.py.)"""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ from typing import Any
 import grpc
 import pytest
 from fastapi.testclient import TestClient
+from google.protobuf import json_format, struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from app.config import Settings
 from app.errors import ConfigError, EngineDead
 from app.main import create_app
+from app.routes.grpc_calls import STATUS_MESSAGE_BYTES
 from schemas import evergreen_service_pb2 as service_pb
 from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as pb
@@ -137,3 +139,37 @@ def test_messages_are_bounded_both_ways() -> None:
         with pytest.raises(grpc.RpcError) as info:
             salience.DumpSession(pb.DumpSessionRequest(session_id=session.session_id))
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_status_message_quoting_a_long_input_is_cut_to_fit_a_trailer() -> None:
+    """A client refuses trailers over 16 KiB: uncut, these calls would end
+    RESOURCE_EXHAUSTED "metadata size exceeds hard limit" instead of their own status."""
+    long_name = "\u00e9" * 50_000  # 100 kB of UTF-8, 300 kB percent-encoded
+    with app_on(free_port()) as channel:
+        salience = salience_grpc.SalienceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            salience.OpenSession(pb.OpenSessionRequest(model=long_name), timeout=10)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND, info.value.details()
+        assert info.value.details().endswith(" [cut]")
+        assert len(info.value.details().encode()) <= STATUS_MESSAGE_BYTES + len(" [cut]")
+        turn = {
+            "actions": [
+                {
+                    "name": "GENERATE",
+                    "inputs": [{"name": "prompt", "id": "p"}],
+                    "outputs": [{"name": long_name, "id": "r"}],
+                }
+            ]
+        }
+        message = json_format.ParseDict(turn, service_pb.SessionMessage())
+        evergreen = evergreen_grpc.EvergreenServiceStub(channel)
+        received = []
+        with pytest.raises(grpc.RpcError) as info:
+            for reply in evergreen.StartSession(iter([message]), timeout=10):
+                received.append(reply)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+        assert info.value.details().endswith(" [cut]")
+        # The ABORT message, a body of the protocol, still says it all.
+        status = struct_pb2.Struct()
+        assert received[-1].actions[0].configs[0].Unpack(status)
+        assert long_name in status["message"]
