@@ -15,12 +15,16 @@ import signal
 import socket
 from pathlib import Path
 from types import FrameType
-from typing import Any, get_args, get_origin
+from typing import TYPE_CHECKING, Any, get_args, get_origin
 
 from pydantic import ValidationError
 
 from app.config import Settings
 from app.errors import ConfigError
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.types import ASGIApp
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,25 @@ def _settings(known: argparse.Namespace, rest: list[str]) -> Settings:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "settings"
         raise ConfigError(f"{where}: {first['msg']}") from None
+
+
+def uvicorn_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
+    """How uvicorn serves the app: one place, so the tests' live servers run what
+    `switchboard serve` runs."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        lifespan="on",
+        http="httptools",
+        access_log=False,
+        ws_per_message_deflate=settings.ws_per_message_deflate,
+        # The drain has ended the work already; what is left is idle connections.
+        timeout_graceful_shutdown=5,
+    )
 
 
 async def _run(settings: Settings) -> None:
@@ -131,16 +154,7 @@ async def _run(settings: Settings) -> None:
             finally:
                 stop_engine()
 
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        http="httptools",
-        access_log=False,
-        # The drain has ended the work already; what is left is idle connections.
-        timeout_graceful_shutdown=5,
-    )
+    config = uvicorn_config(app, settings)
     try:
         await Server(config).serve()
     finally:

@@ -145,15 +145,15 @@ def _serve(settings: Any, model: str, lora: str = "") -> Iterator[LiveServer]:
     """uvicorn with `create_app(settings)` on its own loop in a background thread."""
     import uvicorn
 
+    from app.cli import uvicorn_config
     from app.main import create_app
 
-    grpc_port = free_port()
-    settings = settings.model_copy(update={"grpc_port": grpc_port})
-    app = create_app(settings)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    grpc_port, port = free_port(), free_port()
+    settings = settings.model_copy(
+        update={"grpc_port": grpc_port, "port": port, "host": "127.0.0.1", "log_level": "warning"}
     )
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn_config(app, settings))
     loop = asyncio.new_event_loop()
     failure: list[BaseException] = []
 

@@ -368,3 +368,12 @@ def test_json_mapping_roundtrip() -> None:
         pb.GenerateRequest(),
     )
     assert list(request.append_tokens) == [1, 2] and request.logprobs_ranges[0].end == 2
+
+
+async def test_a_client_offering_deflate_gets_plain_frames(live_server) -> None:  # type: ignore[no-untyped-def]
+    """A token frame is tens of bytes: deflating each one costs more CPU than it saves, so
+    the server declines permessage-deflate (--ws-per-message-deflate, off by default)."""
+    url = f"{live_server.ws_url}/salience/ws"
+    async with websockets.connect(url, compression="deflate") as ws:
+        assert "Sec-WebSocket-Extensions" in ws.request.headers  # offered
+        assert "Sec-WebSocket-Extensions" not in ws.response.headers  # declined
