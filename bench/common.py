@@ -16,9 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
-
-from app.engine.cpu_host import pin_frontend
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,10 +77,6 @@ def start_server(command: list[str], port: int, log: Path) -> subprocess.Popen[b
             raise RuntimeError(f"{command[2]} exited at start; see {log}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                # The load client off the engine's cores, as Switchboard's frontend is:
-                # left to drift onto them, it starves beside vLLM's spinning OpenMP
-                # threads and slows the engine, and every figure of the round is noise.
-                pin_frontend(psutil.Process(proc.pid))
                 return proc
         except httpx.HTTPError:
             pass

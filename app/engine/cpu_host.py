@@ -70,27 +70,25 @@ def _thread_affinities(process: psutil.Process) -> Iterable[frozenset[int]]:
             continue
 
 
-def engine_cpus(everything: frozenset[int], root: psutil.Process | None = None) -> frozenset[int]:
-    """The cores some thread of a descendant of `root` (default: this process, whose
-    child is the engine core) is bound to (a thread allowed on every core is not bound
-    and says nothing)."""
+def engine_cpus(everything: frozenset[int]) -> frozenset[int]:
+    """The cores some thread of a child process of ours is bound to (a thread allowed on
+    every core is not bound and says nothing)."""
     bound: set[int] = set()
-    for child in (root or psutil.Process()).children(recursive=True):
+    for child in psutil.Process().children(recursive=True):
         for cpus in _thread_affinities(child):
             if cpus < everything:
                 bound |= cpus
     return frozenset(bound)
 
 
-def pin_frontend(engine_root: psutil.Process | None = None) -> frozenset[int] | None:
-    """Restrict every thread of this process to the cores vLLM's engine (under
-    `engine_root`; default: ours) left free; the cores chosen, or None when there is
-    nothing to do (no binding seen, or no core left over). The benchmarks keep their load
-    client off a server's engine cores this way too."""
+def pin_frontend() -> frozenset[int] | None:
+    """Restrict every thread of this process to the cores vLLM's engine left free; the
+    cores chosen, or None when there is nothing to do (no binding seen, or no core
+    left over)."""
     if not hasattr(os, "sched_setaffinity"):
         return None
     everything = frozenset(os.sched_getaffinity(0))
-    free = everything - engine_cpus(everything, engine_root)
+    free = everything - engine_cpus(everything)
     if not free or free == everything:
         return None
     for thread in psutil.Process().threads():
