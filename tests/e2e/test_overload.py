@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -192,6 +192,22 @@ async def _salience(client: httpx.AsyncClient, live: Any, i: int) -> tuple[str, 
     return "salience", 503, None
 
 
+def _check_counts(
+    outcomes: list[Any], before: dict[str, Any], after: dict[str, Any], names: Sequence[str]
+) -> None:
+    """Each protocol's share of a burst of BURST calls against a full queue: every call
+    admitted (200) or refused (503), some refused, and the admission's counters moved by
+    exactly as many."""
+    for name in names:
+        mine = [o for o in outcomes if o[0] == name]
+        admitted = [o for o in mine if o[1] == 200]
+        refused = [o for o in mine if o[1] == 503]
+        assert len(admitted) + len(refused) == BURST
+        assert refused, f"{name}: the burst met a full queue, something must be refused"
+        assert after["refused"].get(name, 0) - before["refused"].get(name, 0) == len(refused)
+        assert after["admitted"].get(name, 0) - before["admitted"].get(name, 0) == len(admitted)
+
+
 def _burst(live: Any, calls: list[Any]) -> list[tuple[str, int, Any]]:
     async def run() -> list[tuple[str, int, Any]]:
         limits = httpx.Limits(max_connections=4 * BURST)
@@ -210,14 +226,9 @@ def test_a_burst_of_four_times_the_bound_on_every_protocol(live_server: Any) -> 
         outcomes = _burst(live, calls)
         after = live.call(_counts(admission))
         metrics = httpx.get(f"{live.base_url}/metrics").text
-    for name in ("openai", "graphpipe", "evergreen", "salience"):
-        mine = [o for o in outcomes if o[0] == name]
-        admitted = [o for o in mine if o[1] == 200]
-        refused = [o for o in mine if o[1] == 503]
-        assert len(admitted) + len(refused) == BURST
-        assert refused, f"{name}: the burst met a full queue, something must be refused"
-        assert after["refused"].get(name, 0) - before["refused"].get(name, 0) == len(refused)
-        assert after["admitted"].get(name, 0) - before["admitted"].get(name, 0) == len(admitted)
+    names = ("openai", "graphpipe", "evergreen", "salience")
+    _check_counts(outcomes, before, after, names)
+    for name in names:
         assert f'switchboard_refused_total{{protocol="{name}"}}' in metrics
     # The one free slot admits some of the burst (whichever protocol comes first), and
     # what is admitted completes.
@@ -284,14 +295,7 @@ def test_a_burst_of_four_times_the_bound_over_grpc(live_server: Any) -> None:
         before = live.call(_counts(admission))
         outcomes = asyncio.run(burst())
         after = live.call(_counts(admission))
-    for name in ("salience", "evergreen"):
-        mine = [o for o in outcomes if o[0] == name]
-        admitted = [o for o in mine if o[1] == 200]
-        refused = [o for o in mine if o[1] == 503]
-        assert len(admitted) + len(refused) == BURST
-        assert refused, f"{name}: the burst met a full queue, something must be refused"
-        assert after["refused"].get(name, 0) - before["refused"].get(name, 0) == len(refused)
-        assert after["admitted"].get(name, 0) - before["admitted"].get(name, 0) == len(admitted)
+    _check_counts(outcomes, before, after, ("salience", "evergreen"))
     assert any(o[1] == 200 for o in outcomes)
     assert all(o[2] for o in outcomes if o[1] == 200)  # a finish reason, a response text
     assert after["in_flight"] == BOUND - 1  # only the test's own tickets

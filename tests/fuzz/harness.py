@@ -13,7 +13,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+from google.protobuf import json_format, struct_pb2
 
+from schemas import evergreen_service_pb2 as service_pb
 from tests.fuzz.corpus import INPUTS_PER_PROTOCOL, Offence, describe
 
 CONCURRENCY = 6
@@ -47,3 +49,16 @@ def verdict(live: Any, protocol: str, offences: list[Offence], total: int) -> No
         problems.append(f"{left} engine request(s) still running after the corpus")
     if offences or problems:
         raise AssertionError("\n".join([describe(offences, protocol, total), *problems]))
+
+
+def evergreen_abort(message: service_pb.SessionMessage) -> tuple[str, str] | None:
+    """(code, message) of the Evergreen ABORT that `message` is, or None if it is not
+    one (over the websocket and gRPC alike)."""
+    if len(message.actions) != 1 or message.actions[0].name != "ABORT":
+        return None
+    status = struct_pb2.Struct()
+    if len(message.actions[0].configs) != 1 or not message.actions[0].configs[0].Unpack(status):
+        return None
+    fields = json_format.MessageToDict(status)
+    code, text = fields.get("code"), fields.get("message")
+    return (code, text) if isinstance(code, str) and isinstance(text, str) else None

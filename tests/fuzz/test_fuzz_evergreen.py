@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import websockets
-from google.protobuf import json_format, struct_pb2, text_format
+from google.protobuf import json_format, text_format
 
 from schemas import evergreen_service_pb2 as service_pb
 from tests.fuzz.corpus import (
@@ -28,7 +28,7 @@ from tests.fuzz.corpus import (
     json_input,
     rng,
 )
-from tests.fuzz.harness import run_corpus, verdict
+from tests.fuzz.harness import evergreen_abort, run_corpus, verdict
 
 pytestmark = pytest.mark.e2e
 
@@ -96,20 +96,6 @@ def _parse(frame: Any, binary: bool) -> service_pb.SessionMessage:
     return json_format.Parse(frame, service_pb.SessionMessage())
 
 
-def _abort_code(message: service_pb.SessionMessage) -> str | None:
-    """The status name the ABORT of `message` carries, or None if it is not an ABORT."""
-    if len(message.actions) != 1 or message.actions[0].name != "ABORT":
-        return None
-    status = struct_pb2.Struct()
-    if len(message.actions[0].configs) != 1 or not message.actions[0].configs[0].Unpack(status):
-        return None
-    fields = json_format.MessageToDict(status)
-    if not isinstance(fields.get("message"), str):
-        return None
-    code = fields.get("code")
-    return code if isinstance(code, str) else None
-
-
 async def session(url: str, binary: bool, frame: bytes | str) -> str | None:
     """Why this session did not end in Evergreen's shape, or None."""
     sentinel: bytes | str = b"\xff" if binary else "}"
@@ -136,7 +122,8 @@ async def session(url: str, binary: bool, frame: bytes | str) -> str | None:
             seen.append(str(last)[:200])
     if close is None:
         return f"closed without a close frame (a reset); frames: {seen[-3:]}"
-    code = _abort_code(last) if last is not None else None
+    abort = evergreen_abort(last) if last is not None else None
+    code = abort[0] if abort is not None else None
     if code is None:
         return f"close {close.code} {close.reason!r} without an ABORT last; frames: {seen[-3:]}"
     if code in SERVER_FAULTS or code not in STATUS:

@@ -33,7 +33,6 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import json_format, struct_pb2
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
@@ -42,7 +41,7 @@ from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as pb
 from schemas import salience_pb2_grpc as salience_grpc
 from tests.fuzz.corpus import INPUTS_PER_PROTOCOL, Offence, binary_input, rng
-from tests.fuzz.harness import run_corpus, verdict
+from tests.fuzz.harness import evergreen_abort, run_corpus, verdict
 from tests.fuzz.test_fuzz_evergreen import SEEDS as EVERGREEN_SEEDS
 
 pytestmark = pytest.mark.e2e
@@ -243,18 +242,6 @@ async def salience_probe(channel: grpc.aio.Channel, stub: Any, index: int) -> Of
     return None if reason is None else Offence(index, (method, data), (reason, answer))
 
 
-def _abort(message: service_pb.SessionMessage) -> tuple[str, str] | None:
-    """(code, message) of the ABORT that `message` is, or None if it is not one."""
-    if len(message.actions) != 1 or message.actions[0].name != "ABORT":
-        return None
-    status = struct_pb2.Struct()
-    if len(message.actions[0].configs) != 1 or not message.actions[0].configs[0].Unpack(status):
-        return None
-    fields = json_format.MessageToDict(status)
-    code, text = fields.get("code"), fields.get("message")
-    return (code, text) if isinstance(code, str) and isinstance(text, str) else None
-
-
 async def evergreen_session(channel: grpc.aio.Channel, first: bytes) -> tuple[Any, str | None]:
     """(the messages received, why the session did not end in Evergreen's shape or None)."""
     call = channel.stream_stream(START_SESSION)(timeout=TIMEOUT_S)
@@ -274,7 +261,7 @@ async def evergreen_session(channel: grpc.aio.Channel, first: bytes) -> tuple[An
         pass
     code = await call.code()
     details = await call.details()
-    abort = _abort(received[-1]) if received else None
+    abort = evergreen_abort(received[-1]) if received else None
     if abort is None:
         return received[-3:], f"status {code.name} {details!r} without an ABORT message last"
     if code not in EVERGREEN_CODES:

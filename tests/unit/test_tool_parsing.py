@@ -219,15 +219,19 @@ def _body(case: Case, stream: bool) -> dict[str, Any]:
     return body
 
 
-def _ours_full(info: Any, case: Case) -> dict[str, Any]:
-    core = ChatCore(
-        ChatCompletionRequest.model_validate(_body(case, False)),
+def _core(info: Any, case: Case, stream: bool) -> ChatCore:
+    return ChatCore(
+        ChatCompletionRequest.model_validate(_body(case, stream)),
         info,
         FakeEngine().tokenizer,
         response_id="chatcmpl-1",
         created=1,
         model="tiny",
     )
+
+
+def _ours_full(info: Any, case: Case) -> dict[str, Any]:
+    core = _core(info, case, False)
     core.feed(
         0, TokenEvent(token_ids=[7], text=case.text, finish_reason="stop", prompt_token_ids=[1])
     )
@@ -235,14 +239,7 @@ def _ours_full(info: Any, case: Case) -> dict[str, Any]:
 
 
 def _ours_stream(info: Any, case: Case, deltas: list[str]) -> list[dict[str, Any]]:
-    core = ChatCore(
-        ChatCompletionRequest.model_validate(_body(case, True)),
-        info,
-        FakeEngine().tokenizer,
-        response_id="chatcmpl-1",
-        created=1,
-        model="tiny",
-    )
+    core = _core(info, case, True)
     chunks = []
     for i, delta in enumerate(deltas):
         last = i == len(deltas) - 1
