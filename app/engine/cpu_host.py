@@ -1,5 +1,5 @@
-"""What vLLM's CPU build needs from its host: a KV cache size chosen up front, and the
-frontend kept off the cores the engine's OpenMP threads spin on.
+"""What vLLM's CPU build needs from its host: a KV cache size chosen up front, prompts
+prefilled whole, and the frontend kept off the cores the engine's OpenMP threads spin on.
 
 KV cache: with no size given, vLLM's CPU worker reserves `gpu_memory_utilization` (0.92)
 of its NUMA node and refuses to start when the page cache holds part of it ("Available
@@ -8,6 +8,14 @@ utilization"), which is whenever the machine has recently read a few GiB of file
 a CPU build with no `--kv-cache-memory-bytes` and no `VLLM_CPU_KVCACHE_SPACE`, Switchboard
 asks for `DEFAULT_KV_CACHE_BYTES`, or a quarter of the memory available at start when
 that is less, and logs what it chose.
+
+Whole prefills: vLLM's CPU worker kills the engine when a seeded request's prompt is
+prefilled in parts: after the part it rewinds the request's torch.Generator, which only
+CUDA's generators can do ("CPU Generator does not use offset"). A client's `seed` on a
+long prompt in a busy batch was enough (seen in CI). So a CPU build runs without chunked
+prefill unless `--enable-chunked-prefill` is given: vLLM then sizes a step's token budget
+to hold the longest prompt (at least `max_model_len`), as its own CPU platform does for
+the models it cannot chunk.
 
 Frontend: vLLM binds its OpenMP threads to some cores (on a 2-core machine, core 0) and
 leaves the rest for the frontend, but does not move the frontend. A frontend thread that
@@ -56,6 +64,14 @@ def with_cpu_kv_cache(engine_args: dict[str, Any]) -> dict[str, Any]:
         DEFAULT_KV_CACHE_BYTES // GiB,
     )
     return {**engine_args, "kv_cache_memory_bytes": chosen}
+
+
+def with_whole_prefills(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """`engine_args` without chunked prefill, unless the user chose (see the module's
+    docstring)."""
+    if engine_args.get("enable_chunked_prefill") is not None:
+        return engine_args
+    return {**engine_args, "enable_chunked_prefill": False}
 
 
 def _thread_affinities(process: psutil.Process) -> Iterable[frozenset[int]]:

@@ -79,7 +79,7 @@ from app.engine.base import (
 )
 from app.engine.batch_gate import BatchGate
 from app.engine.concepts import Concepts, load_concepts
-from app.engine.cpu_host import pin_frontend, with_cpu_kv_cache
+from app.engine.cpu_host import pin_frontend, with_cpu_kv_cache, with_whole_prefills
 from app.engine.images import ImageReader, collapse_blocks
 from app.engine.readout_client import ReadoutBatcher, ReadoutTracker
 from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY, ReadoutWorkerExtension
@@ -412,7 +412,7 @@ class VllmEngine:
                 raise ConfigError(f"--lora-modules {name}={path}: no such directory")
         cpu = current_platform.is_cpu()
         if cpu:
-            args = with_cpu_kv_cache(args)
+            args = with_whole_prefills(with_cpu_kv_cache(args))
         vllm_config = _engine_config(args)
         if concepts is not None:
             model_config = vllm_config.model_config

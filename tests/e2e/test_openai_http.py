@@ -165,3 +165,33 @@ def test_small_routes(live_server) -> None:  # type: ignore[no-untyped-def]
     assert "".join(chat["token_strs"]).startswith("<|im_start|>user\nhi<|im_end|>")
     bad = httpx.post(f"{base}/detokenize", json={"tokens": [10**7]})
     assert bad.status_code == 400
+
+
+def test_seeded_long_prompts_in_one_batch(live_server) -> None:  # type: ignore[no-untyped-def]
+    """Seeded requests whose prompts fill more than one engine step all complete and the
+    engine lives on. With chunked prefill, a step's last prompt was prefilled in part and
+    vLLM's CPU worker died rewinding its seeded generator (this killed the engine of a CI
+    run: every later test failed)."""
+    vocab = live_server.engine.info.vocab_size
+    length = live_server.engine.info.max_model_len - 100
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=live_server.base_url, timeout=120) as client:
+            calls = [
+                client.post(
+                    "/v1/completions",
+                    json={
+                        "model": live_server.model,
+                        # Distinct prompts: the prefix cache must not shorten any prefill.
+                        "prompt": [(7 + i * 31 + j * 13) % vocab for j in range(length)],
+                        "max_tokens": 2,
+                        "seed": i,
+                    },
+                )
+                for i in range(6)
+            ]
+            return list(await asyncio.gather(*calls))
+
+    responses = asyncio.run(run())
+    assert [r.status_code for r in responses] == [200] * 6, responses[0].text
+    live_server.call(live_server.engine.check_health())  # raises once the engine is dead

@@ -24,3 +24,12 @@ def test_the_frontend_runs_off_the_engine_cores(live_server) -> None:  # type: i
         except OSError:
             continue
         assert not allowed & bound, f"thread {thread.id} may run on engine cores {bound}"
+
+
+def test_prompts_are_prefilled_whole(live_server) -> None:  # type: ignore[no-untyped-def]
+    """No chunked prefill on a CPU build unless asked: a seeded prompt prefilled in parts
+    kills vLLM's CPU worker (app.engine.cpu_host; the end-to-end case is
+    tests/e2e/test_openai_http.py::test_seeded_long_prompts_in_one_batch)."""
+    config = live_server.engine._llm.vllm_config
+    assert config.scheduler_config.enable_chunked_prefill is False
+    assert config.scheduler_config.max_num_batched_tokens >= config.model_config.max_model_len
