@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -20,7 +20,7 @@ from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 
 from app import __version__
-from app.admission import Tickets
+from app.admission import Admission, Tickets
 from app.engine.base import Engine
 from app.engine.validation import check_token_ids
 from app.errors import InternalError, ModelNotFound, SwitchboardError
@@ -149,6 +149,24 @@ async def _serve(
     return OrjsonResponse(body)
 
 
+async def _admitted(
+    request: Request,
+    engine: Engine,
+    admission: Admission,
+    body: CompletionRequest | ChatCompletionRequest,
+    make_core: Callable[[], Core],
+) -> Response:
+    """Admit the call (every prompt x choice, before any tokenizing), build its core (the
+    places go back if that fails: a bad request holds none) and serve it."""
+    tickets = admission.admit_all("openai", admission_units(body), priority=body.priority)
+    try:
+        core = make_core()
+    except BaseException:
+        tickets.release()
+        raise
+    return await _serve(request, engine, core, body.stream, tickets)
+
+
 def _core_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]:
     return {
         "response_id": f"{prefix}-{uuid.uuid4().hex}",
@@ -164,15 +182,15 @@ def _core_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]
 )
 async def completions(request: Request, engine: EngineDep, admission: AdmissionDep) -> Response:
     body = await read_body(request, CompletionRequest)
-    tickets = admission.admit_all("openai", admission_units(body), priority=body.priority)
-    try:
-        core = CompletionCore(
+    return await _admitted(
+        request,
+        engine,
+        admission,
+        body,
+        lambda: CompletionCore(
             body, engine.info, engine.tokenizer, **_core_args(engine, "cmpl", body.model)
-        )
-    except BaseException:
-        tickets.release()
-        raise
-    return await _serve(request, engine, core, body.stream, tickets)
+        ),
+    )
 
 
 @v1.post(
@@ -184,15 +202,15 @@ async def chat_completions(
     request: Request, engine: EngineDep, admission: AdmissionDep
 ) -> Response:
     body = await read_body(request, ChatCompletionRequest)
-    tickets = admission.admit_all("openai", admission_units(body), priority=body.priority)
-    try:
-        core = ChatCore(
+    return await _admitted(
+        request,
+        engine,
+        admission,
+        body,
+        lambda: ChatCore(
             body, engine.info, engine.tokenizer, **_core_args(engine, "chatcmpl", body.model)
-        )
-    except BaseException:
-        tickets.release()
-        raise
-    return await _serve(request, engine, core, body.stream, tickets)
+        ),
+    )
 
 
 @v1.post(
