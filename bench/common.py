@@ -8,6 +8,7 @@ import os
 import platform
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -61,7 +62,12 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> l
 
 def start_server(command: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:
     """Start a server process (in its own process group) and wait until /health answers.
-    One CPU engine at a time: the caller stops it with `stop_server` before the next."""
+    One CPU engine at a time: the caller stops it with `stop_server` before the next.
+    A port that already answers is refused: an orphan server left by a killed run would
+    otherwise answer /health, and be measured, in place of the one started here."""
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            raise RuntimeError(f"port {port} is already served (an orphan server?)")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     proc = subprocess.Popen(
         command,
