@@ -4,6 +4,7 @@ markers."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -53,6 +54,17 @@ def write_table(name: str, table: str, document: Path = ROOT / "README.md") -> N
     if not pattern.search(text):
         raise ValueError(f"{document} has no bench:{name} markers")
     document.write_text(pattern.sub(lambda m: m.group(1) + table + m.group(2), text))
+
+
+def publish(name: str, results: str, figures: dict[str, Any], table: str) -> None:
+    """A run's end: its figures, with the date and the machine, to bench/results/RESULTS
+    (JSON), its table into the README between the `bench:NAME` markers and to stdout."""
+    path = ROOT / "bench" / "results" / results
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), **figures}
+    path.write_text(json.dumps(record, indent=1))
+    write_table(name, table)
+    print(table)
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:

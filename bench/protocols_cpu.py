@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import sys
@@ -53,7 +52,7 @@ from clients import (
     salience_grpc,
     salience_ws,
 )
-from common import cpu_seconds, machine, markdown_table, start_server, stop_server, write_table
+from common import cpu_seconds, markdown_table, publish, start_server, stop_server
 from openai_vs_vllm import MODEL, server_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -308,24 +307,15 @@ def main() -> None:
         ratios(round_)
         raw.append({t: round_[t] for t in TARGETS})
     summary = median_of(raw)
-    (RESULTS / "protocols.json").write_text(
-        json.dumps(
-            {
-                "machine": machine(),
-                "date": time.strftime("%Y-%m-%d"),
-                "rounds": args.rounds,
-                "prompt_tokens": args.prompt_tokens,
-                "output_tokens": OUTPUT_TOKENS,
-                "requests_per_run": args.requests,
-                "median": summary,
-                "raw": raw,
-            },
-            indent=2,
-        )
-    )
-    md = table(summary, args)
-    write_table("protocols", md)
-    print(md)
+    figures = {
+        "rounds": args.rounds,
+        "prompt_tokens": args.prompt_tokens,
+        "output_tokens": OUTPUT_TOKENS,
+        "requests_per_run": args.requests,
+        "median": summary,
+        "raw": raw,
+    }
+    publish("protocols", "protocols.json", figures, table(summary, args))
 
 
 if __name__ == "__main__":

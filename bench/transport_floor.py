@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import statistics
@@ -49,7 +48,7 @@ from typing import Any
 import aiohttp
 import grpc
 import websockets
-from common import cpu_seconds, machine, markdown_table, write_table
+from common import cpu_seconds, markdown_table, publish
 from google.protobuf import wrappers_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -298,23 +297,8 @@ def main() -> None:
         }
         for t, by_streams in raw.items()
     }
-    results = ROOT / "bench" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "transport_floor.json").write_text(
-        json.dumps(
-            {
-                "date": time.strftime("%Y-%m-%d"),
-                "machine": machine(),
-                "args": vars(args),
-                "median": summary,
-                "rounds": raw,
-            },
-            indent=1,
-        )
-    )
-    rendered = table(summary, args)
-    write_table("floor", rendered)
-    print(rendered)
+    figures = {"args": vars(args), "median": summary, "rounds": raw}
+    publish("floor", "transport_floor.json", figures, table(summary, args))
 
 
 if __name__ == "__main__":
