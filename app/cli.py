@@ -67,7 +67,7 @@ def _settings_parser() -> argparse.ArgumentParser:
 
 
 def _settings(known: argparse.Namespace, rest: list[str]) -> Settings:
-    from app.engine.cli_args import parse_engine_args
+    from app.engine.vllm.cli_args import parse_engine_args
 
     given = {k: v for k, v in vars(known).items() if v is not None and k != "help"}
     try:
@@ -110,21 +110,14 @@ async def _run(settings: Settings) -> None:
     running work finishes or is aborted after --drain-timeout-s, sessions say goodbye);
     only then does uvicorn's own shutdown begin. A second signal shuts down at once."""
     import uvicorn
-    from vllm.utils.gc_utils import freeze_gc_heap
 
     from app.drain import Drain
-    from app.engine.vllm import VllmEngine
+    from app.engine.vllm.startup import freeze_startup_heap, start_engine
     from app.main import create_app
 
-    engine = await VllmEngine.start(settings)
+    engine = await start_engine(settings)
     app = create_app(settings, engine=engine)
-    # What start-up built (vLLM, torch, transformers, the app: some 700k objects) lives as
-    # long as the process. Frozen, it is no longer walked by an oldest-generation
-    # collection, which here stalls the event loop, and so every stream, for 0.2-0.4 s
-    # (measured). Such collections are rare under load (none in 3,300 requests at 16
-    # streams), but a long-running server meets them; vLLM's own server freezes its
-    # start-up heap the same way.
-    freeze_gc_heap()
+    freeze_startup_heap()
     drain: Drain = app.state.drain
     loop = asyncio.get_running_loop()
     stopped = False

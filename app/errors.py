@@ -26,7 +26,7 @@ Evergreen abort carries `evergreen_reason`, a short upper-case reason, plus the 
 and closes its websocket with `evergreen_close_code`.
 
 Exceptions coming from vLLM are translated into this tree in one place:
-`app.engine.vllm.map_engine_errors`. Any other exception that reaches a transport is a
+`app.engine.vllm.errors.map_engine_errors`. Any other exception that reaches a transport is a
 bug of ours, never the client's: `InternalError.wrap` logs it with a fresh id and the
 client sees that id and a fixed message, never the exception's text.
 

@@ -3,7 +3,7 @@
 The lifespan owns the engine: with no engine given it starts the one vLLM engine of the
 process from the settings and shuts it down on exit; tests may pass a ready engine (real
 or fake), which the app then uses but does not stop. Either way the native gRPC server
-(`app.routes.grpc_server`) runs on that engine while the app does, unless --grpc-port is 0.
+(`app.routes.grpc.server`) runs on that engine while the app does, unless --grpc-port is 0.
 
 Each app has one `Admission` (`app.state.admission`: the queue bound every protocol asks
 before any prompt work) and one `Drain` over it (`app.state.drain`: what SIGTERM starts,
@@ -23,11 +23,12 @@ from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
 from app.metrics import install_metrics
-from app.routes import evergreen, graphpipe, openai, playground, probes, salience
-from app.routes.bodies import collect_definitions
-from app.routes.failures import install_error_handlers
-from app.routes.grpc_server import serve_grpc
-from app.routes.responses import OrjsonResponse
+from app.routes.apis import graphpipe, openai, playground, probes
+from app.routes.grpc.server import serve_grpc
+from app.routes.http.bodies import collect_definitions
+from app.routes.http.errors import install_error_handlers
+from app.routes.http.json import OrjsonResponse
+from app.routes.ws import evergreen, salience
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
@@ -38,9 +39,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             async with serve_grpc(app):
                 yield
             return
-        from app.engine.vllm import VllmEngine
+        from app.engine.vllm.startup import start_engine
 
-        started = await VllmEngine.start(settings)
+        started = await start_engine(settings)
         app.state.engine = started
         try:
             async with serve_grpc(app):

@@ -42,14 +42,14 @@ async def _measure(with_concepts: bool) -> dict[str, float]:
 
     from app.config import Settings
     from app.engine.base import GenerationRequest, SamplingOptions
-    from app.engine.vllm import VllmEngine
+    from app.engine.vllm.startup import start_engine
 
     settings = Settings(
         model=str(MODEL),
         readout_concepts=CONCEPTS if with_concepts else None,
         engine_args={"dtype": "float32", "max_model_len": 1024},
     )
-    engine = await VllmEngine.start(settings)
+    engine = await start_engine(settings)
     rng = np.random.default_rng(0)
     options = SamplingOptions(max_tokens=OUTPUT_LEN, ignore_eos=True)
 

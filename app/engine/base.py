@@ -177,7 +177,7 @@ class EngineInfo:
     vision: VisionInfo | None = None  # None: the model takes no images
     # Raises `InvalidRequest` (naming `constraint.param`) when the engine's
     # structured-output backend cannot compile the constraint; None: the engine has no
-    # constrained decoding. Called by `app.engine.constraints.validate_constraints`.
+    # constrained decoding. Called by `app.engine.validation.validate_constraints`.
     check_constraint: Callable[[Constraint], None] | None = field(
         default=None, compare=False, repr=False
     )

@@ -1,7 +1,8 @@
 """Constrained decoding in the engine seam: one neutral `Constraint` every protocol maps
 its own request options to (OpenAI's `response_format` / `structured_outputs` /
 `tool_choice`, GraphPipe's config, Evergreen's GENERATE config), and the one check of
-a constraint and of a logit bias, `validate_constraints`.
+a constraint and of a logit bias (`app.engine.validation.validate_constraints`, which
+also asks the engine's backend).
 
 Neutral: no vLLM here. The engine enforces a constraint with its structured-output
 backend and says, through `EngineInfo.check_constraint`, whether that backend can
@@ -21,15 +22,11 @@ Invariants:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from app.errors import InvalidRequest
-
-if TYPE_CHECKING:
-    from app.engine.base import EngineInfo, SamplingOptions
 
 ConstraintKind = Literal["json", "json_object", "regex", "choice", "grammar", "structural_tag"]
 KINDS: tuple[ConstraintKind, ...] = (
@@ -72,7 +69,7 @@ def json_constraint(schema: object, param: str) -> Constraint:
     return Constraint("json", text, param)
 
 
-def _check_shape(constraint: Constraint) -> None:
+def check_shape(constraint: Constraint) -> None:
     param = constraint.param
     spec = constraint.spec
     if constraint.kind == "json_object":
@@ -139,7 +136,7 @@ def logit_bias_pairs(
     bias: Mapping[str, Any] | Mapping[int, Any], param: str
 ) -> tuple[tuple[int, float], ...]:
     """A client's `{token id: bias}` map (keys as strings, as JSON has them) -> sorted
-    pairs; the ranges are checked by `validate_constraints`."""
+    pairs; the ranges are checked by `app.engine.validation.validate_constraints`."""
     pairs: dict[int, float] = {}
     for key, value in bias.items():
         try:
@@ -152,34 +149,3 @@ def logit_bias_pairs(
             raise InvalidRequest(f"{param} values must be numbers", param=param)
         pairs[token] = float(value)
     return tuple(sorted(pairs.items()))
-
-
-def validate_constraints(
-    options: SamplingOptions, info: EngineInfo, *, bias_param: str = "logit_bias"
-) -> None:
-    """The one check of `options.constraint` and `options.logit_bias` against the served
-    model; raises `InvalidRequest` naming the client's field."""
-    for token, value in options.logit_bias:
-        if not 0 <= token < info.vocab_size:
-            raise InvalidRequest(
-                f"{bias_param} token ids must be in [0, {info.vocab_size}), not {token}",
-                param=bias_param,
-            )
-        if math.isnan(value) or not -MAX_BIAS <= value <= MAX_BIAS:
-            raise InvalidRequest(
-                f"{bias_param} values must be in [-{MAX_BIAS:g}, {MAX_BIAS:g}]", param=bias_param
-            )
-    constraint = options.constraint
-    if constraint is None:
-        return
-    if constraint.kind not in KINDS:
-        raise InvalidRequest(
-            f"unknown constraint kind {constraint.kind!r}; one of {', '.join(KINDS)}",
-            param=constraint.param,
-        )
-    _check_shape(constraint)
-    if info.check_constraint is None:
-        raise InvalidRequest(
-            "this server's engine does not support constrained decoding", param=constraint.param
-        )
-    info.check_constraint(constraint)

@@ -22,7 +22,7 @@ so nothing it takes is refused and nothing it would raise on gets through:
     stop_token_ids       each in [0, vocab_size)
     logprobs             -1 (every token) or [0, max_logprobs]
     prompt_logprobs      likewise
-    logit_bias, constraint   `app.engine.constraints.validate_constraints`: ids in the
+    logit_bias, constraint   `validate_constraints`: ids in the
                          vocabulary, biases in [-100, 100], and a constraint the engine's
                          structured-output backend compiles
 
@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from app.engine.base import EngineInfo, SamplingOptions
-from app.engine.constraints import validate_constraints
+from app.engine.constraints import KINDS, MAX_BIAS, check_shape
 from app.errors import ContextLengthExceeded, InvalidRequest
 
 Fields = Mapping[str, str]
@@ -187,3 +187,34 @@ def check_prompt(
     `max_tokens` more (see `check_fit`)."""
     check_token_ids(ids, info, _name(fields, "prompt"))
     check_fit(len(ids), max_tokens, info, fields)
+
+
+def validate_constraints(
+    options: SamplingOptions, info: EngineInfo, *, bias_param: str = "logit_bias"
+) -> None:
+    """The one check of `options.constraint` and `options.logit_bias` against the served
+    model; raises `InvalidRequest` naming the client's field."""
+    for token, value in options.logit_bias:
+        if not 0 <= token < info.vocab_size:
+            raise InvalidRequest(
+                f"{bias_param} token ids must be in [0, {info.vocab_size}), not {token}",
+                param=bias_param,
+            )
+        if math.isnan(value) or not -MAX_BIAS <= value <= MAX_BIAS:
+            raise InvalidRequest(
+                f"{bias_param} values must be in [-{MAX_BIAS:g}, {MAX_BIAS:g}]", param=bias_param
+            )
+    constraint = options.constraint
+    if constraint is None:
+        return
+    if constraint.kind not in KINDS:
+        raise InvalidRequest(
+            f"unknown constraint kind {constraint.kind!r}; one of {', '.join(KINDS)}",
+            param=constraint.param,
+        )
+    check_shape(constraint)
+    if info.check_constraint is None:
+        raise InvalidRequest(
+            "this server's engine does not support constrained decoding", param=constraint.param
+        )
+    info.check_constraint(constraint)

@@ -1,0 +1,12 @@
+"""The transports: thin adapters that move each protocol's frames between its clients and
+its core (`app.protocols`), the session layer (`app.sessions`) and the engine.
+
+- `http/`: what every HTTP API shares: JSON bodies, the error renderers each API
+  registers and the last-resort middleware, SSE, disconnect watching, fanned-out
+  generations.
+- `apis/`: the HTTP APIs, one module each (OpenAI, GraphPipe, probes, the playground).
+- `ws/`: the websocket pump and the Salience and Evergreen sockets on it.
+- `grpc/`: the native gRPC server and its Salience and Evergreen services.
+- `deps`: the app's shared objects (engine, settings, admission, drain, the Salience
+  service) as typed dependencies, and the API key check, for every transport.
+"""

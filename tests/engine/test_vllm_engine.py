@@ -171,12 +171,12 @@ def test_a_bug_of_ours_in_the_generate_loop_is_not_a_client_error(
     """Only calls into vLLM are mapped: a built-in error in our own converter escapes as
     itself (the transport makes it an InternalError), never as InvalidRequest, and the
     request is aborted in the engine all the same."""
-    from app.engine import vllm as engine_module
+    from app.engine.vllm import convert
 
     def broken(self: Any, output: Any) -> None:
         raise ValueError("a bug in our converter")
 
-    monkeypatch.setattr(engine_module._EventConverter, "convert", broken)
+    monkeypatch.setattr(convert.EventConverter, "convert", broken)
     request = GenerationRequest("eng-bug", prompt_text="x = 1", sampling=greedy(200))
     with pytest.raises(ValueError, match="a bug in our converter"):
         live_server.call(_run(live_server.engine, request))

@@ -19,7 +19,7 @@ from app.errors import (
     SwitchboardError,
 )
 
-vllm = pytest.importorskip("app.engine.vllm")
+errors = pytest.importorskip("app.engine.vllm.errors")
 from vllm.exceptions import (  # noqa: E402
     GenerationError,
     LoRAAdapterNotFoundError,
@@ -33,11 +33,12 @@ from vllm.exceptions import (  # noqa: E402
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError  # noqa: E402
 
 from app.engine.concepts import load_concepts  # noqa: E402
+from app.engine.vllm import startup  # noqa: E402
 from app.errors import ConfigError  # noqa: E402
 
 
 def _mapped(exc: BaseException) -> BaseException:
-    with pytest.raises(BaseException) as raised, vllm.map_engine_errors():
+    with pytest.raises(BaseException) as raised, errors.map_engine_errors():
         raise exc
     return raised.value
 
@@ -119,4 +120,4 @@ def test_a_bad_concept_file_is_a_config_error(tmp_path: Path) -> None:
 
 def test_engine_arguments_that_do_not_work_are_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="the engine arguments do not work"):
-        vllm._engine_config({"model": str(tmp_path), "no_such_argument": 1})
+        startup._engine_config({"model": str(tmp_path), "no_such_argument": 1})

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from app.config import Settings
 from app.errors import ConfigError, EngineDead
 from app.main import create_app
-from app.routes.grpc_calls import STATUS_MESSAGE_BYTES
+from app.routes.grpc.calls import STATUS_MESSAGE_BYTES
 from schemas import evergreen_service_pb2 as service_pb
 from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as pb

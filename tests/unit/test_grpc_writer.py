@@ -25,7 +25,7 @@ import grpc
 import pytest
 from google.protobuf import wrappers_pb2
 
-from app.routes.grpc_calls import Writer
+from app.routes.grpc.calls import Writer
 from tests.conftest import free_port
 
 BIG = 16 * 1024 * 1024  # far past a stream's HTTP/2 window: in flight until the client reads

@@ -22,9 +22,9 @@ from pydantic import BaseModel
 from app.config import Settings
 from app.errors import EngineError, InvalidRequest
 from app.main import create_app
-from app.routes.responses import dump_json
+from app.routes.http.json import dump_json
 from app.text import well_formed
-from schemas.openai_responses import (
+from schemas.openai_replies import (
     ChatCompletion,
     ChatCompletionChunk,
     Completion,

@@ -163,7 +163,7 @@ def model_config() -> Any:
 def switchboard(tokenizer: Any, model_config: Any) -> Any:
     """The chat core with Switchboard's vLLM tool support (what `VllmEngine` builds for
     `--tool-call-parser hermes --enable-auto-tool-choice`), over the fake engine's info."""
-    from app.engine.vllm_tools import VllmToolSupport
+    from app.engine.vllm.tools import VllmToolSupport
 
     llm = types.SimpleNamespace(get_tokenizer=lambda: tokenizer, model_config=model_config)
     return replace(FakeEngine().info, tools=VllmToolSupport(llm, "hermes", True, "auto"))  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ As `vllm serve` does, a non-text `response_format` wins over `structured_outputs
 `structured_outputs`' per-request options (`disable_any_whitespace`, ...) are accepted and
 left to the server-wide `--structured-outputs-config`, which is what vLLM 0.32 reads. The
 checks that need the model (token ids, whether the backend compiles the schema) are
-`app.engine.constraints.validate_constraints`, which the shared
+`app.engine.validation.validate_constraints`, which the shared
 `app.engine.validation.validate_sampling` calls.
 """
 

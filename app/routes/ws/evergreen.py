@@ -21,7 +21,7 @@ from app.errors import SwitchboardError
 from app.protocols.evergreen import frames
 from app.protocols.evergreen.lifecycle import abort_message, close_code, close_reason
 from app.routes.deps import check_credentials, get_admission, get_drain, get_engine, get_settings
-from app.routes.ws_pump import WebSocketPump
+from app.routes.ws.pump import WebSocketPump
 from app.sessions.evergreen import EvergreenRun
 from schemas import evergreen_service_pb2 as service_pb
 

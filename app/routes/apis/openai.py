@@ -28,12 +28,12 @@ from app.protocols.openai.chat import ChatCore
 from app.protocols.openai.completions import CompletionCore
 from app.protocols.openai.render import render_chat, render_completions
 from app.protocols.openai.units import admission_units
-from app.routes.bodies import documented, json_body, parse_json, read_body, validate
 from app.routes.deps import AdmissionDep, AuthDep, EngineDep
-from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
-from app.routes.fanout import merge_generations
-from app.routes.responses import OrjsonResponse
-from app.routes.sse import DONE, EventStream, sse
+from app.routes.http.bodies import documented, json_body, parse_json, read_body, validate
+from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
+from app.routes.http.generations import merge_generations
+from app.routes.http.json import OrjsonResponse
+from app.routes.http.sse import DONE, EventStream, sse
 from schemas.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -43,7 +43,7 @@ from schemas.openai import (
     TokenizeCompletionRequest,
     UnloadLoraRequest,
 )
-from schemas.openai_responses import (
+from schemas.openai_replies import (
     ChatCompletion,
     ChatCompletionChunk,
     Completion,

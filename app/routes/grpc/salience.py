@@ -26,7 +26,7 @@ from fastapi import FastAPI
 
 from app.protocols.salience.service import METHODS, Method
 from app.routes.deps import salience_runner
-from app.routes.grpc_calls import Context, Service, Writer, abort, decode, register
+from app.routes.grpc.calls import Context, Service, Writer, abort, decode, register
 from app.sessions.salience import SalienceRunner
 from schemas import salience_pb2 as pb
 

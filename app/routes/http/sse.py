@@ -20,8 +20,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.admission import Tickets
-from app.routes.disconnect import ClientGone, unless_disconnected
-from app.routes.responses import dump_json
+from app.routes.http.disconnect import ClientGone, unless_disconnected
+from app.routes.http.json import dump_json
 
 DONE = b"data: [DONE]\n\n"
 _HEADERS = [

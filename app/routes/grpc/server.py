@@ -3,8 +3,8 @@
 The app's lifespan runs it (`serve_grpc`) on `--host` and `--grpc-port` (0 turns it off),
 once the engine is up, and stops it before the engine. It serves:
 
-- the protocol services, each a thin adapter in its own module (`grpc_salience`,
-  `grpc_evergreen`), registered through `SERVICES`;
+- the protocol services, each a thin adapter in its own module (`salience`,
+  `evergreen` in this package), registered through `SERVICES`;
 - `grpc.health.v1.Health`: the overall status ("") and each service's are SERVING while
   `engine.check_health()` passes and NOT_SERVING otherwise; `Check` asks the engine on
   every call, `Watch` sees the status polled every few seconds; all turn NOT_SERVING as
@@ -42,8 +42,8 @@ from app.auth import bearer_token, check_key
 from app.config import Settings
 from app.engine.base import Engine
 from app.errors import ConfigError, Unauthenticated
-from app.routes import grpc_evergreen, grpc_salience
-from app.routes.grpc_calls import Context, Service, abort
+from app.routes.grpc import evergreen, salience
+from app.routes.grpc.calls import Context, Service, abort
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ _Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs 
 
 
 # The protocol services, each from its adapter module.
-SERVICES: tuple[Service, ...] = (grpc_salience.SERVICE, grpc_evergreen.SERVICE)
+SERVICES: tuple[Service, ...] = (salience.SERVICE, evergreen.SERVICE)
 
 
 # -- auth -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ The last one cannot be left to Starlette: its `ServerErrorMiddleware` re-raises 
 sending its plain 500, and uvicorn then closes the connection, so a client's next request
 on a kept-alive connection is reset. `LastResortMiddleware` ends the exchange itself and
 the connection stays usable. After the first byte of a response nothing can be said in
-HTTP any more: streams put their errors in-band (see `routes.openai`), and an exception
+HTTP any more: streams put their errors in-band (see `app.routes.http.sse`), and an exception
 escaping one still ends the connection, as it must (the response is incomplete).
 """
 
@@ -40,8 +40,8 @@ from app.errors import (
     Unauthenticated,
 )
 from app.protocols.graphpipe.encode import encode_errors
-from app.routes.bodies import describe_errors
-from app.routes.responses import OrjsonResponse
+from app.routes.http.bodies import describe_errors
+from app.routes.http.json import OrjsonResponse
 
 GRAPHPIPE_PREFIX = "/graphpipe"
 OCTET_STREAM = "application/octet-stream"

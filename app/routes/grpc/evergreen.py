@@ -37,7 +37,7 @@ from app.engine.base import Engine
 from app.errors import SwitchboardError
 from app.protocols.evergreen.frames import decode
 from app.protocols.evergreen.lifecycle import abort_message
-from app.routes.grpc_calls import Context, Service, Writer, end, register
+from app.routes.grpc.calls import Context, Service, Writer, end, register
 from app.sessions.evergreen import EvergreenRun
 from schemas import evergreen_service_pb2 as service_pb
 

@@ -20,7 +20,7 @@ from app.errors import SwitchboardError
 from app.protocols.salience import envelope
 from app.protocols.salience.envelope import Call, CallIds, Cancel
 from app.routes.deps import check_credentials, get_drain, salience_runner
-from app.routes.ws_pump import WebSocketPump
+from app.routes.ws.pump import WebSocketPump
 from app.sessions.salience import SalienceRunner
 from schemas import salience_pb2 as pb
 

@@ -32,11 +32,11 @@ from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_requ
 from app.protocols.graphpipe.encode import encode_infer_response, encode_metadata
 from app.protocols.graphpipe.inference import InferCore
 from app.protocols.graphpipe.model import describe
-from app.routes.bodies import documented
 from app.routes.deps import EngineDep, SettingsDep, check_credentials, get_admission
-from app.routes.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
-from app.routes.failures import OCTET_STREAM, graphpipe_error
-from app.routes.responses import OrjsonResponse
+from app.routes.http.bodies import documented
+from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
+from app.routes.http.errors import OCTET_STREAM, graphpipe_error
+from app.routes.http.json import OrjsonResponse
 from schemas.graphpipe_json import GraphPipeErrors, GraphPipeMetadata
 
 router = APIRouter()

@@ -1,0 +1,15 @@
+"""vLLM behind the engine seam (`app.engine.base`): the only package that imports vLLM
+(with `app.engine.readout_worker`, which runs inside vLLM's workers).
+
+- `engine`: `VllmEngine`, the one in-process `AsyncLLM`: generate, abort, LoRA, readouts.
+- `startup`: building it from `Settings` (engine arguments, CPU host, tools, vision,
+  readouts), and what the process does once it runs (the environment cache, the heap).
+- `errors`: vLLM's exceptions -> `app.errors`, in one place (`map_engine_errors`).
+- `params`: neutral `SamplingOptions` -> vLLM's `SamplingParams`.
+- `convert`: vLLM's `RequestOutput` deltas -> neutral `TokenEvent`s (logprobs included).
+- `tokenizer`: the engine's tokenizer and vLLM's chat renderer behind `Tokenizer`.
+- `stats`: the engine core's own request counts, from its scheduler stats.
+- `vision`: how a vision-language model lays images into its prompt.
+- `structured`, `tools`: vLLM's structured-output backends and tool parsers.
+- `cli_args`: vLLM's engine flags, parsed by vLLM's parser.
+"""

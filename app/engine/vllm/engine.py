@@ -1,0 +1,273 @@
+"""`VllmEngine`: the one in-process vLLM `AsyncLLM` of the server, behind `Engine`.
+
+It turns neutral `GenerationRequest`s into vLLM calls (always token-id prompts, so every
+protocol shares one tokenisation and vLLM's prefix cache sees identical prefixes) and
+vLLM's `RequestOutput`s into neutral `TokenEvent` deltas (`app.engine.vllm.convert`).
+Every call into vLLM goes through `map_engine_errors`.
+
+A vision-language model (`app.engine.vllm.vision`) takes images: a request's images go
+to vLLM as multimodal data next to its token ids (`app.engine.images` says how the
+prompt is prepared). Such a model never samples its three vision tokens: a sampled pad
+would be taken for an image's placeholder the next time the text is sent back.
+
+Invariants:
+- A request whose consumer stops (closes the iterator, or its task is cancelled) is
+  aborted in the engine before `generate`'s iterator finishes closing.
+- `num_running_requests()` counts requests between submission and their final event.
+- `engine_requests()` is the engine core's own count (its scheduler's running + waiting),
+  as reported with the outputs of its latest step: it drops only once the engine core has
+  finished or aborted a request, and is stale while the engine core has not stepped since
+  a request was submitted (a step follows every abort, so an abort always shows).
+- A request with images runs on exactly its token ids: if vLLM expands an image to a
+  different number of pads than the request's block holds, the request fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from vllm.inputs import TokensPrompt
+from vllm.inputs.engine import TokensInput, tokens_input
+from vllm.lora.request import LoRARequest
+from vllm.platforms import current_platform
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from app.engine.base import EngineInfo, GenerationRequest, LoraAdapter, TokenEvent
+from app.engine.batch_gate import BatchGate
+from app.engine.images import collapse_blocks
+from app.engine.readout_client import ReadoutBatcher, ReadoutTracker
+from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY
+from app.engine.validation import check_prompt, validate_sampling
+from app.engine.vllm.convert import EventConverter, check_expansion, prompt_only
+from app.engine.vllm.errors import map_engine_errors
+from app.engine.vllm.params import sampling_params
+from app.engine.vllm.stats import SchedulerCounts
+from app.engine.vllm.tokenizer import HfTokenizer
+from app.errors import EngineDead, InvalidRequest, ModelNotFound, NotFound, SwitchboardError
+
+
+class VllmEngine:
+    """One `AsyncLLM` for the whole process."""
+
+    def __init__(
+        self, llm: AsyncLLM, info: EngineInfo, tokenizer: HfTokenizer, counts: SchedulerCounts
+    ) -> None:
+        self._llm = llm
+        self._counts = counts
+        self._info = info
+        self._tokenizer = tokenizer
+        self._loras: dict[str, LoraAdapter] = {}
+        self._next_lora_id = 1
+        self._running: set[str] = set()
+        self._readouts = ReadoutBatcher(self._take_readouts)
+        # Prompt logprobs must run alone where vLLM's CPU LoRA logits path runs (see
+        # app.engine.batch_gate); None elsewhere, and then no request waits for anything.
+        lora_on_cpu = info.max_loras > 0 and current_platform.is_cpu()
+        self._gate = BatchGate() if lora_on_cpu else None
+
+    def shutdown(self) -> None:
+        self._llm.shutdown()
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def tokenizer(self) -> HfTokenizer:
+        return self._tokenizer
+
+    # -- models and adapters -------------------------------------------------------
+
+    def has_model(self, name: str) -> bool:
+        return name == self._info.model_name or name in self._loras
+
+    def loras(self) -> Sequence[LoraAdapter]:
+        return list(self._loras.values())
+
+    async def load_lora(self, name: str, path: str) -> LoraAdapter:
+        if self._info.max_loras == 0:
+            raise InvalidRequest("LoRA is not enabled; start the server with --enable-lora")
+        if name == self._info.model_name or name in self._loras:
+            raise InvalidRequest(f"The model {name!r} is already loaded", param="lora_name")
+        if not os.path.isdir(path):
+            raise InvalidRequest(f"No LoRA adapter directory at {path!r}", param="lora_path")
+        adapter = LoraAdapter(name=name, path=path, int_id=self._next_lora_id)
+        self._next_lora_id += 1
+        request = LoRARequest(lora_name=name, lora_int_id=adapter.int_id, lora_path=path)
+        try:
+            with map_engine_errors():
+                await self._llm.add_lora(request)
+        except EngineDead:
+            raise
+        except SwitchboardError as exc:
+            raise InvalidRequest(f"Could not load LoRA adapter {name!r}: {exc.message}") from exc
+        except Exception as exc:  # vLLM reports a bad adapter with assorted errors
+            raise InvalidRequest(f"Could not load LoRA adapter {name!r}: {exc}") from exc
+        self._loras[name] = adapter
+        return adapter
+
+    async def unload_lora(self, name: str) -> None:
+        adapter = self._loras.pop(name, None)
+        if adapter is None:
+            raise NotFound(f"The LoRA adapter {name!r} is not loaded", param="lora_name")
+        with map_engine_errors():
+            await self._llm.remove_lora(adapter.int_id)
+
+    def _lora_request(self, name: str | None) -> LoRARequest | None:
+        if name is None or name == self._info.model_name:
+            return None
+        adapter = self._loras.get(name)
+        if adapter is None:
+            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        return LoRARequest(lora_name=name, lora_int_id=adapter.int_id, lora_path=adapter.path)
+
+    # -- requests ------------------------------------------------------------------
+
+    def num_running_requests(self) -> int:
+        return len(self._running)
+
+    def engine_requests(self) -> int:
+        return self._counts.requests
+
+    async def check_health(self) -> None:
+        with map_engine_errors():
+            await self._llm.check_health()
+
+    async def abort(self, request_id: str) -> None:
+        with map_engine_errors():
+            await self._llm.abort(request_id)
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        if request.prompt_token_ids is not None:
+            prompt_ids = list(request.prompt_token_ids)
+        else:
+            prompt_ids = self._tokenizer.encode(request.prompt_text or "")
+        # The cores validated already; this is the safety net, and the one context check
+        # (vLLM has no exception type for it).
+        options = validate_sampling(request.sampling, self._info, prefill_only=True)
+        check_prompt(prompt_ids, options.max_tokens, self._info)
+        # vLLM always samples at least one token: a prefill-only request (scoring) samples
+        # one and drops it.
+        prefill_only = options.max_tokens == 0
+        if prefill_only:
+            options = replace(options, max_tokens=1, logprobs=None)
+        lora = self._lora_request(request.lora_name)
+        readouts = self._readout_args(request)
+        vision = self._info.vision
+        params = sampling_params(
+            options, readouts, vision.token_ids if vision is not None else frozenset()
+        )
+        tracker = ReadoutTracker(request.readout_ranges, len(prompt_ids)) if readouts else None
+        output_tokens = 0
+        stream = self._llm.generate(
+            self._prompt(prompt_ids, request),
+            params,
+            request.request_id,
+            lora_request=lora,
+            priority=request.priority,
+        )
+        converter = EventConverter(prompt_ids, options)
+        echo_due = bool(request.images)
+        release = (
+            await self._gate.enter(exclusive=options.prompt_logprobs is not None)
+            if self._gate is not None
+            else _nothing
+        )
+        self._running.add(request.request_id)
+        try:
+            while True:
+                # Only the call into vLLM is mapped: a bug in what follows is ours.
+                with map_engine_errors():
+                    try:
+                        output = await anext(stream)
+                    except StopAsyncIteration:
+                        break
+                if echo_due:
+                    check_expansion(prompt_ids, output.prompt_token_ids)
+                    echo_due = False
+                event = converter.convert(output)
+                if event is None:
+                    continue
+                output_tokens += len(event.token_ids)
+                if tracker is not None and tracker.due(output_tokens):
+                    taken = await self._readouts.take(request.request_id)
+                    event = replace(event, readouts=taken)
+                if prefill_only:
+                    yield replace(
+                        event,
+                        token_ids=[],
+                        text="",
+                        logprobs=None,
+                        finish_reason="length",
+                        stop_reason=None,
+                        readouts=prompt_only(event.readouts, len(prompt_ids)),
+                    )
+                    return
+                yield event
+        finally:
+            try:
+                self._running.discard(request.request_id)
+                # Closing vLLM's generator aborts the request if it has not finished;
+                # shield it so a cancelled consumer still completes the abort.
+                await asyncio.shield(stream.aclose())
+                if readouts is not None:
+                    with map_engine_errors():
+                        await asyncio.shield(
+                            self._llm.collective_rpc("readout_drop", args=(request.request_id,))
+                        )
+            finally:
+                release()  # after the abort: vLLM handles it before the next request
+
+    def _prompt(
+        self, prompt_ids: list[int], request: GenerationRequest
+    ) -> TokensInput | TokensPrompt:
+        if not request.images:
+            # Already rendered: vLLM takes it on the event loop. A raw TokensPrompt would
+            # make a round trip through vLLM's renderer thread for nothing, and each hop
+            # costs the frontend a GIL hand-over (8% of its CPU at 32 streams, profiled).
+            return tokens_input(prompt_ids)
+        vision = self._info.vision
+        if vision is None:
+            raise InvalidRequest(
+                f"The model {self._info.model_name!r} takes no images", param="images"
+            )
+        if len(request.images) > vision.max_images:
+            raise InvalidRequest(
+                f"{len(request.images)} images in one prompt; the engine takes at most "
+                f"{vision.max_images}",
+                param="images",
+            )
+        images = request.images
+        return TokensPrompt(
+            prompt_token_ids=collapse_blocks(prompt_ids, images, vision),
+            multi_modal_data={"image": [block.image.pixels for block in images]},
+            multi_modal_uuids={"image": [block.image.digest for block in images]},
+        )
+
+    def _readout_args(self, request: GenerationRequest) -> dict[str, Any] | None:
+        if not request.readout_ranges:
+            return None
+        if self._info.readout is None:
+            raise InvalidRequest(
+                "Readouts are not configured on this server (--readout-concepts)",
+                param="readout_ranges",
+            )
+        ranges = [[int(start), int(end)] for start, end in request.readout_ranges]
+        if any(start < 0 or end < start for start, end in ranges):
+            raise InvalidRequest("readout ranges must be [start, end)", param="readout_ranges")
+        return {READOUT_KEY: ranges, READOUT_ID_KEY: request.request_id}
+
+    async def _take_readouts(self, request_ids: list[str]) -> dict[str, list[tuple[int, bytes]]]:
+        with map_engine_errors():
+            per_worker = await self._llm.collective_rpc("readout_take", args=(request_ids,))
+        # Every tensor-parallel rank computes the same residual stream; rank 0's suffices.
+        taken: dict[str, list[tuple[int, bytes]]] = per_worker[0]
+        return taken
+
+
+def _nothing() -> None:
+    """The release of a gate not held."""

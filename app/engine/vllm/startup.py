@@ -1,0 +1,183 @@
+"""Starting the process's engine from `Settings`, and what the process does once it runs.
+
+`start_engine` checks every flag and file that needs no engine first (concepts, LoRA
+directories, vLLM's own engine arguments), applies the CPU host's defaults, starts
+vLLM's `AsyncLLM` and gathers what the protocols need to know about it (`EngineInfo`:
+the model's limits, tools, vision, readouts). `freeze_startup_heap` is for
+`switchboard serve` once the app is built.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from vllm import AsyncEngineArgs
+from vllm import __version__ as vllm_version
+from vllm.config import VllmConfig
+from vllm.envs import disable_envs_cache, enable_envs_cache
+from vllm.platforms import current_platform
+from vllm.usage.usage_lib import UsageContext
+from vllm.utils.gc_utils import freeze_gc_heap
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from app.config import Settings
+from app.engine.base import EngineInfo, ReadoutManifest
+from app.engine.concepts import Concepts, load_concepts
+from app.engine.cpu_host import pin_frontend, with_cpu_kv_cache, with_whole_prefills
+from app.engine.readout_worker import ReadoutWorkerExtension
+from app.engine.vllm.engine import VllmEngine
+from app.engine.vllm.errors import map_engine_errors
+from app.engine.vllm.stats import SchedulerCounts
+from app.engine.vllm.structured import constraint_checker
+from app.engine.vllm.tokenizer import HfTokenizer
+from app.engine.vllm.tools import VllmToolSupport
+from app.engine.vllm.vision import vision_info
+from app.errors import ConfigError, InvalidRequest
+
+READOUT_EXTENSION = f"{ReadoutWorkerExtension.__module__}.{ReadoutWorkerExtension.__name__}"
+
+# Defaults that differ from vLLM's own: prefix caching always on (sessions depend on it)
+# and the priority scheduler, which with every priority at 0 is first-come-first-served.
+ENGINE_DEFAULTS: dict[str, Any] = {
+    "enable_prefix_caching": True,
+    "scheduling_policy": "priority",
+}
+
+
+def freeze_startup_heap() -> None:
+    """Freeze what start-up built (vLLM, torch, transformers, the app: some 700k objects),
+    which lives as long as the process. Frozen, it is no longer walked by an
+    oldest-generation collection, which here stalls the event loop, and so every stream,
+    for 0.2-0.4 s (measured). Such collections are rare under load (none in 3,300
+    requests at 16 streams), but a long-running server meets them; vLLM's own server
+    freezes its start-up heap the same way."""
+    freeze_gc_heap()
+
+
+async def start_engine(settings: Settings) -> VllmEngine:
+    """The process's engine, started from `settings`; a flag or file that cannot work is a
+    `ConfigError`, raised before the engine starts where it can."""
+    # This start reads the environment as it is now (another engine in the process may
+    # have frozen it); `_started` freezes it again.
+    disable_envs_cache()
+    args = {
+        **ENGINE_DEFAULTS,
+        **settings.engine_args,
+        "model": settings.model,
+        # vLLM labels its metrics with this name; the picker matches it to `model`.
+        "served_model_name": settings.model_name,
+    }
+    if settings.lora_modules:
+        args.setdefault("enable_lora", True)
+    if settings.readout_concepts is not None:
+        args["worker_extension_cls"] = READOUT_EXTENSION
+        # Forward hooks do not fire inside a compiled graph.
+        args.setdefault("enforce_eager", True)
+    if args.get("enable_lora"):
+        # Runtime loading through /v1/load_lora_adapter, as vLLM's server gates it.
+        os.environ.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
+    # Every start-up check that needs no engine runs before it: a bad flag or file
+    # should not cost an engine start.
+    concepts = None
+    if settings.readout_concepts is not None:
+        concepts = load_concepts(settings.readout_concepts)
+    for name, path in settings.lora_pairs():
+        if not os.path.isdir(path):
+            raise ConfigError(f"--lora-modules {name}={path}: no such directory")
+    cpu = current_platform.is_cpu()
+    if cpu:
+        args = with_whole_prefills(with_cpu_kv_cache(args))
+    vllm_config = _engine_config(args)
+    if concepts is not None:
+        model_config = vllm_config.model_config
+        concepts.check_model(
+            model_config.get_hidden_size(), model_config.get_total_num_hidden_layers()
+        )
+    counts = SchedulerCounts()
+    llm = AsyncLLM.from_vllm_config(
+        vllm_config,
+        stat_loggers=[lambda _config, _index: counts],
+        enable_log_requests=bool(args.get("enable_log_requests", False)),
+        disable_log_stats=bool(args.get("disable_log_stats", False)),
+    )
+    try:
+        return await _started(llm, settings, concepts, counts)
+    except BaseException:
+        llm.shutdown()
+        raise
+
+
+async def _started(
+    llm: AsyncLLM, settings: Settings, concepts: Concepts | None, counts: SchedulerCounts
+) -> VllmEngine:
+    if current_platform.is_cpu() and settings.pin_frontend:
+        pin_frontend()
+    # vLLM reads its settings from the environment on every access (an os.getenv per
+    # `envs.X`, several per engine step: 3% of the frontend's CPU at 32 streams) until
+    # the cache is on, as vLLM's own engine processes turn it on once started.
+    enable_envs_cache()
+    tokenizer = HfTokenizer(llm.get_tokenizer())
+    model_config = llm.model_config
+    eos = tokenizer.eos_token_id
+    lora_config = llm.vllm_config.lora_config
+    max_logprobs = int(model_config.max_logprobs)
+    vocab_size = int(model_config.get_vocab_size())
+    info = EngineInfo(
+        model_name=settings.model_name,
+        model_path=settings.model,
+        max_model_len=int(model_config.max_model_len),
+        vocab_size=vocab_size,
+        eos_token_ids=(int(eos),) if eos is not None else (),
+        has_chat_template=tokenizer.has_chat_template,
+        max_loras=int(lora_config.max_loras) if lora_config is not None else 0,
+        max_logprobs=vocab_size if max_logprobs == -1 else max_logprobs,
+        engine_version=f"vllm {vllm_version}",
+        vision=vision_info(llm),
+        check_constraint=constraint_checker(llm),
+        tools=VllmToolSupport(
+            llm,
+            settings.tool_call_parser,
+            settings.enable_auto_tool_choice,
+            settings.tool_strict_level,
+        ),
+    )
+    if concepts is not None and settings.readout_concepts is not None:
+        info = replace(
+            info, readout=await _setup_readouts(llm, settings.readout_concepts, concepts)
+        )
+    engine = VllmEngine(llm, info, tokenizer, counts)
+    for name, path in settings.lora_pairs():
+        try:
+            await engine.load_lora(name, path)
+        except InvalidRequest as exc:
+            raise ConfigError(f"--lora-modules {name}={path}: {exc.message}") from exc
+    return engine
+
+
+def _engine_config(args: dict[str, Any]) -> VllmConfig:
+    """vLLM's configuration from the engine arguments; arguments that do not work are a
+    `ConfigError` (vLLM reports them as TypeError, ValueError, pydantic's ValidationError,
+    or OSError for a model it cannot find)."""
+    try:
+        return AsyncEngineArgs(**args).create_engine_config(UsageContext.ENGINE_CONTEXT)
+    except ValidationError as exc:  # its first line only counts the errors
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(
+            f"the engine arguments do not work: {where + ': ' if where else ''}{first['msg']}"
+        ) from exc
+    except (TypeError, ValueError, OSError) as exc:
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise ConfigError(f"the engine arguments do not work: {lines[0]}") from exc
+
+
+async def _setup_readouts(llm: AsyncLLM, path: Path, concepts: Concepts) -> ReadoutManifest:
+    with map_engine_errors():
+        await llm.collective_rpc("readout_setup", args=(str(path),))
+    return ReadoutManifest(
+        concepts=concepts.names, layers=concepts.layers, hidden_size=concepts.hidden_size
+    )

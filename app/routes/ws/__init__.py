@@ -1,0 +1,2 @@
+"""The websocket transports: one pump (`pump`) and the protocols on it, Salience
+(`salience`, /salience/ws) and Evergreen (`evergreen`, /evergreen/ws)."""
