@@ -1,34 +1,37 @@
 """The one error hierarchy of Switchboard.
 
 Errors are raised where they are detected, as one of the classes below, and rendered by
-each transport adapter in its protocol's own shape. Every class carries what each
-protocol needs to say about it, so no adapter keeps its own mapping table:
+each transport adapter in its protocol's own shape. A class says what kind of error it
+is in the terms every protocol shares, its HTTP status and its gRPC status:
 
-    SwitchboardError                 500  server_error         INTERNAL
-    ├── InvalidRequest               400  invalid_request_error INVALID_ARGUMENT
-    │   └── ContextLengthExceeded    400  invalid_request_error RESOURCE_EXHAUSTED
-    ├── Unauthenticated              401  authentication_error UNAUTHENTICATED
-    ├── NotFound                     404  not_found_error       NOT_FOUND
-    │   └── ModelNotFound            404  not_found_error       NOT_FOUND
-    ├── FailedPrecondition           409  invalid_request_error FAILED_PRECONDITION
-    ├── ResourceExhausted            429  rate_limit_error      RESOURCE_EXHAUSTED
-    ├── Aborted                      409  conflict_error        ABORTED
-    ├── Overloaded                   503  server_error          UNAVAILABLE
-    ├── EngineError                  500  server_error          INTERNAL
-    │   └── EngineDead               503  server_error          UNAVAILABLE
-    └── InternalError                500  server_error          INTERNAL
+    SwitchboardError                 500  INTERNAL
+    ├── InvalidRequest               400  INVALID_ARGUMENT
+    │   └── ContextLengthExceeded    400  RESOURCE_EXHAUSTED
+    ├── Unauthenticated              401  UNAUTHENTICATED
+    ├── NotFound                     404  NOT_FOUND
+    │   └── ModelNotFound            404  NOT_FOUND
+    ├── FailedPrecondition           409  FAILED_PRECONDITION
+    ├── ResourceExhausted            429  RESOURCE_EXHAUSTED
+    ├── Aborted                      409  ABORTED
+    ├── Overloaded                   503  UNAVAILABLE
+    ├── EngineError                  500  INTERNAL
+    │   └── EngineDead               503  UNAVAILABLE
+    └── InternalError                500  INTERNAL
 
     ConfigError                      (not a client error: the server cannot start)
 
-The columns: HTTP status, OpenAI error `type`, Salience/gRPC status name. GraphPipe's
-numeric error code is the HTTP status (GraphPipe leaves codes to the server), and an
-Evergreen abort carries `evergreen_reason`, a short upper-case reason, plus the message,
-and closes its websocket with `evergreen_close_code`.
+Each API words them in its own vocabulary where its protocol lives, so a new API adds a
+renderer, not a column here: OpenAI's error `type` (`app.protocols.openai.errors`),
+Anthropic's (`app.protocols.anthropic.errors`); GraphPipe's numeric error code is the
+HTTP status (GraphPipe leaves codes to the server); the Salience and gRPC status is
+`grpc_status`; an Evergreen abort carries `evergreen_reason`, a short upper-case reason,
+plus the message, and closes its websocket with `evergreen_close_code`.
 
 Exceptions coming from vLLM are translated into this tree in one place:
-`app.engine.vllm.errors.map_engine_errors`. Any other exception that reaches a transport is a
-bug of ours, never the client's: `InternalError.wrap` logs it with a fresh id and the
-client sees that id and a fixed message, never the exception's text.
+`app.engine.vllm.errors.map_engine_errors`. Any other exception that reaches a transport
+is a bug of ours, never the client's: `client_error` is the one place that decides, and
+`InternalError.wrap` logs it with a fresh id; the client sees that id and a fixed
+message, never the exception's text.
 
 `ConfigError` is outside the tree on purpose: a bad flag or file at start-up is the
 operator's, not a client's, and is never rendered to a client.
@@ -61,7 +64,6 @@ class SwitchboardError(Exception):
     """Base of every error Switchboard reports to a client."""
 
     http_status: ClassVar[int] = 500
-    openai_type: ClassVar[str] = "server_error"
     grpc_status: ClassVar[str] = "INTERNAL"
     evergreen_reason: ClassVar[str] = "INTERNAL"
 
@@ -83,23 +85,11 @@ class SwitchboardError(Exception):
         """The websocket close code an Evergreen abort ends with: 4000 + gRPC code."""
         return 4000 + _GRPC_CODES[self.evergreen_reason]
 
-    def openai_body(self) -> dict[str, object]:
-        """The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.openai_type,
-                "param": self.param,
-                "code": self.code if self.code is not None else self.http_status,
-            }
-        }
-
 
 class InvalidRequest(SwitchboardError):
     """The client sent something malformed or out of range."""
 
     http_status = 400
-    openai_type = "invalid_request_error"
     grpc_status = "INVALID_ARGUMENT"
     evergreen_reason = "INVALID_ARGUMENT"
 
@@ -115,7 +105,6 @@ class Unauthenticated(SwitchboardError):
     """A credential is configured and the client's is missing or wrong."""
 
     http_status = 401
-    openai_type = "authentication_error"
     grpc_status = "UNAUTHENTICATED"
     evergreen_reason = "UNAUTHENTICATED"
 
@@ -124,7 +113,6 @@ class NotFound(SwitchboardError):
     """A named thing (session, node, adapter) does not exist."""
 
     http_status = 404
-    openai_type = "not_found_error"
     grpc_status = "NOT_FOUND"
     evergreen_reason = "NOT_FOUND"
 
@@ -137,7 +125,6 @@ class FailedPrecondition(SwitchboardError):
     """The request is well formed but the state it assumes is not the server's."""
 
     http_status = 409
-    openai_type = "invalid_request_error"
     grpc_status = "FAILED_PRECONDITION"
     evergreen_reason = "FAILED_PRECONDITION"
 
@@ -146,7 +133,6 @@ class ResourceExhausted(SwitchboardError):
     """A configured limit (sessions, tokens, nodes, bytes) would be exceeded."""
 
     http_status = 429
-    openai_type = "rate_limit_error"
     grpc_status = "RESOURCE_EXHAUSTED"
     evergreen_reason = "RESOURCE_EXHAUSTED"
 
@@ -155,7 +141,6 @@ class Aborted(SwitchboardError):
     """The operation collided with another one (e.g. a busy session)."""
 
     http_status = 409
-    openai_type = "conflict_error"
     grpc_status = "ABORTED"
     evergreen_reason = "ABORTED"
 
@@ -203,3 +188,9 @@ class InternalError(SwitchboardError):
 
 class ConfigError(Exception):
     """A setting, flag or file given at start-up cannot work; the server does not start."""
+
+
+def client_error(exc: BaseException) -> SwitchboardError:
+    """What the client is told of `exc`, for every transport: a `SwitchboardError` as
+    it is; anything else is a bug of ours, logged under an id (`InternalError.wrap`)."""
+    return exc if isinstance(exc, SwitchboardError) else InternalError.wrap(exc)

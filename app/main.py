@@ -57,7 +57,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.drain = Drain(app.state.admission, settings.drain_timeout_s)
     if engine is not None:
         app.state.engine = engine
-    install_error_handlers(app)
+    install_error_handlers(app, default=openai.openai_error)
     for module in (probes, openai, graphpipe, salience, evergreen, playground):
         app.include_router(module.router)
     install_metrics(app, app.state.admission)

@@ -70,19 +70,33 @@ class TextPart(_Body):
     text: str
 
 
+class ImageUrl(_Body):
+    url: str  # inline only: data:<mime>;base64,<data>
+    detail: str | None = None
+
+
+class ImageUrlPart(_Body):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]
+
+
 class ChatMessage(_Body):
     role: str
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls
     tool_call_id: str | None = None  # a tool turn's answer to one of them
+    reasoning: str | None = None  # an assistant turn's reasoning, given back (vLLM's)
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -92,6 +106,8 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     echo: bool = False
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -118,6 +134,9 @@ class TokenizeChatRequest(_Body):
     model: str | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
 
 

@@ -34,7 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine.base import GenerationRequest, SamplingOptions
+from app.engine.base import (
+    ChatMessage,
+    ChatPrompt,
+    GenerationRequest,
+    SamplingOptions,
+    TextPart,
+)
 
 WORKERS = 96  # concurrent requests; vLLM's CPU default runs up to 128 at once
 PROMPT_ROOM = 64  # tokens left for each chat-templated prompt
@@ -66,7 +72,7 @@ async def measure_workload(engine: Any) -> Workload:
     """Build the workload and run it once, unaborted, on `engine` (on the server's loop)."""
     texts = tuple(f"Tell me story number {i}, and make it long." for i in range(WORKERS))
     prompts = tuple(
-        tuple(engine.tokenizer.apply_chat_template([{"role": "user", "content": text}]))
+        tuple(engine.tokenizer.render_chat(ChatPrompt((ChatMessage("user", (TextPart(text),)),))))
         for text in texts
     )
     assert max(len(p) for p in prompts) <= PROMPT_ROOM

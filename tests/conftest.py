@@ -141,7 +141,7 @@ VL_MODEL = "tiny-vl"
 
 
 @contextmanager
-def _serve(settings: Any, model: str, lora: str = "") -> Iterator[LiveServer]:
+def serve(settings: Any, model: str, lora: str = "") -> Iterator[LiveServer]:
     """uvicorn with `create_app(settings)` on its own loop in a background thread."""
     import uvicorn
 
@@ -219,7 +219,7 @@ def live_server() -> Iterator[LiveServer]:
             ),
         },
     )
-    with _serve(settings, LIVE_MODEL, LIVE_LORA) as live:
+    with serve(settings, LIVE_MODEL, LIVE_LORA) as live:
         yield live
 
 
@@ -236,7 +236,7 @@ def vl_server() -> Iterator[LiveServer]:
         served_model_name=VL_MODEL,
         engine_args={"dtype": "float32", "max_model_len": 512, "enforce_eager": True},
     )
-    with _serve(settings, VL_MODEL) as live:
+    with serve(settings, VL_MODEL) as live:
         yield live
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from app.engine.base import (
+    ChatPrompt,
     EngineInfo,
     GenerationRequest,
     LoraAdapter,
@@ -33,14 +34,9 @@ class FakeTokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(t) for t in token_ids if not (skip_special_tokens and t == EOS))
 
-    def apply_chat_template(
-        self,
-        messages: Sequence[Mapping[str, object]],
-        add_generation_prompt: bool = True,
-        tools: Sequence[Mapping[str, object]] | None = None,
-    ) -> list[int]:
-        text = "".join(f"[{m['role']}]{m['content']}\n" for m in messages)
-        if add_generation_prompt:
+    def render_chat(self, prompt: ChatPrompt) -> list[int]:
+        text = "".join(f"[{m.role}]{m.text()}\n" for m in prompt.messages)
+        if prompt.add_generation_prompt:
             text += "[assistant]"
         return self.encode(text)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from app.engine.constraints import Constraint
-from app.engine.tools import ToolSupport
+from app.engine.tools import ToolCall, ToolSupport
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -86,6 +86,49 @@ class GenerationRequest:
     # Every image of the token-id prompt, in prompt order, each with its block already
     # expanded in `prompt_token_ids`. Needs `EngineInfo.vision`.
     images: tuple[PromptImage, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePart:
+    """An image in a chat message, decoded and measured (`VisionInfo.read_image`)."""
+
+    image: DecodedImage
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message of a conversation, in no API's shape. `role` is one the chat template
+    knows (system, developer, user, assistant, tool: templates take others as they
+    will); `tool_calls` are an assistant turn's calls; `tool_call_id` marks a tool's
+    answer to one of them; `reasoning` is an assistant turn's reasoning given back in the
+    history."""
+
+    role: str
+    parts: tuple[TextPart | ImagePart, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning: str | None = None
+
+    def text(self) -> str:
+        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """What a chat template renders: the messages, the tools as the template takes them
+    (`ToolPlan.template_tools`), and the template's switches and extra variables."""
+
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[Mapping[str, object], ...] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,12 +231,14 @@ class EngineInfo:
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
-    def apply_chat_template(
-        self,
-        messages: Sequence[Mapping[str, object]],
-        add_generation_prompt: bool = True,
-        tools: Sequence[Mapping[str, object]] | None = None,
-    ) -> list[int]: ...
+    def render_chat(self, prompt: ChatPrompt) -> list[int]:
+        """The token ids of `prompt` rendered by the model's chat template, as `vllm
+        serve` renders the same conversation; each image leaves one block of one pad
+        token (`VisionInfo`), which the caller expands. Raises `InvalidRequest` when the
+        model has no chat template or its template refuses the conversation. Blocking
+        (template rendering): call it off the event loop."""
+        ...
+
     def token_to_str(self, token_id: int) -> str: ...
 
 

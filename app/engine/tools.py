@@ -1,14 +1,17 @@
-"""Tool calling in the engine seam: neutral types for a chat request's tools and the
+"""Tool calling in the engine seam: neutral types for the tools a chat call offers, the
 calls a model made, and the `ToolSupport` an engine offers (`EngineInfo.tools`).
 
 Which calls a model made is read from its text by the engine's own parser for the
 model's format (for vLLM: the `--tool-call-parser` it ships), so the parser lives on the
-engine side; the protocol cores only see these types. Neutral: no vLLM here.
+engine side; the protocol cores only see these types. Neutral: no vLLM here, and no
+API's shape: each chat-shaped API (OpenAI Chat, Responses, Anthropic Messages) maps its
+own tool fields onto `ToolSpec` and `ToolChoice`.
 
 Invariants:
 - `ToolSupport.plan` checks the tools and the tool choice (raising `InvalidRequest`
-  naming the client's field) and says which constraint, if any, forces the call, so
-  `required` and named choices hold even on a random model.
+  naming `ToolFields`' names for the client's fields) and says which constraint, if any,
+  forces the call, so `required` and named choices hold even on a random model; it also
+  gives the tools as the model's chat template must see them (`ToolPlan.template_tools`).
 - A `ToolCallParser` belongs to one choice of one request: `feed` is given that choice's
   deltas in order, `finished` on the last; `parse` is given a whole output.
 """
@@ -17,9 +20,38 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from app.engine.constraints import Constraint
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function the model may call: its JSON schema `parameters` (None: no
+    parameters), and `strict` (None: unsaid) asks that forced arguments match it."""
+
+    name: str
+    description: str | None = None
+    parameters: Mapping[str, Any] | None = None
+    strict: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NamedTool:
+    """A tool choice that forces one call of the tool `name`."""
+
+    name: str
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedTool
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFields:
+    """The client's names for the tool fields, for errors (`param`)."""
+
+    tools: str = "tools"
+    tool_choice: str = "tool_choice"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,19 +101,29 @@ class ToolCallParser(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ToolPlan:
-    """How one chat request uses its tools. `constraint` forces the call (None: the
-    model is free); `new_parser()` gives each choice its parser (None: no extraction, the
-    text stays content)."""
+    """How one chat call uses its tools. `constraint` forces the call (None: the model
+    is free); `new_parser()` gives each choice its parser (None: no extraction, the text
+    stays content); `template_tools` are the tools as the chat template renders them
+    (None: no tools in the prompt)."""
 
-    constraint: Constraint | None
+    constraint: Constraint | None = None
     new_parser: Callable[[], ToolCallParser] | None = field(default=None, compare=False)
     skip_special_tokens: bool | None = None  # set when the parser needs special tokens
+    template_tools: tuple[Mapping[str, Any], ...] | None = None
 
 
 class ToolSupport(Protocol):
     def plan(
         self,
-        tools: Sequence[Mapping[str, Any]],
-        tool_choice: str | Mapping[str, Any] | None,
+        tools: Sequence[ToolSpec],
+        tool_choice: ToolChoice | None,
         parallel_tool_calls: bool | None,
-    ) -> ToolPlan: ...
+        fields: ToolFields,
+        constraint: Constraint | None,
+    ) -> ToolPlan:
+        """The plan for `tools` (`tool_choice` None: "auto" with tools, as OpenAI's
+        default). `constraint` is what the call asks of its output besides (a response
+        format): the plan's constraint, when it has one, already accounts for it (an
+        `auto` choice may combine both; a forced call overrides it), and None leaves
+        `constraint` in force. Raises `InvalidRequest` naming `fields`."""
+        ...

@@ -35,7 +35,7 @@ from pathlib import Path
 from app.admission import Admission, Ticket, generate, text_tokens_bound
 from app.config import Settings
 from app.engine.base import Engine, GenerationRequest
-from app.errors import Aborted, InvalidRequest, ResourceExhausted, SwitchboardError
+from app.errors import Aborted, InvalidRequest, ResourceExhausted, SwitchboardError, client_error
 from app.protocols.evergreen import inputs
 from app.protocols.evergreen.generate import (
     OUTPUT_METADATA,
@@ -46,7 +46,7 @@ from app.protocols.evergreen.generate import (
 from app.protocols.evergreen.lifecycle import Cause, Lifecycle
 from app.protocols.evergreen.refs import FileRef
 from app.protocols.evergreen.session import Limits, Ready, Session
-from app.sessions.tasks import TaskGroup, client_error
+from app.sessions.tasks import TaskGroup
 from schemas import evergreen_service_pb2 as service_pb
 
 Send = Callable[[service_pb.SessionMessage], Awaitable[None]]

@@ -1,4 +1,4 @@
-"""The tasks a connection runs, and what their failures become.
+"""The tasks a connection runs.
 
 `TaskGroup` holds the calls (Salience Generates, Evergreen actions) one connection runs
 concurrently. Closing it cancels every call and waits until each has finished (so their
@@ -6,9 +6,7 @@ engine requests are aborted and their sessions freed before the connection is go
 even when the closer is itself cancelled (server shutdown). A closed group starts
 nothing.
 
-`client_error` is the one place an exception becomes what the client is told: a
-`SwitchboardError` as it is, anything else (a bug of ours) `InternalError.wrap(exc)`,
-logged under an id; the client never sees the exception's text.
+(What a failed call becomes for its client is `app.errors.client_error`'s.)
 """
 
 from __future__ import annotations
@@ -16,12 +14,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
-
-from app.errors import InternalError, SwitchboardError
-
-
-def client_error(exc: BaseException) -> SwitchboardError:
-    return exc if isinstance(exc, SwitchboardError) else InternalError.wrap(exc)
 
 
 class TaskGroup:

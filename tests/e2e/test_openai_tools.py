@@ -113,6 +113,10 @@ def test_forced_calls_validate_streamed_through_the_sdk_helpers(
         max_tokens=200,
         seed=7,
         logit_bias=compact,
+        # One call, as the non-streamed sibling asks: given the choice, a random model
+        # keeps calling until max_tokens (seen once its prompt held the tools as `vllm
+        # serve` renders them). Several streamed calls: tests/unit/test_tool_parsing.py.
+        parallel_tool_calls=False,
     ) as stream:
         raw = list(stream)
         final = stream.get_final_completion()

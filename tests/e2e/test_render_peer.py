@@ -11,6 +11,7 @@ starts in seconds beside the live server's engine.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,7 +28,12 @@ from tests.conftest import LIVE_MODEL, free_port, tiny_model_path
 
 pytestmark = pytest.mark.e2e
 
-START_TIMEOUT = 120.0  # imports dominate (~7 s idle); generous for a loaded 2-core box
+START_TIMEOUT = 120.0
+# The live server's (tests/conftest.py): no whitespace inside constrained JSON.
+STRUCTURED_OUTPUTS = {
+    "backend": "xgrammar",
+    "disable_any_whitespace": True,
+}  # imports dominate (~7 s idle); generous for a loaded 2-core box
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]
 WEATHER = {
@@ -42,6 +48,30 @@ WEATHER = {
         },
     },
 }
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}},
+        "strict": True,
+    },
+}
+BARE = {"type": "function", "function": {"name": "ping"}}  # no description, no parameters
+CALLED = [
+    {"role": "user", "content": "weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21"},
+]
 SAMPLING = {"max_tokens": 7, "temperature": 0.5, "seed": 3, "stop": ["\n\n", "END"], "top_k": 5}
 
 CHAT_BODIES = {
@@ -50,6 +80,36 @@ CHAT_BODIES = {
     "stream": {"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}},
     "defaults": {"messages": [{"role": "user", "content": "hi"}]},
     "regex": {"messages": MESSAGES, "structured_outputs": {"regex": "a+"}, "top_p": 0.9},
+    # Tools reach the template as vLLM's validated tool model dumps them (its defaults
+    # included: a tool without a description renders `"description": null`).
+    "tool without description or parameters": {
+        "messages": MESSAGES,
+        "tools": [BARE],
+        "tool_choice": "none",
+    },
+    "strict tool beside another": {"messages": MESSAGES, "tools": [WEATHER, TIME]},
+    "required": {"messages": MESSAGES, "tools": [TIME], "tool_choice": "required"},
+    "named": {
+        "messages": MESSAGES,
+        "tools": [WEATHER, TIME],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    },
+    "calls and a tool answer in the history": {"messages": CALLED, "tools": [WEATHER]},
+    "developer role and text parts": {
+        "messages": [
+            {"role": "developer", "content": "Be terse."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+        ]
+    },
+    "continue the final message": {
+        "messages": [*MESSAGES, {"role": "assistant", "content": "Hello, I"}],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    },
+    "template kwargs": {"messages": MESSAGES, "chat_template_kwargs": {"enable_thinking": False}},
 }
 COMPLETION_BODIES = {
     "text": {"prompt": "def main():", **SAMPLING},
@@ -110,6 +170,8 @@ def vllm_render(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "--enable-auto-tool-choice",
         "--tool-call-parser",
         "hermes",
+        "--structured-outputs-config",
+        json.dumps(STRUCTURED_OUTPUTS),
         "--disable-uvicorn-access-log",
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -173,7 +235,35 @@ def _same_item(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
     assert not differ, f"sampling_params (ours, vLLM): {differ}"
     # Ours names only the constraint; vLLM dumps every StructuredOutputsParams field.
     constraint = mine["structured_outputs"] or {}
-    assert {k: peer["structured_outputs"][k] for k in constraint} == constraint
+    theirs_named = {k: peer["structured_outputs"][k] for k in constraint}
+    if "structural_tag" in constraint:
+        # A forced call's tag is vLLM's own, except that ours holds its JSON to the
+        # server's `disable_any_whitespace` (at most one whitespace in a row), which vLLM
+        # 0.32 leaves out of structural tags.
+        tag, peer_tag = (json.loads(c["structural_tag"]) for c in (constraint, theirs_named))
+        assert _whitespace_bounds(tag) and set(_whitespace_bounds(tag)) == {1}
+        assert _without_whitespace_bounds(tag) == _without_whitespace_bounds(peer_tag)
+    else:
+        assert theirs_named == constraint
+
+
+def _whitespace_bounds(node: Any) -> list[Any]:
+    if isinstance(node, dict):
+        own = [node["max_whitespace_cnt"]] if node.get("type") == "json_schema" else []
+        return own + [b for v in node.values() for b in _whitespace_bounds(v)]
+    if isinstance(node, list):
+        return [b for v in node for b in _whitespace_bounds(v)]
+    return []
+
+
+def _without_whitespace_bounds(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            k: _without_whitespace_bounds(v) for k, v in node.items() if k != "max_whitespace_cnt"
+        }
+    if isinstance(node, list):
+        return [_without_whitespace_bounds(v) for v in node]
+    return node
 
 
 @pytest.mark.parametrize("case", list(CHAT_BODIES))
@@ -194,3 +284,21 @@ def test_completion_render_matches_vllm(live_server, vllm_render, case) -> None:
     assert len(ours) == len(theirs)
     for mine, peer in zip(ours, theirs, strict=True):
         _same_item(mine, peer)
+
+
+TOKENIZE_BODIES = {
+    "tools": {"messages": MESSAGES, "tools": [BARE, WEATHER]},
+    "history and template switches": {
+        "messages": CALLED,
+        "tools": [WEATHER],
+        "add_generation_prompt": False,
+        "chat_template_kwargs": {"enable_thinking": False},
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(TOKENIZE_BODIES))
+def test_tokenize_renders_tools_and_template_kwargs_as_vllm(live_server, vllm_render, case) -> None:  # type: ignore[no-untyped-def]
+    ours, theirs = _both(live_server.base_url, vllm_render, "/tokenize", TOKENIZE_BODIES[case])
+    assert ours["tokens"] == theirs["tokens"]
+    assert ours["count"] == theirs["count"]

@@ -22,6 +22,10 @@ from pydantic import BaseModel
 from app.config import Settings
 from app.errors import EngineError, InvalidRequest
 from app.main import create_app
+from app.protocols.openai.errors import error_body
+from app.routes.apis.graphpipe import graphpipe_error
+from app.routes.apis.openai import openai_error
+from app.routes.http.errors import api_router
 from app.routes.http.json import dump_json
 from app.text import well_formed
 from schemas.openai_replies import (
@@ -123,15 +127,21 @@ async def test_framework_errors_on_graphpipe_paths_are_infer_responses() -> None
     assert "POST" in wrong.headers["allow"]
 
 
-async def test_fastapi_validation_errors_are_in_the_paths_shape() -> None:
+async def test_fastapi_validation_errors_are_in_the_routers_shape() -> None:
     # Every shipped route parses its body by hand; a typed parameter added later must
-    # still fail in shape, on either protocol's paths.
+    # still fail in shape, in the shape of the API whose router it joins (nothing picks
+    # the shape by path): one route on OpenAI's renderer, one on GraphPipe's.
     app = create_app(Settings(model="fake"), engine=FakeEngine())  # type: ignore[arg-type]
+    openai_routes = api_router(openai_error)
+    graphpipe_routes = api_router(graphpipe_error)
 
-    @app.put("/v1/typed/{n}")
-    @app.put("/graphpipe/typed/{n}")
+    @openai_routes.put("/v1/typed/{n}")
+    @graphpipe_routes.put("/graphpipe/typed/{n}")
     async def typed(n: int) -> dict[str, int]:
         return {"n": n}
+
+    # Ahead of the shipped routes: `/graphpipe/{model:path}` would take the path first.
+    app.router.routes[:0] = [*openai_routes.routes, *graphpipe_routes.routes]
 
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
@@ -152,7 +162,7 @@ async def test_lone_surrogates_in_error_text_still_render() -> None:
 
     error = InvalidRequest("bad \ud800 value", param="x\udfff")
     assert error.message == "bad \ufffd value" and error.param == "x\ufffd"
-    assert json.loads(dump_json(error.openai_body()))["error"]["message"] == "bad \ufffd value"
+    assert json.loads(dump_json(error_body(error)))["error"]["message"] == "bad \ufffd value"
 
 
 def test_dump_json_repairs_any_string_and_keeps_the_rest() -> None:

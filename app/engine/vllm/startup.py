@@ -120,7 +120,7 @@ async def _started(
     # `envs.X`, several per engine step: 3% of the frontend's CPU at 32 streams) until
     # the cache is on, as vLLM's own engine processes turn it on once started.
     enable_envs_cache()
-    tokenizer = HfTokenizer(llm.get_tokenizer())
+    tokenizer = HfTokenizer(llm.get_tokenizer(), llm.renderer)
     model_config = llm.model_config
     eos = tokenizer.eos_token_id
     lora_config = llm.vllm_config.lora_config
@@ -143,6 +143,7 @@ async def _started(
             settings.tool_call_parser,
             settings.enable_auto_tool_choice,
             settings.tool_strict_level,
+            no_whitespace=bool(llm.vllm_config.structured_outputs_config.disable_any_whitespace),
         ),
     )
     if concepts is not None and settings.readout_concepts is not None:

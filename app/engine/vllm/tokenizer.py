@@ -1,19 +1,76 @@
-"""The engine's own tokenizer behind the neutral `Tokenizer` protocol."""
+"""The engine's own tokenizer, and vLLM's chat renderer, behind the neutral `Tokenizer`.
+
+`render_chat` renders a neutral `ChatPrompt` the way `vllm serve` renders the same
+conversation sent to its chat endpoint: the messages become the OpenAI-chat shape vLLM's
+renderer takes (text parts, images as vLLM's in-memory image parts, assistant calls with
+JSON-text arguments, tool answers), and vLLM's own `render_messages` parses them (content
+format detection, "developer" folded into "system" for templates that lack it, call
+arguments given to the template as objects) and applies the template with the request's
+kwargs merged over the server's (`tools`), filtered to what the template reads. The text
+is tokenized without special tokens, as vLLM tokenizes a rendered chat (the template
+writes its own). A template that refuses the conversation is vLLM's
+`VLLMValidationError`, the client's 400, through `map_engine_errors`.
+
+Images: vLLM's parser records each image part and leaves the model's placeholder in the
+text, so each image comes out as its block with one pad token (`VisionInfo`); vLLM's own
+multimodal data is dropped here, since the request carries the decoded image itself.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+from vllm.renderers.params import ChatParams, merge_kwargs
+
+from app.engine.base import ChatMessage, ChatPrompt, ImagePart, TextPart
+from app.engine.vllm.errors import map_engine_errors
 from app.errors import InvalidRequest
 
 
-class HfTokenizer:
-    """The engine's own tokenizer, behind the neutral `Tokenizer` protocol."""
+def _content(message: ChatMessage) -> str | list[dict[str, Any]] | None:
+    """A message's parts as a chat client sends them: one text part as a string (vLLM
+    renders a string and a one-part list alike), several parts as a list."""
+    if not message.parts:
+        return None
+    if len(message.parts) == 1 and isinstance(message.parts[0], TextPart):
+        return message.parts[0].text
+    content: list[dict[str, Any]] = []
+    for part in message.parts:
+        if isinstance(part, ImagePart):
+            content.append({"type": "image_pil", "image_pil": part.image.pixels})
+        else:
+            content.append({"type": "text", "text": part.text})
+    return content
 
-    def __init__(self, tokenizer: Any) -> None:
+
+def _message(message: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": _content(message)}
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.reasoning is not None:
+        out["reasoning"] = message.reasoning
+    return out
+
+
+class HfTokenizer:
+    """The engine's own tokenizer and chat renderer, behind the neutral `Tokenizer`."""
+
+    def __init__(self, tokenizer: Any, renderer: Any) -> None:
         self._tok = tokenizer
+        self._renderer = renderer
         self.token_to_str = lru_cache(maxsize=1 << 16)(self._token_to_str)
 
     @property
@@ -31,25 +88,29 @@ class HfTokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
-    def apply_chat_template(
-        self,
-        messages: Sequence[Mapping[str, object]],
-        add_generation_prompt: bool = True,
-        tools: Sequence[Mapping[str, object]] | None = None,
-    ) -> list[int]:
+    def render_chat(self, prompt: ChatPrompt) -> list[int]:
         if not self.has_chat_template:
             raise InvalidRequest("This model has no chat template", param="messages")
-        try:
-            text = self._tok.apply_chat_template(
-                list(messages),
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                tools=list(tools) if tools else None,
+        # As vLLM's chat serving merges them: the server's defaults (tools, text out),
+        # then the client's kwargs, then the request's own switches.
+        kwargs = merge_kwargs(
+            {"tools": [dict(t) for t in prompt.tools] if prompt.tools else None, "tokenize": False},
+            merge_kwargs(
+                dict(prompt.template_kwargs),
+                {
+                    "add_generation_prompt": prompt.add_generation_prompt,
+                    "continue_final_message": prompt.continue_final_message,
+                },
+            ),
+        )
+        params = ChatParams(chat_template_content_format="auto", chat_template_kwargs=kwargs)
+        with map_engine_errors():
+            _, rendered = self._renderer.render_messages(
+                [_message(m) for m in prompt.messages], params
             )
-        except Exception as exc:  # a jinja template error is the client's input
-            raise InvalidRequest(f"Could not apply the chat template: {exc}") from exc
-        # The template writes its own special tokens; adding BOS again would double it.
-        return self.encode(str(text), add_special_tokens=False)
+        if "prompt_token_ids" in rendered:  # a tokenizer that renders straight to ids
+            return [int(t) for t in rendered["prompt_token_ids"]]
+        return self.encode(str(rendered["prompt"]), add_special_tokens=False)
 
     def _token_to_str(self, token_id: int) -> str:
         return str(self._tok.decode([token_id], skip_special_tokens=False))

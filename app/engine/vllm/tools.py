@@ -10,7 +10,7 @@ whatever the model wrote). vLLM side of the seam.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pydantic
@@ -23,25 +23,88 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from app.engine.constraints import Constraint
 from app.engine.tools import (
+    NamedTool,
     ParsedDelta,
     ParsedOutput,
     ToolCall,
     ToolCallDelta,
+    ToolChoice,
+    ToolFields,
     ToolPlan,
+    ToolSpec,
 )
 from app.errors import ConfigError, InvalidRequest
 
 
-def _constraint(request: ChatCompletionRequest) -> Constraint | None:
+def _tight(node: Any) -> Any:
+    """A structural tag whose JSON allows at most one whitespace character in a row:
+    what `--structured-outputs-config '{"disable_any_whitespace": true}'` asks of the
+    JSON vLLM constrains, which vLLM 0.32 applies to schemas and JSON objects but not to
+    the JSON inside a tool call's structural tag, where a random model then pads the
+    arguments with whitespace until `max_tokens`. xgrammar's `max_whitespace_cnt` must
+    be positive; one character between JSON tokens still bounds the call's length, so a
+    forced call always ends."""
+    if isinstance(node, dict):
+        tight = {key: _tight(value) for key, value in node.items()}
+        if tight.get("type") == "json_schema" and "json_schema" in tight:
+            tight["max_whitespace_cnt"] = 1
+        return tight
+    if isinstance(node, list):
+        return [_tight(value) for value in node]
+    return node
+
+
+def _constraint(
+    request: ChatCompletionRequest, param: str, no_whitespace: bool
+) -> Constraint | None:
     outputs = request.structured_outputs
     if outputs is None:
         return None
     if outputs.structural_tag is not None:
-        return Constraint("structural_tag", outputs.structural_tag, "tool_choice")
+        tag = outputs.structural_tag
+        if no_whitespace:
+            tag = json.dumps(_tight(json.loads(tag)))
+        return Constraint("structural_tag", tag, param)
     if outputs.json is not None:
         spec = outputs.json if isinstance(outputs.json, str) else json.dumps(outputs.json)
-        return Constraint("json", spec, "tool_choice")
+        return Constraint("json", spec, param)
     return None
+
+
+def _same(a: Constraint, b: Constraint) -> bool:
+    """The same constraint, whatever its param (JSON schemas compared as values)."""
+    if a.kind != b.kind:
+        return False
+    if a.kind == "json" and isinstance(a.spec, str) and isinstance(b.spec, str):
+        return bool(json.loads(a.spec) == json.loads(b.spec))
+    return a.spec == b.spec
+
+
+def _structured_outputs(constraint: Constraint) -> dict[str, Any]:
+    """A response format as vLLM's request model takes it, so that its parser can
+    combine it with an `auto` tool choice as `vllm serve` does."""
+    if constraint.kind == "json_object":
+        return {"json_object": True}
+    if constraint.kind == "choice":
+        return {"choice": list(constraint.spec or ())}
+    return {constraint.kind: constraint.spec}
+
+
+def _tool_body(tool: ToolSpec) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description is not None:
+        function["description"] = tool.description
+    if tool.parameters is not None:
+        function["parameters"] = dict(tool.parameters)
+    if tool.strict is not None:
+        function["strict"] = tool.strict
+    return {"type": "function", "function": function}
+
+
+def _choice_body(choice: ToolChoice) -> str | dict[str, Any]:
+    if isinstance(choice, NamedTool):
+        return {"type": "function", "function": {"name": choice.name}}
+    return choice
 
 
 class _Parser:
@@ -103,11 +166,20 @@ class _Parser:
 
 class VllmToolSupport:
     def __init__(
-        self, llm: AsyncLLM, tool_call_parser: str | None, auto: bool, strict_level: str
+        self,
+        llm: AsyncLLM,
+        tool_call_parser: str | None,
+        auto: bool,
+        strict_level: str,
+        *,
+        no_whitespace: bool = False,
     ) -> None:
+        """`no_whitespace`: the server's structured outputs allow no whitespace inside
+        JSON (`disable_any_whitespace`), which forced calls then follow too."""
         self._tokenizer = llm.get_tokenizer()
         self._model_config = llm.model_config
         self._auto = auto
+        self._no_whitespace = no_whitespace
         try:
             self._parser_cls = ParserManager.get_parser(
                 tool_parser_name=tool_call_parser,
@@ -119,42 +191,64 @@ class VllmToolSupport:
         except (TypeError, ValueError, KeyError) as exc:
             raise ConfigError(f"--tool-call-parser {tool_call_parser!r}: {exc}") from exc
 
-    def plan(
+    def _request(
         self,
-        tools: Sequence[Mapping[str, Any]],
-        tool_choice: str | Mapping[str, Any] | None,
+        tools: Sequence[ToolSpec],
+        tool_choice: ToolChoice | None,
         parallel_tool_calls: bool | None,
-    ) -> ToolPlan:
+        fields: ToolFields,
+        constraint: Constraint | None,
+    ) -> ChatCompletionRequest:
+        """vLLM's own request model over the tools: its validation, and what its tool
+        parser adjusts."""
         body: dict[str, Any] = {
             "messages": [{"role": "user", "content": ""}],
-            "tools": list(tools),
+            "tools": [_tool_body(tool) for tool in tools],
         }
         if tool_choice is not None:
-            body["tool_choice"] = tool_choice
+            body["tool_choice"] = _choice_body(tool_choice)
         if parallel_tool_calls is not None:
             body["parallel_tool_calls"] = parallel_tool_calls
+        if constraint is not None:
+            body["structured_outputs"] = _structured_outputs(constraint)
+        names = {"tools": fields.tools, "tool_choice": fields.tool_choice}
         try:
-            request = ChatCompletionRequest.model_validate(body)
+            return ChatCompletionRequest.model_validate(body)
         except VLLMValidationError as exc:
-            raise InvalidRequest(str(exc), param=exc.parameter or "tools") from exc
+            where = names.get(exc.parameter or "tools", fields.tools)
+            raise InvalidRequest(str(exc.args[0]) if exc.args else "", param=where) from exc
         except pydantic.ValidationError as exc:
             error = exc.errors()[0]
-            where = [str(p) for p in error["loc"] if p not in ("body",)]
-            param = where[0] if where and where[0] in ("tools", "tool_choice") else "tools"
-            raise InvalidRequest(f"{'.'.join(where)}: {error['msg']}", param=param) from exc
+            loc = [str(p) for p in error["loc"] if p not in ("body",)]
+            top = names.get(loc[0], fields.tools) if loc else fields.tools
+            where = ".".join([top, *loc[1:]])
+            raise InvalidRequest(f"{where}: {error['msg']}", param=top) from exc
+
+    def plan(
+        self,
+        tools: Sequence[ToolSpec],
+        tool_choice: ToolChoice | None,
+        parallel_tool_calls: bool | None,
+        fields: ToolFields,
+        constraint: Constraint | None,
+    ) -> ToolPlan:
+        request = self._request(tools, tool_choice, parallel_tool_calls, fields, constraint)
+        # The tools as vLLM's validated model renders them into the chat template (its
+        # defaults included), so the prompt is `vllm serve`'s, token for token.
+        template_tools = tuple(tool.model_dump() for tool in request.tools or ())
         choice = request.tool_choice
         if choice in (None, "none"):
-            return ToolPlan(None)
+            return ToolPlan(template_tools=template_tools or None)
         if self._parser_cls is None:
             if choice == "auto":
                 raise InvalidRequest(
                     '"auto" tool choice requires --enable-auto-tool-choice and '
                     "--tool-call-parser to be set",
-                    param="tool_choice",
+                    param=fields.tool_choice,
                 )
             raise InvalidRequest(
                 "tool_choice other than none requires --tool-call-parser to be set",
-                param="tool_choice",
+                param=fields.tool_choice,
             )
         parser_cls = self._parser_cls
         adjusted = parser_cls(
@@ -167,8 +261,12 @@ class VllmToolSupport:
                 adjusted,
             )
 
+        forced = _constraint(adjusted, fields.tool_choice, self._no_whitespace)
+        if forced is not None and constraint is not None and _same(forced, constraint):
+            forced = None  # vLLM left the response format as it was
         return ToolPlan(
-            _constraint(adjusted),
+            forced,
             new_parser,
             skip_special_tokens=adjusted.skip_special_tokens,
+            template_tools=template_tools,
         )

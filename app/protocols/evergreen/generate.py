@@ -35,7 +35,14 @@ from typing import Any
 from google.protobuf import json_format, struct_pb2
 from google.protobuf.message import DecodeError
 
-from app.engine.base import EngineInfo, SamplingOptions, Tokenizer
+from app.engine.base import (
+    ChatMessage,
+    ChatPrompt,
+    EngineInfo,
+    SamplingOptions,
+    TextPart,
+    Tokenizer,
+)
 from app.engine.constraints import Constraint, parse_constraint
 from app.engine.validation import check_prompt, validate_sampling
 from app.errors import InvalidRequest, ModelNotFound
@@ -288,10 +295,11 @@ def prompt_token_ids(
     if not conversation:
         raise InvalidRequest(f"{ACTION}: input {plan.input_name!r} holds no text")
     if info.has_chat_template:
-        messages = [
-            {"role": _CHAT_ROLES.get(t.role, t.role), "content": t.text} for t in conversation
-        ]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        messages = tuple(
+            ChatMessage(role=_CHAT_ROLES.get(t.role, t.role), parts=(TextPart(t.text),))
+            for t in conversation
+        )
+        ids = tokenizer.render_chat(ChatPrompt(messages))
     else:
         ids = tokenizer.encode("".join(t.text for t in conversation))
     max_tokens = plan.max_tokens if plan.max_tokens is not None else info.max_model_len - len(ids)

@@ -1,33 +1,116 @@
-"""POST /v1/chat/completions: messages -> the model's chat template -> engine requests ->
-`chat.completion` bodies and `chat.completion.chunk`s.
+"""POST /v1/chat/completions: a body -> the conversation core's plan
+(`app.protocols.conversation`) -> `chat.completion` bodies and `chat.completion.chunk`s.
 
-Streams follow OpenAI's order per choice: a first chunk with the assistant role, content
-deltas, then the finish reason (with the last delta). With tools, each choice's text goes
-through the engine's tool-call parser (`app.protocols.openai.tools`): content and
-`tool_calls` deltas, and `finish_reason: tool_calls` when calls were made.
+This module is the translation both ways and nothing else: `conversation(body, ...)`
+maps Chat's messages (text and `image_url` parts, assistant `tool_calls`, `tool`
+answers), tools, `response_format` / `structured_outputs`, sampling fields and template
+switches onto a neutral `Conversation`; `ChatCore` encodes each choice's `ChoiceOutput`
+as OpenAI orders a stream: per choice a first chunk with the assistant role, content and
+`tool_calls` deltas, then the finish reason (with the last delta); `finish_reason:
+tool_calls` when calls were made (`stop` for a named tool choice).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
-from app.engine.tools import ToolCallParser
-from app.engine.validation import check_prompt
+from app.engine.base import (
+    ChatMessage,
+    EngineInfo,
+    ImagePart,
+    SamplingOptions,
+    TextPart,
+    TokenEvent,
+    Tokenizer,
+)
 from app.errors import InvalidRequest
+from app.protocols.conversation.images import read_image_url
+from app.protocols.conversation.output import ChoiceOutput, Finish
+from app.protocols.conversation.plan import Conversation, plan_conversation
 from app.protocols.openai.choices import ChoicesCore
 from app.protocols.openai.logprobs import chat_logprobs
-from app.protocols.openai.sampling import for_choice, reject_unsupported, sampling_options
+from app.protocols.openai.sampling import reject_unsupported, sampling_fields
 from app.protocols.openai.structured import request_constraint, request_logit_bias
 from app.protocols.openai.tools import (
     call_body,
     delta_body,
-    is_named,
-    template_message,
-    tool_plan,
+    history_calls,
+    tool_choice,
+    tool_specs,
 )
-from schemas.openai import ChatCompletionRequest
+from schemas.openai import ChatCompletionRequest, TokenizeChatRequest
+from schemas.openai import ChatMessage as ChatMessageBody
+
+
+def _message(index: int, message: ChatMessageBody, info: EngineInfo) -> ChatMessage:
+    parts: list[TextPart | ImagePart] = []
+    if isinstance(message.content, str):
+        parts.append(TextPart(message.content))
+    elif message.content is not None:
+        for i, part in enumerate(message.content):
+            if part.type == "text":
+                parts.append(TextPart(part.text))
+            else:
+                where = f"messages.{index}.content.{i}.image_url"
+                parts.append(ImagePart(read_image_url(part.image_url.url, info, where)))
+    return ChatMessage(
+        role=message.role,
+        parts=tuple(parts),
+        tool_calls=history_calls(index, message.tool_calls or ()),
+        tool_call_id=message.tool_call_id,
+        name=message.name,
+        reasoning=message.reasoning,
+    )
+
+
+def conversation(
+    body: ChatCompletionRequest, info: EngineInfo, *, request_id: str, lora_name: str | None
+) -> Conversation:
+    """`body` as the conversation core takes it. Blocking (it decodes images)."""
+    reject_unsupported(body)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
+    if body.max_completion_tokens is not None:
+        max_tokens, max_name = body.max_completion_tokens, "max_completion_tokens"
+    else:
+        max_tokens, max_name = body.max_tokens, "max_tokens"
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return Conversation(
+        request_id=request_id,
+        messages=[_message(i, m, info) for i, m in enumerate(body.messages)],
+        sampling=sampling_fields(
+            body, max_tokens=0, logprobs=logprobs, logit_bias=request_logit_bias(body)
+        ),
+        max_tokens=max_tokens,
+        fields={"prompt": "messages", "max_tokens": max_name, "logprobs": "top_logprobs"},
+        tools=tool_specs(body.tools),
+        tool_choice=tool_choice(body.tool_choice),
+        parallel_tool_calls=body.parallel_tool_calls,
+        constraint=request_constraint(body),
+        n=body.n,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        template_kwargs=body.chat_template_kwargs or {},
+        lora_name=lora_name,
+        priority=body.priority,
+    )
+
+
+def tokenize_conversation(body: TokenizeChatRequest, info: EngineInfo) -> Conversation:
+    """A /tokenize body with `messages`: the conversation `vllm serve` would render for
+    it (tools and template switches included). Blocking (it decodes images)."""
+    return Conversation(
+        request_id="tokenize",
+        messages=[_message(i, m, info) for i, m in enumerate(body.messages)],
+        sampling=SamplingOptions(),
+        max_tokens=None,
+        fields={"prompt": "messages"},
+        tools=tool_specs(body.tools),
+        tool_choice="none",
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        template_kwargs=body.chat_template_kwargs or {},
+    )
 
 
 class ChatCore(ChoicesCore):
@@ -44,70 +127,34 @@ class ChatCore(ChoicesCore):
         created: int,
         model: str,
     ) -> None:
+        """Plans the call (blocking: build it off the event loop)."""
         super().__init__(
             body, info, tokenizer, response_id=response_id, created=created, model=model
         )
-        reject_unsupported(body)
-        if body.top_logprobs is not None and not body.logprobs:
-            raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
-        if not info.has_chat_template:
-            raise InvalidRequest("This model has no chat template", param="messages")
-        messages = [template_message(i, m) for i, m in enumerate(body.messages)]
-        plan = tool_plan(body, info)
-        self._named = is_named(body)
-        self._parsers: dict[int, ToolCallParser] = {}
-        self._called: set[int] = set()  # choices that streamed a tool call
-        self._token_ids: dict[int, list[int]] = {}
+        call = conversation(body, info, request_id=response_id, lora_name=self.lora_name)
+        plan = plan_conversation(call, info, tokenizer)
+        self._set_plans([(0, request) for request in plan.requests])
+        self._named = plan.named
+        new_parser = plan.new_parser
+        self._outputs = [
+            ChoiceOutput(new_parser() if new_parser is not None else None) for _ in plan.requests
+        ]
+        self._want_logprobs = body.logprobs
+        self._contents: dict[int, list[dict[str, Any]]] = {}
         # With add_generation_prompt off and echo on, the client continues its own last
         # (assistant) message; the echo prefixes that message's text, as vLLM does.
         self._echo = (
             body.messages[-1].text() if body.echo and body.messages[-1].role == "assistant" else ""
         )
-        ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=body.add_generation_prompt, tools=body.tools
-        )
-        if body.max_completion_tokens is not None:
-            requested, name = body.max_completion_tokens, "max_completion_tokens"
-        else:
-            requested, name = body.max_tokens, "max_tokens"
-        fields = {"prompt": "messages", "max_tokens": name, "logprobs": "top_logprobs"}
-        max_tokens = requested if requested is not None else info.max_model_len - len(ids)
-        check_prompt(ids, max_tokens, info, fields)
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        constraint = request_constraint(body)
-        if plan is not None and plan.constraint is not None:
-            constraint = plan.constraint  # a forced call overrides response_format
-        options = sampling_options(
-            body,
-            info,
-            fields,
-            max_tokens=max_tokens,
-            logprobs=logprobs,
-            constraint=constraint,
-            logit_bias=request_logit_bias(body),
-        )
-        if plan is not None and plan.skip_special_tokens is not None:
-            options = replace(options, skip_special_tokens=plan.skip_special_tokens)
-        self._want_logprobs = body.logprobs
-        self._contents: dict[int, list[dict[str, Any]]] = {}
-        for choice in range(body.n):
-            if plan is not None and plan.new_parser is not None:
-                self._parsers[choice] = plan.new_parser()
-            self._add_plan(
-                0,
-                GenerationRequest(
-                    request_id=f"{response_id}-{choice}",
-                    prompt_token_ids=ids,
-                    sampling=for_choice(options, choice),
-                    lora_name=self.lora_name,
-                    priority=body.priority,
-                ),
-            )
 
     def _logprobs(self, event: TokenEvent) -> list[dict[str, Any]] | None:
         if not self._want_logprobs:
             return None
         return chat_logprobs(event.token_ids, event.logprobs or (), self.tokenizer.token_to_str)
+
+    def _finish_reason(self, index: int) -> Finish | None:
+        finish = self._outputs[index].finish(self.states[index].finish_reason)
+        return "stop" if finish == "tool_calls" and self._named else finish
 
     def chunks(self, index: int, event: TokenEvent) -> list[dict[str, Any]]:
         """The chunks for one event: the role chunk before a choice's first delta."""
@@ -125,19 +172,10 @@ class ChatCore(ChoicesCore):
         if not event.text and event.finish_reason is None and not event.token_ids:
             return out
         logprobs = self._logprobs(event)
-        delta: dict[str, Any] = {"content": event.text} if event.text else {}
-        parser = self._parsers.get(index)
-        if parser is not None:
-            parsed = parser.feed(
-                event.text,
-                event.token_ids,
-                prompt_token_ids=event.prompt_token_ids,
-                finished=event.finish_reason is not None,
-            )
-            delta = {"content": parsed.content} if parsed.content else {}
-            if parsed.tool_calls:
-                self._called.add(index)
-                delta["tool_calls"] = [delta_body(d) for d in parsed.tool_calls]
+        output = self._outputs[index].delta(event)
+        delta: dict[str, Any] = {"content": output.text} if output.text else {}
+        if output.tool_calls:
+            delta["tool_calls"] = [delta_body(d) for d in output.tool_calls]
         choice = {
             "index": index,
             "delta": delta,
@@ -148,32 +186,21 @@ class ChatCore(ChoicesCore):
         out.append(self._envelope([choice], chunk=True))
         return out
 
-    def _finish_reason(self, index: int) -> str | None:
-        reason = self.states[index].finish_reason
-        if reason == "stop" and index in self._called and not self._named:
-            return "tool_calls"
-        return reason
-
     def feed(self, index: int, event: TokenEvent) -> None:
         state = self._account(index, event)
+        output = self._outputs[index]
         if not state.started:
             state.started = True
-            state.text.append(self._echo)
-        state.text.append(event.text)
-        self._token_ids.setdefault(index, []).extend(event.token_ids)
+        output.add(event)
         logprobs = self._logprobs(event)
         if logprobs is not None:
             self._contents.setdefault(index, []).extend(logprobs)
 
     def _message(self, index: int) -> dict[str, Any]:
-        text = "".join(self.states[index].text)
-        parser = self._parsers.get(index)
-        if parser is None:
-            return {"role": "assistant", "content": text}
-        parsed = parser.parse(text, self._token_ids.get(index, []))
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        parsed = self._outputs[index].result()
+        content = self._echo + parsed.content if parsed.content is not None else None
+        message: dict[str, Any] = {"role": "assistant", "content": content}
         if parsed.tool_calls:
-            self._called.add(index)
             message["tool_calls"] = [call_body(call) for call in parsed.tool_calls]
         return message
 

@@ -1,19 +1,28 @@
-"""What Completions and Chat share: one engine request per (prompt, choice), the
-checks made before anything reaches the engine, per-choice accounting, usage.
+"""What Completions and Chat share: choices (one engine request per prompt x choice),
+OpenAI's envelope and usage, the stream's usage chunk and its `[DONE]`, an error in the
+stream in OpenAI's shape.
 
 A core is built from a validated body (raising `app.errors` on bad input, so errors
 happen before a stream starts; the limits themselves are `app.engine.validation`'s),
-exposes `plans` (the engine requests), and is then fed the engine's events per choice
-index. Streaming asks `chunk(index, event)` for the chunk to
-send; non-streaming calls `feed(index, event)` and finally `response()`.
+exposes `plans` (the engine requests, with the prompt each continues), and is then fed
+the engine's events per choice index: streamed, `chunks(index, event)` gives the chunks
+to send; not streamed, `feed(index, event)` collects and `response()` is the body. It is
+an `app.protocols.core.Core` (`events`/`result` are those, as the HTTP pump names them).
+Counting is `app.protocols.accounting`'s.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
+from app.errors import SwitchboardError
+from app.protocols.accounting import Accounting, RequestState
+from app.protocols.core import Event
+from app.protocols.openai.errors import error_body
 from schemas.openai import SamplingFields
 
 
@@ -24,20 +33,12 @@ class ChoicePlan:
     request: GenerationRequest
 
 
-@dataclass(slots=True)
-class ChoiceState:
-    text: list[str] = field(default_factory=list)
-    completion_tokens: int = 0
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-    started: bool = False
-
-
-class ChoicesCore:
+class ChoicesCore(ABC):
     """Bookkeeping common to Completions and Chat cores."""
 
     object_name: str = ""
     chunk_object_name: str = ""
+    ends_with_done = True
 
     def __init__(
         self,
@@ -57,31 +58,36 @@ class ChoicesCore:
         self.model = model
         self.lora_name = None if model == info.model_name else model
         self.plans: list[ChoicePlan] = []
-        self.prompt_tokens: dict[int, int] = {}
-        self.states: list[ChoiceState] = []
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self._accounting: Accounting | None = None
 
-    def _add_plan(self, prompt_index: int, request: GenerationRequest) -> None:
-        self.plans.append(ChoicePlan(len(self.plans), prompt_index, request))
-        self.states.append(ChoiceState())
+    def _set_plans(self, plans: Sequence[tuple[int, GenerationRequest]]) -> None:
+        """The engine requests, each with the index of the prompt it continues."""
+        self.plans = [ChoicePlan(i, prompt, request) for i, (prompt, request) in enumerate(plans)]
+        self._accounting = Accounting([plan.prompt_index for plan in self.plans])
 
-    def _account(self, index: int, event: TokenEvent) -> ChoiceState:
-        state = self.states[index]
-        if event.prompt_token_ids is not None:
-            self.prompt_tokens[self.plans[index].prompt_index] = len(event.prompt_token_ids)
-        state.completion_tokens += len(event.token_ids)
-        if event.finish_reason is not None:
-            state.finish_reason = event.finish_reason
-            state.stop_reason = event.stop_reason
-        return state
+    @property
+    def accounting(self) -> Accounting:
+        assert self._accounting is not None, "a core plans its requests when it is built"
+        return self._accounting
+
+    @property
+    def states(self) -> list[RequestState]:
+        return self.accounting.states
+
+    @property
+    def requests(self) -> list[GenerationRequest]:
+        return [plan.request for plan in self.plans]
+
+    def _account(self, index: int, event: TokenEvent) -> RequestState:
+        return self.accounting.account(index, event)
 
     def usage(self) -> dict[str, int]:
-        prompt = sum(self.prompt_tokens.values())
-        completion = sum(state.completion_tokens for state in self.states)
+        usage = self.accounting.usage()
         return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
         }
 
     def _envelope(self, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
@@ -105,3 +111,33 @@ class ChoicesCore:
         body = self._envelope([], chunk=True)
         body["usage"] = self.usage()
         return body
+
+    @abstractmethod
+    def chunks(self, index: int, event: TokenEvent) -> list[dict[str, Any]]:
+        """The stream's chunks for one event of choice `index`."""
+
+    @abstractmethod
+    def feed(self, index: int, event: TokenEvent) -> None:
+        """Collect one event of choice `index` (not streamed)."""
+
+    @abstractmethod
+    def response(self) -> dict[str, Any]:
+        """The whole body, once every choice has ended (not streamed)."""
+
+    # -- app.protocols.core.Core -------------------------------------------------------
+
+    def opening(self) -> list[Event]:
+        return []
+
+    def events(self, index: int, event: TokenEvent) -> list[Event]:
+        return [(None, chunk) for chunk in self.chunks(index, event)]
+
+    def closing(self) -> list[Event]:
+        usage = self.usage_chunk()
+        return [] if usage is None else [(None, usage)]
+
+    def failure(self, error: SwitchboardError) -> list[Event]:
+        return [(None, error_body(error))]
+
+    def result(self) -> dict[str, Any]:
+        return self.response()

@@ -15,8 +15,9 @@ from app.engine.validation import NEUTRAL, Fields, check_prompt
 from app.errors import InvalidRequest
 from app.protocols.openai.choices import ChoicesCore
 from app.protocols.openai.logprobs import CompletionLogprobs
-from app.protocols.openai.sampling import for_choice, reject_unsupported, sampling_options
+from app.protocols.openai.sampling import reject_unsupported, sampling_options
 from app.protocols.openai.structured import request_constraint, request_logit_bias
+from app.protocols.sampling import for_choice
 from schemas.openai import CompletionRequest
 
 
@@ -65,6 +66,7 @@ class CompletionCore(ChoicesCore):
         self._logprobs: list[CompletionLogprobs | None] = []
         self._merged: dict[int, dict[str, list[Any]]] = {}  # non-streamed logprobs per choice
         constraint, bias = request_constraint(body), request_logit_bias(body)
+        plans: list[tuple[int, GenerationRequest]] = []
         for prompt_index, (ids, text) in enumerate(_prompts(body, tokenizer)):
             max_tokens = (
                 body.max_tokens if body.max_tokens is not None else info.max_model_len - len(ids)
@@ -96,12 +98,14 @@ class CompletionCore(ChoicesCore):
                     lora_name=self.lora_name,
                     priority=body.priority,
                 )
-                self._add_plan(prompt_index, request)
+                plans.append((prompt_index, request))
                 self._logprobs.append(
                     CompletionLogprobs(tokenizer.token_to_str)
                     if body.logprobs is not None
                     else None
                 )
+        self._set_plans(plans)
+        self._texts: list[list[str]] = [[] for _ in plans]  # non-streamed text per choice
 
     def _delta(self, index: int, event: TokenEvent) -> tuple[str, dict[str, Any] | None]:
         state = self._account(index, event)
@@ -131,8 +135,7 @@ class CompletionCore(ChoicesCore):
 
     def feed(self, index: int, event: TokenEvent) -> None:
         text, logprobs = self._delta(index, event)
-        state = self.states[index]
-        state.text.append(text)
+        self._texts[index].append(text)
         if logprobs is not None:
             merged = self._merged.setdefault(index, {k: [] for k in logprobs})
             for key, values in logprobs.items():
@@ -142,7 +145,7 @@ class CompletionCore(ChoicesCore):
         choices = [
             {
                 "index": i,
-                "text": "".join(state.text),
+                "text": "".join(self._texts[i]),
                 "logprobs": self._merged.get(i) if self._logprobs[i] is not None else None,
                 "finish_reason": state.finish_reason,
                 "stop_reason": state.stop_reason,

@@ -2,17 +2,15 @@
 
 This module keeps only what is OpenAI's: the defaults (temperature 1, top_p 1 unless the
 request says otherwise; options vLLM has and the OpenAI API does not, such as top_k and
-min_p, keep vLLM's meaning), the names of the fields that errors point at, and the
-per-choice seeds. Every limit is the shared one.
+min_p, keep vLLM's meaning) and the names of the fields that errors point at. Every
+limit is the shared one.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from app.engine.base import EngineInfo, SamplingOptions
 from app.engine.constraints import Constraint
-from app.engine.validation import SEED_MAX, SEED_MIN, Fields, validate_sampling
+from app.engine.validation import Fields, validate_sampling
 from app.errors import InvalidRequest
 from schemas.openai import SamplingFields
 
@@ -38,22 +36,18 @@ def _default(value: float | None, default: float) -> float:
     return value if value is not None else default
 
 
-def sampling_options(
+def sampling_fields(
     body: SamplingFields,
-    info: EngineInfo,
-    fields: Fields,
     *,
     max_tokens: int,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
-    prefill_only: bool = False,
     constraint: Constraint | None = None,
     logit_bias: tuple[tuple[int, float], ...] = (),
 ) -> SamplingOptions:
-    """The validated options of `body`'s first choice (see `for_choice` for the others).
-    `fields` names the request's fields for the neutral ones that differ (max_tokens,
-    logprobs, prompt)."""
-    options = SamplingOptions(
+    """`body`'s sampling fields with OpenAI's defaults, not yet checked (the caller, or
+    the conversation plan, validates them once the rest is known)."""
+    return SamplingOptions(
         max_tokens=max_tokens,
         temperature=_default(body.temperature, 1.0),
         top_p=_default(body.top_p, 1.0),
@@ -74,14 +68,29 @@ def sampling_options(
         constraint=constraint,
         logit_bias=logit_bias,
     )
+
+
+def sampling_options(
+    body: SamplingFields,
+    info: EngineInfo,
+    fields: Fields,
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    prefill_only: bool = False,
+    constraint: Constraint | None = None,
+    logit_bias: tuple[tuple[int, float], ...] = (),
+) -> SamplingOptions:
+    """The validated options of `body`'s first choice (`app.protocols.sampling.for_choice`
+    gives the others). `fields` names the request's fields for the neutral ones that
+    differ (max_tokens, logprobs, prompt)."""
+    options = sampling_fields(
+        body,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        constraint=constraint,
+        logit_bias=logit_bias,
+    )
     return validate_sampling(options, info, fields, prefill_only=prefill_only, n=body.n)
-
-
-def for_choice(options: SamplingOptions, choice: int) -> SamplingOptions:
-    """Choice `choice`'s options. With a seed, choice i samples with seed+i (as vLLM does
-    for n > 1), so choices differ yet the whole response is reproducible; the sum wraps
-    within the seed's range."""
-    if options.seed is None or choice == 0:
-        return options
-    seed = (options.seed + choice - SEED_MIN) % (SEED_MAX - SEED_MIN + 1) + SEED_MIN
-    return replace(options, seed=seed)

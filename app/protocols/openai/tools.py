@@ -1,6 +1,6 @@
-"""OpenAI chat tool calling: the request's `tools` / `tool_choice` /
-`parallel_tool_calls` -> the engine's `ToolPlan`; history messages with `tool_calls` and
-`tool` role messages -> the chat template's shape; parsed calls -> `message.tool_calls`
+"""OpenAI Chat's tool calling, translated: `tools` / `tool_choice` -> the neutral
+`ToolSpec`s and `ToolChoice` (`app.engine.tools`), history messages with `tool_calls`
+and `tool` messages -> neutral `ChatMessage`s, and parsed calls -> `message.tool_calls`
 and streamed `delta.tool_calls` (index, then id, type and name once, then argument
 fragments: what the OpenAI SDK's stream accumulator expects).
 
@@ -11,62 +11,90 @@ finishes with `stop` (OpenAI's rule, and vllm serve's).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from app.engine.base import EngineInfo
-from app.engine.tools import ToolCall, ToolCallDelta, ToolPlan
+from app.engine.tools import NamedTool, ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from app.errors import InvalidRequest
-from schemas.openai import ChatCompletionRequest, ChatMessage
+
+_CHOICES = ("none", "auto", "required")
 
 
-def tool_plan(body: ChatCompletionRequest, info: EngineInfo) -> ToolPlan | None:
-    """None when the request has no tools (and names no tool choice)."""
-    if not body.tools and body.tool_choice in (None, "none"):
-        return None
-    if body.tools and info.tools is None:
-        raise InvalidRequest("this server's engine takes no tools", param="tools")
-    if not body.tools:
-        raise InvalidRequest("tool_choice needs tools", param="tool_choice")
-    assert info.tools is not None
-    return info.tools.plan(body.tools, body.tool_choice, body.parallel_tool_calls)
-
-
-def is_named(body: ChatCompletionRequest) -> bool:
-    return isinstance(body.tool_choice, dict)
-
-
-def template_message(index: int, message: ChatMessage) -> dict[str, Any]:
-    """One history message as chat templates take it: an assistant's calls with their
-    arguments as objects (Qwen-style templates render them with `tojson`)."""
-    out: dict[str, Any] = {"role": message.role, "content": message.text()}
-    if message.name is not None:
-        out["name"] = message.name
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    if message.tool_calls:
-        calls = []
-        for i, call in enumerate(message.tool_calls):
-            param = f"messages.{index}.tool_calls.{i}"
-            function = call.get("function")
-            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                raise InvalidRequest(f"{param} needs function.name", param=param)
-            arguments = function.get("arguments", "{}")
-            if isinstance(arguments, str):
-                try:
-                    arguments = json.loads(arguments or "{}")
-                except ValueError as exc:
-                    raise InvalidRequest(
-                        f"{param}.function.arguments is not JSON", param=param
-                    ) from exc
-            calls.append(
-                {
-                    "id": call.get("id"),
-                    "type": "function",
-                    "function": {"name": function["name"], "arguments": arguments},
-                }
+def tool_specs(tools: Sequence[Any] | None) -> tuple[ToolSpec, ...]:
+    """Chat's `tools` (`{"type": "function", "function": {"name", "description",
+    "parameters", "strict"}}`) as neutral specs."""
+    specs = []
+    for i, tool in enumerate(tools or ()):
+        where = f"tools.{i}"
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+        ):
+            raise InvalidRequest(
+                f"{where} must be a function tool: "
+                '{"type": "function", "function": {"name": ..., "parameters": ...}}',
+                param="tools",
             )
-        out["tool_calls"] = calls
-    return out
+        parameters = function.get("parameters")
+        description = function.get("description")
+        strict = function.get("strict")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise InvalidRequest(f"{where}.function.parameters must be an object", param="tools")
+        if description is not None and not isinstance(description, str):
+            raise InvalidRequest(f"{where}.function.description must be a string", param="tools")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidRequest(f"{where}.function.strict must be a boolean", param="tools")
+        specs.append(ToolSpec(function["name"], description, parameters, strict))
+    return tuple(specs)
+
+
+def tool_choice(value: str | dict[str, Any] | None) -> ToolChoice | None:
+    """Chat's `tool_choice`: none, auto, required, or `{"type": "function", "function":
+    {"name": ...}}`."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value not in _CHOICES:
+            raise InvalidRequest(
+                f"tool_choice {value!r} is not one of none, auto, required or a named function",
+                param="tool_choice",
+            )
+        return value  # type: ignore[return-value]  # one of the literals, checked above
+    function = value.get("function")
+    if value.get("type") != "function" or not isinstance(function, dict):
+        raise InvalidRequest(
+            'a named tool_choice is {"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )
+    name = function.get("name")
+    if not isinstance(name, str):
+        raise InvalidRequest("tool_choice.function needs a name", param="tool_choice")
+    return NamedTool(name)
+
+
+def history_calls(index: int, calls: Sequence[Any]) -> tuple[ToolCall, ...]:
+    """An assistant message's `tool_calls`, each with its arguments as JSON text."""
+    out = []
+    for i, call in enumerate(calls):
+        param = f"messages.{index}.tool_calls.{i}"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidRequest(f"{param} needs function.name", param=param)
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                json.loads(arguments or "{}")
+            except ValueError as exc:
+                raise InvalidRequest(
+                    f"{param}.function.arguments is not JSON", param=param
+                ) from exc
+        else:
+            arguments = json.dumps(arguments)
+        out.append(ToolCall(str(call.get("id") or ""), function["name"], arguments or "{}"))
+    return tuple(out)
 
 
 def call_body(call: ToolCall) -> dict[str, Any]:

@@ -8,38 +8,55 @@ validate, plan; no tokenizing) -> admission (one unit per batch row; the whole b
 admitted or refused, 503 + Retry-After) -> engine, one generation per prompt, all at once
 -> core (encode).
 Every failure of a POST, authentication included, answers an `InferResponse` carrying
-one `Error` whose code is also the HTTP status: never FastAPI's JSON error body, never a
-bare 500. A prompt that fails, or a client that disconnects, closes every generation of
-its batch, and closing a generation aborts its engine request.
+one `Error` whose code is also the HTTP status (`graphpipe_error`, the renderer this
+API's routes carry): never FastAPI's JSON error body, never a bare 500. A prompt that
+fails, or a client that disconnects, closes every generation of its batch
+(`merge_generations`), and closing a generation aborts its engine request.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from app import __version__
-from app.admission import Tickets, generate, prompt_tokens_bound
+from app.admission import Tickets, prompt_tokens_bound
 from app.engine.base import Engine
-from app.errors import InternalError, ModelNotFound, SwitchboardError
+from app.errors import ModelNotFound, SwitchboardError
 from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_request
-from app.protocols.graphpipe.encode import encode_infer_response, encode_metadata
+from app.protocols.graphpipe.encode import encode_errors, encode_infer_response, encode_metadata
 from app.protocols.graphpipe.inference import InferCore
 from app.protocols.graphpipe.model import describe
 from app.routes.deps import EngineDep, SettingsDep, check_credentials, get_admission
 from app.routes.http.bodies import documented
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
-from app.routes.http.errors import OCTET_STREAM, graphpipe_error
+from app.routes.http.errors import api_router, retry_headers
+from app.routes.http.generations import merge_generations
 from app.routes.http.json import OrjsonResponse
 from schemas.graphpipe_json import GraphPipeErrors, GraphPipeMetadata
 
-router = APIRouter()
+OCTET_STREAM = "application/octet-stream"
+
+
+def graphpipe_error(
+    error: SwitchboardError, status: int | None = None, headers: Mapping[str, str] | None = None
+) -> Response:
+    """An `InferResponse` holding only `error` as its one `Error`; code = HTTP status."""
+    status = status or error.graphpipe_code
+    return Response(
+        encode_errors([(status, error.message)]),
+        status_code=status,
+        media_type=OCTET_STREAM,
+        headers=retry_headers(error, headers),
+    )
+
+
+router = api_router(graphpipe_error)
 
 
 def _target(engine: Engine, model: str | None) -> tuple[str, str | None]:
@@ -69,23 +86,10 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 async def _generate(engine: Engine, core: InferCore, tickets: Tickets) -> None:
-    """Run every prompt of the batch concurrently, each on its ticket; the first failure
-    cancels the others. However this ends, every engine iterator is closed (`aclosing`),
-    which aborts its request if it is still running."""
-
-    async def one(index: int) -> None:
-        run = generate(engine, core.requests[index], tickets[index])
-        async with contextlib.aclosing(run) as events:
-            async for event in events:
-                core.feed(index, event)
-
-    tasks = [asyncio.create_task(one(i)) for i in range(len(core.requests))]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    """Run every prompt of the batch at once, each on its ticket; the first failure ends
+    them all."""
+    async for index, event in merge_generations(engine, core.requests, tickets):
+        core.feed(index, event)
 
 
 def _octet(body: bytes | memoryview, status_code: int = 200) -> Response:
@@ -93,6 +97,7 @@ def _octet(body: bytes | memoryview, status_code: int = 200) -> Response:
 
 
 async def _post(request: Request, engine: Engine, limit: int, model: str | None) -> Response:
+    """Errors are raised for the route's renderer (`graphpipe_error`)."""
     try:
         check_credentials(request)
         name, lora = _target(engine, model)
@@ -104,12 +109,8 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
         with get_admission(request).admit_all("graphpipe", bounds) as tickets:
             await unless_disconnected(request.receive, _generate(engine, core, tickets))
         return _octet(encode_infer_response(core.outputs()))
-    except SwitchboardError as exc:
-        return graphpipe_error(exc)
     except (ClientDisconnect, ClientGone):
         return Response(status_code=CLIENT_GONE)
-    except Exception as exc:  # a bug must still answer in GraphPipe's shape
-        return graphpipe_error(InternalError.wrap(exc))
 
 
 def _how_to_call(path: str, engine: Engine) -> list[str]:

@@ -1,39 +1,40 @@
 """OpenAI-compatible HTTP routes: completions, chat, their render routes (llm-d's
-tokenization), models, LoRA admin, tokenizer, health.
+tokenization), models, LoRA admin, tokenizer, version; and OpenAI's error answer, which
+every route of this API (and the Responses API's) renders its errors with.
 
-Thin adapter: body -> admission (one unit per prompt x choice, before any tokenizing; a
-refusal is a 503 with Retry-After) -> core (validation happens there, before any stream
-starts) -> engine -> core -> JSON or SSE. Once a stream has started, errors go inside it
-(an SSE error event, then `data: [DONE]`). A client that goes away aborts its engine
-requests (`unless_disconnected`, under streams too).
+Thin adapter: body -> `app.routes.http.calls.serve_call` (admission: one unit per
+prompt x choice, before any tokenizing, a refusal a 503 with Retry-After; the core built
+off the event loop, where validation happens before any stream starts; the engine; JSON
+or SSE, errors inside a started stream then `data: [DONE]`). A client that goes away
+aborts its engine requests.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Mapping
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 
 from app import __version__
-from app.admission import Admission, Tickets
 from app.engine.base import Engine
 from app.engine.validation import check_token_ids
-from app.errors import InternalError, ModelNotFound, SwitchboardError
-from app.protocols.openai.chat import ChatCore
+from app.errors import ModelNotFound, SwitchboardError
+from app.protocols.conversation.plan import render_conversation
+from app.protocols.openai.chat import ChatCore, tokenize_conversation
 from app.protocols.openai.completions import CompletionCore
+from app.protocols.openai.errors import error_body
 from app.protocols.openai.render import render_chat, render_completions
 from app.protocols.openai.units import admission_units
 from app.routes.deps import AdmissionDep, AuthDep, EngineDep
 from app.routes.http.bodies import documented, json_body, parse_json, read_body, validate
-from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
-from app.routes.http.generations import merge_generations
+from app.routes.http.calls import render, serve_call
+from app.routes.http.errors import api_router, retry_headers
 from app.routes.http.json import OrjsonResponse
-from app.routes.http.sse import DONE, EventStream, sse
 from schemas.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -57,10 +58,20 @@ from schemas.openai_replies import (
     VersionResponse,
 )
 
-router = APIRouter()
-v1 = APIRouter(dependencies=[AuthDep])
 
-Core = CompletionCore | ChatCore
+def openai_error(
+    error: SwitchboardError, status: int | None = None, headers: Mapping[str, str] | None = None
+) -> Response:
+    """`error` as OpenAI answers it: `{"error": {"message", "type", "param", "code"}}`."""
+    return OrjsonResponse(
+        error_body(error, status),
+        status_code=status or error.http_status,
+        headers=retry_headers(error, headers),
+    )
+
+
+router = api_router(openai_error)
+v1 = api_router(openai_error, dependencies=[AuthDep])
 
 # What /openapi.json says each route answers (documentation only: the handlers return
 # ready Responses, never validated through these models).
@@ -109,64 +120,6 @@ def _model(engine: Engine, requested: str | None) -> str:
     return name
 
 
-async def _stream(engine: Engine, core: Core, tickets: Tickets) -> AsyncGenerator[bytes, None]:
-    try:
-        requests = [p.request for p in core.plans]
-        async for index, event in merge_generations(engine, requests, tickets):
-            for chunk in core.chunks(index, event):
-                yield sse(chunk)
-        usage = core.usage_chunk()
-        if usage is not None:
-            yield sse(usage)
-    except SwitchboardError as exc:
-        yield sse(exc.openai_body())
-    except Exception as exc:  # a bug must still end the stream in OpenAI's shape
-        yield sse(InternalError.wrap(exc).openai_body())
-    yield DONE
-
-
-async def _collect(engine: Engine, core: Core, tickets: Tickets) -> dict[str, Any]:
-    requests = [p.request for p in core.plans]
-    async for index, event in merge_generations(engine, requests, tickets):
-        core.feed(index, event)
-    return core.response()
-
-
-async def _serve(
-    request: Request, engine: Engine, core: Core, stream: bool, tickets: Tickets
-) -> Response:
-    if stream:
-        return EventStream(_stream(engine, core, tickets), tickets)
-    try:
-        with tickets:
-            body = await unless_disconnected(request.receive, _collect(engine, core, tickets))
-    except ClientGone:
-        return Response(status_code=CLIENT_GONE)
-    except SwitchboardError:
-        raise
-    except Exception as exc:  # a bug: the client gets its id, never its text
-        raise InternalError.wrap(exc) from exc
-    return OrjsonResponse(body)
-
-
-async def _admitted(
-    request: Request,
-    engine: Engine,
-    admission: Admission,
-    body: CompletionRequest | ChatCompletionRequest,
-    make_core: Callable[[], Core],
-) -> Response:
-    """Admit the call (every prompt x choice, before any tokenizing), build its core (the
-    places go back if that fails: a bad request holds none) and serve it."""
-    tickets = admission.admit_all("openai", admission_units(body), priority=body.priority)
-    try:
-        core = make_core()
-    except BaseException:
-        tickets.release()
-        raise
-    return await _serve(request, engine, core, body.stream, tickets)
-
-
 def _core_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]:
     return {
         "response_id": f"{prefix}-{uuid.uuid4().hex}",
@@ -182,14 +135,16 @@ def _core_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]
 )
 async def completions(request: Request, engine: EngineDep, admission: AdmissionDep) -> Response:
     body = await read_body(request, CompletionRequest)
-    return await _admitted(
+    args = _core_args(engine, "cmpl", body.model)
+    return await serve_call(
         request,
         engine,
         admission,
-        body,
-        lambda: CompletionCore(
-            body, engine.info, engine.tokenizer, **_core_args(engine, "cmpl", body.model)
-        ),
+        protocol="openai",
+        units=admission_units(body),
+        priority=body.priority,
+        stream=body.stream,
+        build=lambda: CompletionCore(body, engine.info, engine.tokenizer, **args),
     )
 
 
@@ -202,14 +157,16 @@ async def chat_completions(
     request: Request, engine: EngineDep, admission: AdmissionDep
 ) -> Response:
     body = await read_body(request, ChatCompletionRequest)
-    return await _admitted(
+    args = _core_args(engine, "chatcmpl", body.model)
+    return await serve_call(
         request,
         engine,
         admission,
-        body,
-        lambda: ChatCore(
-            body, engine.info, engine.tokenizer, **_core_args(engine, "chatcmpl", body.model)
-        ),
+        protocol="openai",
+        units=admission_units(body),
+        priority=body.priority,
+        stream=body.stream,
+        build=lambda: ChatCore(body, engine.info, engine.tokenizer, **args),
     )
 
 
@@ -220,9 +177,8 @@ async def chat_completions(
 )
 async def render_completion(request: Request, engine: EngineDep) -> Response:
     body = await read_body(request, CompletionRequest)
-    core = CompletionCore(
-        body, engine.info, engine.tokenizer, **_core_args(engine, "cmpl", body.model)
-    )
+    args = _core_args(engine, "cmpl", body.model)
+    core = await render(lambda: CompletionCore(body, engine.info, engine.tokenizer, **args))
     return OrjsonResponse(render_completions(core))
 
 
@@ -233,9 +189,8 @@ async def render_completion(request: Request, engine: EngineDep) -> Response:
 )
 async def render_chat_completion(request: Request, engine: EngineDep) -> Response:
     body = await read_body(request, ChatCompletionRequest)
-    core = ChatCore(
-        body, engine.info, engine.tokenizer, **_core_args(engine, "chatcmpl", body.model)
-    )
+    args = _core_args(engine, "chatcmpl", body.model)
+    core = await render(lambda: ChatCore(body, engine.info, engine.tokenizer, **args))
     return OrjsonResponse(render_chat(core))
 
 
@@ -294,10 +249,13 @@ async def tokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
     chat = isinstance(data, dict) and "messages" in data
     body = validate(TokenizeChatRequest if chat else TokenizeCompletionRequest, data)
     _model(engine, body.model)
-    tokenizer = engine.tokenizer
+    tokenizer, info = engine.tokenizer, engine.info
     if isinstance(body, TokenizeChatRequest):
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        tokens = tokenizer.apply_chat_template(messages, body.add_generation_prompt)
+        chat_body = body
+        rendered = await render(
+            lambda: render_conversation(tokenize_conversation(chat_body, info), info, tokenizer)
+        )
+        tokens = rendered.prompt_token_ids
     else:
         tokens = tokenizer.encode(body.prompt, body.add_special_tokens)
     result: dict[str, Any] = {

@@ -17,9 +17,9 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from app.errors import Overloaded
+from app.routes.apis.openai import openai_error
 from app.routes.deps import AdmissionDep, DrainDep, EngineDep
 from app.routes.http.bodies import documented
-from app.routes.http.errors import openai_error
 from schemas.openai_replies import ErrorResponse
 
 router = APIRouter()

@@ -39,7 +39,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 
-from app.errors import InternalError, InvalidRequest, Overloaded, SwitchboardError
+from app.errors import InvalidRequest, Overloaded, SwitchboardError, client_error
 
 Context = grpc.aio.ServicerContext[Any, Any]
 M = TypeVar("M", bound=Message)
@@ -64,7 +64,7 @@ STATUS_MESSAGE_BYTES = 1024
 
 async def abort(context: Context, exc: BaseException) -> NoReturn:
     """End the call with `exc` as its status."""
-    error = exc if isinstance(exc, SwitchboardError) else InternalError.wrap(exc)
+    error = client_error(exc)
     await end(context, error, error.grpc_status)
 
 

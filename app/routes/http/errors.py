@@ -1,14 +1,15 @@
-"""Every error answer of the HTTP routes, in its protocol's shape.
+"""Every error answer of the HTTP routes, in the shape of the API that was called.
 
-Paths under `/graphpipe` answer a GraphPipe `InferResponse` flatbuffer carrying one
-`Error` whose code is the HTTP status (the spec's error shape); every other path answers
-OpenAI's `{"error": {"message", "type", "param", "code"}}`. An `Overloaded` refusal
-(admission's bound, or a draining server) carries its retry hint as `Retry-After` in
-both shapes. Whatever the error:
+Each HTTP API builds its router with `api_router(render)`: its routes carry `render`,
+the API's `ErrorRenderer` (body shape, status, headers), and every error raised while
+one of them handles a request is answered by it; nothing picks a shape by path. A
+request no route matched (an unknown path) gets the app's default renderer, given to
+`install_error_handlers`. Whatever the error:
 
 - a `SwitchboardError` raised by a route or a dependency (the API key check);
 - FastAPI's and Starlette's own: `RequestValidationError`, `HTTPException` (404 for an
-  unknown path, 405 for a wrong method, with its `Allow` header kept);
+  unknown path, 405 for a wrong method, with its `Allow` header kept: the route that
+  matched the path but not the method renders it);
 - any other exception before the response has started: a bug of ours, logged by
   `InternalError.wrap` and answered by `LastResortMiddleware`.
 
@@ -16,16 +17,19 @@ The last one cannot be left to Starlette: its `ServerErrorMiddleware` re-raises 
 sending its plain 500, and uvicorn then closes the connection, so a client's next request
 on a kept-alive connection is reset. `LastResortMiddleware` ends the exchange itself and
 the connection stays usable. After the first byte of a response nothing can be said in
-HTTP any more: streams put their errors in-band (see `app.routes.http.sse`), and an exception
-escaping one still ends the connection, as it must (the response is incomplete).
+HTTP any more: streams put their errors in-band (`app.routes.http.calls`), and an
+exception escaping one still ends the connection, as it must (the response is
+incomplete).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any, Protocol
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -39,55 +43,40 @@ from app.errors import (
     SwitchboardError,
     Unauthenticated,
 )
-from app.protocols.graphpipe.encode import encode_errors
 from app.routes.http.bodies import describe_errors
-from app.routes.http.json import OrjsonResponse
-
-GRAPHPIPE_PREFIX = "/graphpipe"
-OCTET_STREAM = "application/octet-stream"
 
 
-def is_graphpipe(path: str) -> bool:
-    return path == GRAPHPIPE_PREFIX or path.startswith(GRAPHPIPE_PREFIX + "/")
+class ErrorRenderer(Protocol):
+    def __call__(
+        self,
+        error: SwitchboardError,
+        status: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
+        """`error` as the API answers it; `status` overrides the error's own (a framework
+        error keeps its status), `headers` go with the answer."""
+        ...
 
 
-def _headers(exc: SwitchboardError, headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
-    if isinstance(exc, Overloaded):
-        return {**(headers or {}), "Retry-After": str(exc.retry_after_s)}
+def retry_headers(
+    error: SwitchboardError, headers: Mapping[str, str] | None = None
+) -> Mapping[str, str] | None:
+    """`headers`, plus `Retry-After` for a refusal (`Overloaded`: the queue bound, or a
+    draining server), in every API's shape."""
+    if isinstance(error, Overloaded):
+        return {**(headers or {}), "Retry-After": str(error.retry_after_s)}
     return headers
 
 
-def graphpipe_error(
-    exc: SwitchboardError, status: int | None = None, headers: Mapping[str, str] | None = None
-) -> Response:
-    """An `InferResponse` holding only `exc` as its one `Error`; code = HTTP status."""
-    status = status or exc.graphpipe_code
-    body = encode_errors([(status, exc.message)])
-    return Response(
-        body, status_code=status, media_type=OCTET_STREAM, headers=_headers(exc, headers)
-    )
+def api_router(render: ErrorRenderer, **kwargs: Any) -> APIRouter:
+    """A router whose routes answer their errors with `render`."""
+    route_class = type("Route", (APIRoute,), {"render_error": staticmethod(render)})
+    return APIRouter(route_class=route_class, **kwargs)
 
 
-def openai_error(
-    exc: SwitchboardError, status: int | None = None, headers: Mapping[str, str] | None = None
-) -> Response:
-    body = exc.openai_body()
-    if status is not None and exc.code is None:
-        body["error"]["code"] = status  # type: ignore[index]
-    return OrjsonResponse(
-        body, status_code=status or exc.http_status, headers=_headers(exc, headers)
-    )
-
-
-def error_response(
-    path: str,
-    exc: SwitchboardError,
-    status: int | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> Response:
-    """`exc` in the shape of the protocol served at `path`; `status` overrides its own."""
-    render = graphpipe_error if is_graphpipe(path) else openai_error
-    return render(exc, status, headers)
+def _renderer(scope: Scope, default: ErrorRenderer) -> ErrorRenderer:
+    render: ErrorRenderer | None = getattr(scope.get("route"), "render_error", None)
+    return render if render is not None else default
 
 
 def _from_http(request: Request, exc: HTTPException) -> SwitchboardError:
@@ -104,29 +93,37 @@ def _from_http(request: Request, exc: HTTPException) -> SwitchboardError:
     return SwitchboardError(str(exc.detail))
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, default: ErrorRenderer) -> None:
+    """Errors answered by the renderer of the route that was called, `default` where no
+    route was."""
+
+    def render(request: Request) -> ErrorRenderer:
+        return _renderer(request.scope, default)
+
     @app.exception_handler(SwitchboardError)
     async def _switchboard_error(request: Request, exc: SwitchboardError) -> Response:
-        return error_response(request.url.path, exc)
+        return render(request)(exc, None, retry_headers(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-        return error_response(request.url.path, describe_errors(exc.errors(), sourced=True))
+        return render(request)(describe_errors(exc.errors(), sourced=True))
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> Response:
         error = _from_http(request, exc)
-        return error_response(request.url.path, error, exc.status_code, exc.headers)
+        return render(request)(error, exc.status_code, exc.headers)
 
-    app.add_middleware(LastResortMiddleware)
+    app.add_middleware(LastResortMiddleware, default=default)
 
 
 class LastResortMiddleware:
-    """Answers, in the protocol's shape, an exception no handler took, if no byte of the
-    response has been sent yet; the connection stays open for the client's next request."""
+    """Answers, in the called API's shape, an exception no handler took, if no byte of
+    the response has been sent yet; the connection stays open for the client's next
+    request."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, default: ErrorRenderer) -> None:
         self.app = app
+        self.default = default
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -146,5 +143,6 @@ class LastResortMiddleware:
         except Exception as exc:
             if started:
                 raise
-            response = error_response(scope["path"], InternalError.wrap(exc))
+            # The router wrote the matched route into the scope (Starlette shares it).
+            response = _renderer(scope, self.default)(InternalError.wrap(exc))
             await response(scope, receive, send)

@@ -26,8 +26,8 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from app.errors import SwitchboardError
-from app.sessions.tasks import TaskGroup, client_error
+from app.errors import SwitchboardError, client_error
+from app.sessions.tasks import TaskGroup
 
 OnError = Callable[[SwitchboardError], Awaitable[None]]
 

@@ -1,0 +1,53 @@
+"""`Core`: what one client call of an HTTP API is, to the transport that serves it.
+
+Every API that runs engine requests for one call and answers in one body or one stream
+(OpenAI Completions, Chat Completions, Responses, Anthropic Messages) is a core built
+from the client's body, sans-IO: the transport (`app.routes.http.calls`) admits the call,
+builds its core off the event loop, runs `requests` on the engine (merged into one
+stream of `(index, TokenEvent)`), and asks the core what to send:
+
+- streamed: `opening()` before any engine event, `events(index, event)` for each one,
+  `closing()` once every request has ended; `failure(error)` in place of what is left
+  when the call fails after the stream has started (the error in the API's own shape);
+  then, if `ends_with_done`, OpenAI's terminator `data: [DONE]`;
+- not streamed: `feed(index, event)` for each event, then `result()`, the body.
+
+Each streamed event is `(name, body)`: `name` is the SSE event's name (None: a bare
+`data:` event, as OpenAI's Chat and Completions stream), `body` its JSON.
+
+Invariants: a core raises `app.errors` classes for the client's mistakes while it is
+built (before anything runs) and never after; what it is fed is the engine's events in
+each request's own order; it does no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from app.engine.base import GenerationRequest, TokenEvent
+from app.errors import SwitchboardError
+
+Event = tuple[str | None, Mapping[str, Any]]
+
+
+class Core(Protocol):
+    @property
+    def requests(self) -> Sequence[GenerationRequest]: ...
+
+    @property
+    def ends_with_done(self) -> bool:
+        """The stream ends with `data: [DONE]` (OpenAI's Chat and Completions)."""
+        ...
+
+    def opening(self) -> list[Event]: ...
+
+    def events(self, index: int, event: TokenEvent) -> list[Event]: ...
+
+    def closing(self) -> list[Event]: ...
+
+    def failure(self, error: SwitchboardError) -> list[Event]: ...
+
+    def feed(self, index: int, event: TokenEvent) -> None: ...
+
+    def result(self) -> dict[str, Any]: ...

@@ -1,0 +1,57 @@
+"""The agent CLIs' server: the tiny model with a long context, for clients whose own
+prompts run to ~20k tokens (the Codex and Claude Code CLIs: their system prompts and tool
+schemas). Package-scoped: it starts with the first test here and stops after the last,
+so it never runs beside the image server (two idle CPU engines cost memory; two busy
+ones slow each other badly).
+
+Served as `switchboard serve` would serve it to such a client: the tiny model's
+hermes-style tool calls read back (`--enable-auto-tool-choice --tool-call-parser
+hermes`) and no whitespace inside constrained JSON (a random model pads it otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CACHE, LiveServer, serve
+
+LONG_MODEL = "tiny-long"
+POSITIONS = 65_536
+
+
+def tiny_long_model_path() -> Path:
+    """The tiny model with `POSITIONS` positions under .cache/, built on first use."""
+    from app.tiny_model import build_tiny_model
+
+    model = CACHE / "tiny-long-model"
+    if not (model / "config.json").is_file():
+        build_tiny_model(model, max_position_embeddings=POSITIONS)
+    return model
+
+
+@pytest.fixture(scope="package")
+def long_server() -> Iterator[LiveServer]:
+    from vllm.config import StructuredOutputsConfig
+
+    from app.config import Settings
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    settings = Settings(
+        model=str(tiny_long_model_path()),
+        served_model_name=LONG_MODEL,
+        enable_auto_tool_choice=True,
+        tool_call_parser="hermes",
+        engine_args={
+            "dtype": "float32",
+            "max_model_len": POSITIONS,
+            "structured_outputs_config": StructuredOutputsConfig(
+                backend="xgrammar", disable_any_whitespace=True
+            ),
+        },
+    )
+    with serve(settings, LONG_MODEL) as live:
+        yield live
