@@ -74,14 +74,19 @@ class ToolCallDelta:
 
 @dataclass(frozen=True, slots=True)
 class ParsedOutput:
+    """A whole output, read: its visible text, its calls, and its reasoning (the text a
+    reasoning model thinks in, when a reasoning parser reads it; None otherwise)."""
+
     content: str | None
     tool_calls: tuple[ToolCall, ...]
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedDelta:
     content: str | None
     tool_calls: tuple[ToolCallDelta, ...]
+    reasoning: str | None = None
 
 
 class ToolCallParser(Protocol):

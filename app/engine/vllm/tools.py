@@ -116,11 +116,12 @@ class _Parser:
         self._request = request
 
     def parse(self, text: str, token_ids: Sequence[int]) -> ParsedOutput:
-        _, content, calls = self._parser.parse(
+        reasoning, content, calls = self._parser.parse(
             text, self._request, enable_auto_tools=True, model_output_token_ids=token_ids
         )
         calls = maybe_filter_parallel_tool_calls(calls or [], self._request)
         return ParsedOutput(
+            reasoning=reasoning,
             content=content,
             tool_calls=tuple(
                 ToolCall(
@@ -161,7 +162,7 @@ class _Parser:
                     arguments=function.arguments if function is not None else None,
                 )
             )
-        return ParsedDelta(delta.content or None, tuple(calls))
+        return ParsedDelta(delta.content or None, tuple(calls), delta.reasoning or None)
 
 
 class VllmToolSupport:

@@ -34,6 +34,7 @@ Finish = Literal["stop", "length", "abort", "tool_calls"]
 class OutputDelta:
     text: str = ""
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    reasoning: str = ""  # new reasoning text (a reasoning parser's; else never any)
 
 
 @dataclass(slots=True)
@@ -54,7 +55,7 @@ class ChoiceOutput:
         )
         if parsed.tool_calls:
             self.called = True
-        return OutputDelta(parsed.content or "", parsed.tool_calls)
+        return OutputDelta(parsed.content or "", parsed.tool_calls, parsed.reasoning or "")
 
     def add(self, event: TokenEvent) -> None:
         self._text.append(event.text)
