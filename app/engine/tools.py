@@ -1,5 +1,7 @@
 """Tool calling in the engine seam: neutral types for the tools a chat call offers, the
-calls a model made, and the `ToolSupport` an engine offers (`EngineInfo.tools`).
+calls a model made, and the `ToolSupport` an engine offers (`EngineInfo.tools`), whose
+parsers also read a reasoning model's reasoning out of its text when the engine has a
+reasoning parser.
 
 Which calls a model made is read from its text by the engine's own parser for the
 model's format (for vLLM: the `--tool-call-parser` it ships), so the parser lives on the
@@ -125,10 +127,14 @@ class ToolSupport(Protocol):
         parallel_tool_calls: bool | None,
         fields: ToolFields,
         constraint: Constraint | None,
+        template_kwargs: Mapping[str, object],
     ) -> ToolPlan:
         """The plan for `tools` (`tool_choice` None: "auto" with tools, as OpenAI's
-        default). `constraint` is what the call asks of its output besides (a response
-        format): the plan's constraint, when it has one, already accounts for it (an
-        `auto` choice may combine both; a forced call overrides it), and None leaves
-        `constraint` in force. Raises `InvalidRequest` naming `fields`."""
+        default), asked of every conversation, tools or not: with a reasoning parser the
+        plan's parser also reads reasoning out of the text. `constraint` is what the call
+        asks of its output besides (a response format): the plan's constraint, when it
+        has one, already accounts for it (an `auto` choice may combine both; a forced
+        call overrides it), and None leaves `constraint` in force. `template_kwargs` are
+        the chat template's (a reasoning parser may read its thinking switch). Raises
+        `InvalidRequest` naming `fields`."""
         ...

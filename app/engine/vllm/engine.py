@@ -25,7 +25,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -44,10 +43,11 @@ from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY
 from app.engine.validation import check_prompt, validate_sampling
 from app.engine.vllm.convert import EventConverter, check_expansion, prompt_only
 from app.engine.vllm.errors import map_engine_errors
+from app.engine.vllm.lora import check_adapter
 from app.engine.vllm.params import sampling_params
 from app.engine.vllm.stats import SchedulerCounts
 from app.engine.vllm.tokenizer import HfTokenizer
-from app.errors import EngineDead, InvalidRequest, ModelNotFound, NotFound, SwitchboardError
+from app.errors import InvalidRequest, ModelNotFound, NotFound
 
 
 class VllmEngine:
@@ -93,20 +93,17 @@ class VllmEngine:
             raise InvalidRequest("LoRA is not enabled; start the server with --enable-lora")
         if name == self._info.model_name or name in self._loras:
             raise InvalidRequest(f"The model {name!r} is already loaded", param="lora_name")
-        if not os.path.isdir(path):
-            raise InvalidRequest(f"No LoRA adapter directory at {path!r}", param="lora_path")
+        model_config = self._llm.model_config
+        check_adapter(
+            path,
+            self._llm.vllm_config.lora_config,
+            getattr(model_config.hf_text_config, "max_position_embeddings", None),
+        )
         adapter = LoraAdapter(name=name, path=path, int_id=self._next_lora_id)
         self._next_lora_id += 1
         request = LoRARequest(lora_name=name, lora_int_id=adapter.int_id, lora_path=path)
-        try:
-            with map_engine_errors():
-                await self._llm.add_lora(request)
-        except EngineDead:
-            raise
-        except SwitchboardError as exc:
-            raise InvalidRequest(f"Could not load LoRA adapter {name!r}: {exc.message}") from exc
-        except Exception as exc:  # vLLM reports a bad adapter with assorted errors
-            raise InvalidRequest(f"Could not load LoRA adapter {name!r}: {exc}") from exc
+        with map_engine_errors():
+            await self._llm.add_lora(request)
         self._loras[name] = adapter
         return adapter
 

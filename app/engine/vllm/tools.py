@@ -10,7 +10,7 @@ whatever the model wrote). vLLM side of the seam.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pydantic
@@ -173,24 +173,33 @@ class VllmToolSupport:
         auto: bool,
         strict_level: str,
         *,
+        reasoning_parser: str | None = None,
         no_whitespace: bool = False,
     ) -> None:
-        """`no_whitespace`: the server's structured outputs allow no whitespace inside
-        JSON (`disable_any_whitespace`), which forced calls then follow too."""
+        """`reasoning_parser`: vLLM's reasoning parser for the model's format, as the
+        engine's `--reasoning-parser` names it (None: the output holds no reasoning to
+        read). `no_whitespace`: the server's structured outputs allow no whitespace
+        inside JSON (`disable_any_whitespace`), which forced calls then follow too."""
         self._tokenizer = llm.get_tokenizer()
         self._model_config = llm.model_config
         self._auto = auto
         self._no_whitespace = no_whitespace
+        self._reasoning = bool(reasoning_parser)
         try:
             self._parser_cls = ParserManager.get_parser(
                 tool_parser_name=tool_call_parser,
+                reasoning_parser_name=reasoning_parser or None,
                 enable_auto_tools=auto,
                 tool_strict_level=strict_level,
                 model_name=self._model_config.model,
                 tokenizer=self._tokenizer,
             )
         except (TypeError, ValueError, KeyError) as exc:
-            raise ConfigError(f"--tool-call-parser {tool_call_parser!r}: {exc}") from exc
+            name = tool_call_parser if reasoning_parser is None else reasoning_parser
+            raise ConfigError(f"the output parser {name!r}: {exc}") from exc
+        self._reads_calls = (
+            self._parser_cls is not None and self._parser_cls.tool_parser_cls is not None
+        )
 
     def _request(
         self,
@@ -202,10 +211,9 @@ class VllmToolSupport:
     ) -> ChatCompletionRequest:
         """vLLM's own request model over the tools: its validation, and what its tool
         parser adjusts."""
-        body: dict[str, Any] = {
-            "messages": [{"role": "user", "content": ""}],
-            "tools": [_tool_body(tool) for tool in tools],
-        }
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": ""}]}
+        if tools:  # vLLM refuses an empty list
+            body["tools"] = [_tool_body(tool) for tool in tools]
         if tool_choice is not None:
             body["tool_choice"] = _choice_body(tool_choice)
         if parallel_tool_calls is not None:
@@ -232,15 +240,16 @@ class VllmToolSupport:
         parallel_tool_calls: bool | None,
         fields: ToolFields,
         constraint: Constraint | None,
+        template_kwargs: Mapping[str, object],
     ) -> ToolPlan:
+        if not tools and tool_choice in (None, "none") and not self._reasoning:
+            return ToolPlan()  # nothing to read back: no request model to build
         request = self._request(tools, tool_choice, parallel_tool_calls, fields, constraint)
         # The tools as vLLM's validated model renders them into the chat template (its
         # defaults included), so the prompt is `vllm serve`'s, token for token.
-        template_tools = tuple(tool.model_dump() for tool in request.tools or ())
+        template_tools = tuple(tool.model_dump() for tool in request.tools or ()) or None
         choice = request.tool_choice
-        if choice in (None, "none"):
-            return ToolPlan(template_tools=template_tools or None)
-        if self._parser_cls is None:
+        if choice not in (None, "none") and not self._reads_calls:
             if choice == "auto":
                 raise InvalidRequest(
                     '"auto" tool choice requires --enable-auto-tool-choice and '
@@ -252,15 +261,17 @@ class VllmToolSupport:
                 param=fields.tool_choice,
             )
         parser_cls = self._parser_cls
-        adjusted = parser_cls(
-            self._tokenizer, request.tools, model_config=self._model_config
-        ).adjust_request(request.model_copy(deep=True))
+        if parser_cls is None or (choice in (None, "none") and not self._reasoning):
+            return ToolPlan(template_tools=template_tools)
+        # As vLLM's chat serving builds its parser: the request's template switches reach
+        # parsers that read them (a reasoning parser's thinking toggle).
+        kwargs = {"model_config": self._model_config, "chat_template_kwargs": dict(template_kwargs)}
+        adjusted = parser_cls(self._tokenizer, request.tools, **kwargs).adjust_request(
+            request.model_copy(deep=True)
+        )
 
         def new_parser() -> _Parser:
-            return _Parser(
-                parser_cls(self._tokenizer, adjusted.tools, model_config=self._model_config),
-                adjusted,
-            )
+            return _Parser(parser_cls(self._tokenizer, adjusted.tools, **kwargs), adjusted)
 
         forced = _constraint(adjusted, fields.tool_choice, self._no_whitespace)
         if forced is not None and constraint is not None and _same(forced, constraint):

@@ -9,8 +9,9 @@ validated), with the API's own names for its fields so that every error names th
 client's field. `plan_conversation` is the one place these become engine requests:
 
 1. the tools are planned by the engine's tool support (which forces `required` and
-   named choices with a constraint, and may combine an `auto` choice with a response
-   format, as `vllm serve` does);
+   named choices with a constraint, may combine an `auto` choice with a response
+   format, as `vllm serve` does, and gives the parser that reads calls and, with a
+   reasoning parser, reasoning back out of each choice's text);
 2. the messages are rendered by the model's chat template (`Tokenizer.render_chat`,
    token for token what `vllm serve` renders), and each image's block is widened to the
    pad tokens its vision encoder makes;
@@ -114,23 +115,22 @@ def render_conversation(
         raise InvalidRequest("This model has no chat template", param=messages_field)
     if not call.messages:
         raise InvalidRequest(f"{messages_field} must not be empty", param=messages_field)
+    if (call.tools or call.tool_choice not in (None, "none")) and info.tools is None:
+        raise InvalidRequest("this server's engine takes no tools", param=call.tool_fields.tools)
+    if call.tool_choice not in (None, "none") and not call.tools:
+        raise InvalidRequest(
+            f"{call.tool_fields.tool_choice} needs {call.tool_fields.tools}",
+            param=call.tool_fields.tool_choice,
+        )
     tool_plan = None
-    if call.tools or call.tool_choice not in (None, "none"):
-        if not call.tools:
-            raise InvalidRequest(
-                f"{call.tool_fields.tool_choice} needs {call.tool_fields.tools}",
-                param=call.tool_fields.tool_choice,
-            )
-        if info.tools is None:
-            raise InvalidRequest(
-                "this server's engine takes no tools", param=call.tool_fields.tools
-            )
+    if info.tools is not None:
         tool_plan = info.tools.plan(
             call.tools,
             call.tool_choice,
             call.parallel_tool_calls,
             call.tool_fields,
             call.constraint,
+            call.template_kwargs,
         )
     prompt = ChatPrompt(
         messages=tuple(call.messages),

@@ -7,7 +7,9 @@ answers), tools, `response_format` / `structured_outputs`, sampling fields and t
 switches onto a neutral `Conversation`; `ChatCore` encodes each choice's `ChoiceOutput`
 as OpenAI orders a stream: per choice a first chunk with the assistant role, content and
 `tool_calls` deltas, then the finish reason (with the last delta); `finish_reason:
-tool_calls` when calls were made (`stop` for a named tool choice).
+tool_calls` when calls were made (`stop` for a named tool choice). With a reasoning
+parser (the engine's `--reasoning-parser`), a choice's reasoning comes as vLLM writes
+it: `reasoning` beside `content` in the message and in the deltas.
 """
 
 from __future__ import annotations
@@ -174,6 +176,8 @@ class ChatCore(ChoicesCore):
         logprobs = self._logprobs(event)
         output = self._outputs[index].delta(event)
         delta: dict[str, Any] = {"content": output.text} if output.text else {}
+        if output.reasoning:
+            delta["reasoning"] = output.reasoning
         if output.tool_calls:
             delta["tool_calls"] = [delta_body(d) for d in output.tool_calls]
         choice = {
@@ -200,6 +204,8 @@ class ChatCore(ChoicesCore):
         parsed = self._outputs[index].result()
         content = self._echo + parsed.content if parsed.content is not None else None
         message: dict[str, Any] = {"role": "assistant", "content": content}
+        if parsed.reasoning is not None:
+            message["reasoning"] = parsed.reasoning
         if parsed.tool_calls:
             message["tool_calls"] = [call_body(call) for call in parsed.tool_calls]
         return message

@@ -1,0 +1,223 @@
+"""A reasoning model's text read back, held to `vllm serve`: with `--reasoning-parser
+deepseek_r1`, the chat core (fed crafted text as engine events) and vLLM's own
+`OpenAIServingChat` (fed the same text as `RequestOutput`s) must give the same
+`reasoning` and `content`, whole and streamed one token at a time, with and without
+tools in the request.
+
+No engine runs. The tiny model's tokenizer has no `<think>` tokens, so the tokenizer used
+here is a copy with both added as special tokens (vLLM's parsers find them by id); the
+texts are cut at that tokenizer's tokens, as an engine would stream them.
+
+It fails if the parser planned for a conversation stops reading reasoning (no parser
+without tools, or a reasoning parser not passed to vLLM's unified parser), or if Chat
+stops writing it where vLLM writes it (`message.reasoning`, `delta.reasoning`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from app.engine.base import TokenEvent
+from app.protocols.openai.chat import ChatCore
+from schemas.openai import ChatCompletionRequest
+from tests.conftest import tiny_model_path
+from tests.fake_engine import FakeEngine
+
+PARSER = "deepseek_r1"
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+TEXTS = {
+    "reasoning then an answer": "<think>Two and two.</think>It is four.",
+    "reasoning never closed": "<think>Still thinking about it",
+    "an answer with no reasoning tags": "Just an answer.",
+    "reasoning then a call": (
+        '<think>Use f.</think><tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny tokenizer with `<think>` and `</think>` added, saved and loaded back as
+    vLLM loads a tokenizer (vLLM caches what it reads of a tokenizer when it loads it)."""
+    from transformers import AutoTokenizer
+    from vllm.tokenizers import get_tokenizer
+
+    thinking = AutoTokenizer.from_pretrained(str(tiny_model_path()))
+    thinking.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    path = tmp_path_factory.mktemp("thinking-tokenizer")
+    thinking.save_pretrained(path)
+    return get_tokenizer(str(path))
+
+
+@pytest.fixture(scope="module")
+def switchboard(tokenizer: Any) -> Any:
+    from app.engine.vllm.tools import VllmToolSupport
+
+    llm = types.SimpleNamespace(
+        get_tokenizer=lambda: tokenizer,
+        model_config=types.SimpleNamespace(model=str(tiny_model_path())),
+    )
+    support = VllmToolSupport(llm, "hermes", True, "auto", reasoning_parser=PARSER)  # type: ignore[arg-type]
+    return replace(FakeEngine().info, tools=support)
+
+
+@pytest.fixture(scope="module")
+def vllm_serve(tokenizer: Any) -> Any:
+    """vLLM's `OpenAIServingChat` as `vllm serve --reasoning-parser deepseek_r1
+    --tool-call-parser hermes --enable-auto-tool-choice` sets it up (see
+    test_tool_parsing.py for how it is built without an engine)."""
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.parser import ParserManager
+
+    model_config = types.SimpleNamespace(model=str(tiny_model_path()))
+    serving = OpenAIServingChat.__new__(OpenAIServingChat)
+    serving.__dict__.update(
+        model_config=model_config,
+        parser_cls=ParserManager.get_parser(
+            tool_parser_name="hermes",
+            reasoning_parser_name=PARSER,
+            enable_auto_tools=True,
+            tool_strict_level="auto",
+            model_name=model_config.model,
+            is_harmony=False,
+            tokenizer=tokenizer,
+        ),
+        enable_auto_tools=True,
+        response_role="assistant",
+        request_logger=None,
+        enable_log_outputs=False,
+        enable_log_deltas=True,
+        enable_force_include_usage=False,
+        _include_reasoning_tokens_details=False,
+        system_fingerprint=None,
+        enable_prompt_tokens_details=False,
+        enable_per_request_metrics=False,
+        chat_template=None,
+        chat_template_content_format="auto",
+        default_chat_template_kwargs={},
+        return_tokens_as_token_ids=False,
+    )
+    return serving
+
+
+def _body(tools: bool, stream: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "2+2?"}], "stream": stream}
+    if tools:
+        body["tools"] = TOOLS
+    return body
+
+
+def _pieces(tokenizer: Any, text: str) -> list[tuple[list[int], str]]:
+    """The text as an engine streams it: one token, and its text, at a time."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    pieces, seen = [], ""
+    for i in range(len(ids)):
+        upto = tokenizer.decode(ids[: i + 1], skip_special_tokens=False)
+        pieces.append(([ids[i]], upto[len(seen) :]))
+        seen = upto
+    assert seen == text
+    return pieces
+
+
+def _ours(info: Any, tokenizer: Any, text: str, tools: bool, stream: bool) -> dict[str, str]:
+    core = ChatCore(
+        ChatCompletionRequest.model_validate(_body(tools, stream)),
+        info,
+        FakeEngine().tokenizer,
+        response_id="chatcmpl-1",
+        created=1,
+        model="tiny",
+    )
+    pieces = _pieces(tokenizer, text)
+    events = [
+        TokenEvent(
+            token_ids=ids,
+            text=piece,
+            finish_reason="stop" if i == len(pieces) - 1 else None,
+            prompt_token_ids=[1] if i == 0 else None,
+        )
+        for i, (ids, piece) in enumerate(pieces)
+    ]
+    if not stream:
+        for event in events:
+            core.feed(0, event)
+        return _message(core.response()["choices"][0]["message"])
+    chunks = [chunk for event in events for chunk in core.chunks(0, event)]
+    return _joined(chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"])
+
+
+async def _outputs(pieces: list[tuple[list[int], str]]) -> AsyncIterator[Any]:
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    for i, (ids, piece) in enumerate(pieces):
+        last = i == len(pieces) - 1
+        output = CompletionOutput(0, piece, ids, None, None, finish_reason="stop" if last else None)
+        yield RequestOutput("r", None, [1], None, [output], last)
+
+
+def _theirs(serving: Any, tokenizer: Any, text: str, tools: bool, stream: bool) -> dict[str, str]:
+    from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionRequest as VllmRequest,
+    )
+
+    request = VllmRequest.model_validate(_body(tools, stream))
+    metadata = RequestResponseMetadata(request_id="r")
+    pieces = _pieces(tokenizer, text)
+    if not stream:
+        parser = serving._make_parser(request, tokenizer, {})
+        response = asyncio.run(
+            serving.chat_completion_full_generator(
+                request,
+                _outputs([([t for ids, _ in pieces for t in ids], text)]),
+                "r",
+                "tiny",
+                [],
+                tokenizer,
+                metadata,
+                parser=parser,
+            )
+        )
+        return _message(json.loads(response.model_dump_json())["choices"][0]["message"])
+
+    async def collect() -> list[str]:
+        generator = serving.chat_completion_stream_generator(
+            request, _outputs(pieces), "r", "tiny", [], tokenizer, metadata
+        )
+        return [line async for line in generator]
+
+    lines = [line.strip() for line in asyncio.run(collect())][:-1]  # [DONE] last
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines]
+    return _joined(chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"])
+
+
+def _message(message: dict[str, Any]) -> dict[str, str]:
+    return {"reasoning": message.get("reasoning") or "", "content": message.get("content") or ""}
+
+
+def _joined(deltas: Any) -> dict[str, str]:
+    out = {"reasoning": "", "content": ""}
+    for delta in deltas:
+        out["reasoning"] += delta.get("reasoning") or ""
+        out["content"] += delta.get("content") or ""
+    return out
+
+
+@pytest.mark.parametrize("tools", [False, True], ids=["no tools", "tools"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("name", list(TEXTS))
+def test_reasoning_as_vllm_serve_reads_it(
+    name: str, stream: bool, tools: bool, switchboard: Any, vllm_serve: Any, tokenizer: Any
+) -> None:
+    text = TEXTS[name]
+    ours = _ours(switchboard, tokenizer, text, tools, stream)
+    assert ours == _theirs(vllm_serve, tokenizer, text, tools, stream)
+    if name == "reasoning then an answer":
+        assert ours == {"reasoning": "Two and two.", "content": "It is four."}
