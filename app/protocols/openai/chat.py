@@ -29,6 +29,7 @@ from app.errors import InvalidRequest
 from app.protocols.conversation.images import read_image_url
 from app.protocols.conversation.output import ChoiceOutput, Finish
 from app.protocols.conversation.plan import Conversation, plan_conversation
+from app.protocols.core import Event
 from app.protocols.openai.choices import ChoicesCore
 from app.protocols.openai.logprobs import chat_logprobs
 from app.protocols.openai.sampling import reject_unsupported, sampling_fields
@@ -158,10 +159,10 @@ class ChatCore(ChoicesCore):
         finish = self._outputs[index].finish(self.states[index].finish_reason)
         return "stop" if finish == "tool_calls" and self._named else finish
 
-    def chunks(self, index: int, event: TokenEvent) -> list[dict[str, Any]]:
+    def events(self, index: int, event: TokenEvent) -> list[Event]:
         """The chunks for one event: the role chunk before a choice's first delta."""
         state = self._account(index, event)
-        out = []
+        out: list[Event] = []
         if not state.started:
             state.started = True
             role = {
@@ -170,24 +171,30 @@ class ChatCore(ChoicesCore):
                 "logprobs": None,
                 "finish_reason": None,
             }
-            out.append(self._envelope([role], chunk=True))
+            out.append((None, self._envelope([role], chunk=True)))
         if not event.text and event.finish_reason is None and not event.token_ids:
             return out
-        logprobs = self._logprobs(event)
-        output = self._outputs[index].delta(event)
-        delta: dict[str, Any] = {"content": output.text} if output.text else {}
-        if output.reasoning:
-            delta["reasoning"] = output.reasoning
-        if output.tool_calls:
-            delta["tool_calls"] = [delta_body(d) for d in output.tool_calls]
+        logprobs = self._logprobs(event) if self._want_logprobs else None
+        output = self._outputs[index]
+        if output.parser is None:  # the common case, once per token: no parsing to do
+            delta: dict[str, Any] = {"content": event.text} if event.text else {}
+        else:
+            parsed = output.delta(event)
+            delta = {"content": parsed.text} if parsed.text else {}
+            if parsed.reasoning:
+                delta["reasoning"] = parsed.reasoning
+            if parsed.tool_calls:
+                delta["tool_calls"] = [delta_body(d) for d in parsed.tool_calls]
         choice = {
             "index": index,
             "delta": delta,
             "logprobs": {"content": logprobs} if logprobs is not None else None,
-            "finish_reason": self._finish_reason(index),
+            "finish_reason": (
+                self._finish_reason(index) if state.finish_reason is not None else None
+            ),
             "stop_reason": state.stop_reason,
         }
-        out.append(self._envelope([choice], chunk=True))
+        out.append((None, self._envelope([choice], chunk=True)))
         return out
 
     def feed(self, index: int, event: TokenEvent) -> None:

@@ -5,9 +5,9 @@ stream in OpenAI's shape.
 A core is built from a validated body (raising `app.errors` on bad input, so errors
 happen before a stream starts; the limits themselves are `app.engine.validation`'s),
 exposes `plans` (the engine requests, with the prompt each continues), and is then fed
-the engine's events per choice index: streamed, `chunks(index, event)` gives the chunks
-to send; not streamed, `feed(index, event)` collects and `response()` is the body. It is
-an `app.protocols.core.Core` (`events`/`result` are those, as the HTTP pump names them).
+the engine's events per choice index: streamed, `events(index, event)` gives the chunks
+to send (`chunks` the same as plain dicts); not streamed, `feed(index, event)` collects
+and `response()` is the body (`result()`, as `app.protocols.core.Core` names it).
 Counting is `app.protocols.accounting`'s.
 """
 
@@ -59,17 +59,13 @@ class ChoicesCore(ABC):
         self.lora_name = None if model == info.model_name else model
         self.plans: list[ChoicePlan] = []
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        self._accounting: Accounting | None = None
 
     def _set_plans(self, plans: Sequence[tuple[int, GenerationRequest]]) -> None:
         """The engine requests, each with the index of the prompt it continues."""
         self.plans = [ChoicePlan(i, prompt, request) for i, (prompt, request) in enumerate(plans)]
-        self._accounting = Accounting([plan.prompt_index for plan in self.plans])
-
-    @property
-    def accounting(self) -> Accounting:
-        assert self._accounting is not None, "a core plans its requests when it is built"
-        return self._accounting
+        self.accounting = Accounting([plan.prompt_index for plan in self.plans])
+        # Bound once: called for every token.
+        self._account = self.accounting.account
 
     @property
     def states(self) -> list[RequestState]:
@@ -78,9 +74,6 @@ class ChoicesCore(ABC):
     @property
     def requests(self) -> list[GenerationRequest]:
         return [plan.request for plan in self.plans]
-
-    def _account(self, index: int, event: TokenEvent) -> RequestState:
-        return self.accounting.account(index, event)
 
     def usage(self) -> dict[str, int]:
         usage = self.accounting.usage()
@@ -113,8 +106,12 @@ class ChoicesCore(ABC):
         return body
 
     @abstractmethod
+    def events(self, index: int, event: TokenEvent) -> list[Event]:
+        """The stream's chunks for one event of choice `index`, as `(None, chunk)`
+        (OpenAI's events are bare `data:` lines)."""
+
     def chunks(self, index: int, event: TokenEvent) -> list[dict[str, Any]]:
-        """The stream's chunks for one event of choice `index`."""
+        return [dict(chunk) for _, chunk in self.events(index, event)]
 
     @abstractmethod
     def feed(self, index: int, event: TokenEvent) -> None:
@@ -128,9 +125,6 @@ class ChoicesCore(ABC):
 
     def opening(self) -> list[Event]:
         return []
-
-    def events(self, index: int, event: TokenEvent) -> list[Event]:
-        return [(None, chunk) for chunk in self.chunks(index, event)]
 
     def closing(self) -> list[Event]:
         usage = self.usage_chunk()

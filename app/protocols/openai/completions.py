@@ -13,6 +13,7 @@ from typing import Any
 from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
 from app.engine.validation import NEUTRAL, Fields, check_prompt
 from app.errors import InvalidRequest
+from app.protocols.core import Event
 from app.protocols.openai.choices import ChoicesCore
 from app.protocols.openai.logprobs import CompletionLogprobs
 from app.protocols.openai.sampling import reject_unsupported, sampling_options
@@ -121,7 +122,7 @@ class CompletionCore(ChoicesCore):
             logprobs.add_all(event.token_ids, event.logprobs)
         return text, logprobs.take() if logprobs is not None else None
 
-    def chunks(self, index: int, event: TokenEvent) -> list[dict[str, Any]]:
+    def events(self, index: int, event: TokenEvent) -> list[Event]:
         text, logprobs = self._delta(index, event)
         state = self.states[index]
         choice = {
@@ -131,7 +132,7 @@ class CompletionCore(ChoicesCore):
             "finish_reason": state.finish_reason,
             "stop_reason": state.stop_reason,
         }
-        return [self._envelope([choice], chunk=True)]
+        return [(None, self._envelope([choice], chunk=True))]
 
     def feed(self, index: int, event: TokenEvent) -> None:
         text, logprobs = self._delta(index, event)
