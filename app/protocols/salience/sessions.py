@@ -3,9 +3,9 @@
 Sans-IO: no engine, no sockets, no event loop; time comes from an injected clock. All the
 state a session has and all its transitions live here:
 
-- open (model must be the served one; at most `max_sessions`), close (idempotent), fork
-  (inherits tokens [0, at_position) and the images wholly inside; never splits an image
-  block), dump;
+- open (model: the base model's served name, or empty; `app.engine.models`, the one
+  lookup; at most `max_sessions`), close (idempotent), fork (inherits tokens
+  [0, at_position) and the images wholly inside; never splits an image block), dump;
 - images: each is held, decoded, with the token range [start, end) of its vision block
   (`PromptImage`), in token order. No fork or truncation splits a block
   (FAILED_PRECONDITION); cutting at a block's start drops its image, at its end keeps it.
@@ -34,11 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from app.engine.base import PromptImage
+from app.engine.models import resolve_model
 from app.errors import (
     Aborted,
     FailedPrecondition,
     InvalidRequest,
-    ModelNotFound,
     NotFound,
     ResourceExhausted,
 )
@@ -123,8 +123,8 @@ class SessionStore:
         return session
 
     def open(self, model: str) -> Session:
-        if model != self._model:
-            raise ModelNotFound(f"model {model!r} is not served here (this is {self._model!r})")
+        # Sessions run on the base model: no adapter is a model here.
+        resolve_model(model, self._model, lambda name: False)
         return self._new(array("I"), [])
 
     def close(self, session_id: str) -> None:
