@@ -265,9 +265,12 @@ def test_context_and_session_limits_over_the_socket() -> None:
     app = create_app(settings, engine=FakeEngine(max_model_len=16))
     with TestClient(app) as client, client.websocket_connect("/salience/ws") as ws:
         ws.send_json({"id": "o", "method": "OpenSession", "request": {"model": "fake"}})
-        sid = ws.receive_json()["response"]["sessionId"]
+        evicted = ws.receive_json()["response"]["sessionId"]
+        # At the cap, a new session evicts the least recently used idle one.
         ws.send_json({"id": "o2", "method": "OpenSession", "request": {"model": "fake"}})
-        assert ws.receive_json()["error"]["code"] == "RESOURCE_EXHAUSTED"
+        sid = ws.receive_json()["response"]["sessionId"]
+        ws.send_json(dump("gone", evicted))
+        assert ws.receive_json()["error"]["code"] == "NOT_FOUND"
         ws.send_json(gen("g", sessionId=sid, appendTokens=[1] * 6, maxTokens=3))
         assert ws.receive_json()["error"]["code"] == "RESOURCE_EXHAUSTED"
         ws.send_json(dump("d", sid))
