@@ -119,9 +119,22 @@ class Settings(BaseSettings):
     salience_session_ttl_s: float = Field(
         default=30 * 60, description="Idle time after which a Salience session expires."
     )
-    salience_max_sessions: int = Field(default=1024, description="Salience sessions per server.")
+    salience_max_sessions: int = Field(
+        default=1024,
+        ge=1,
+        description="Salience sessions per server; at the cap, opening one evicts the least "
+        "recently used idle session (never one running a Generate).",
+    )
     salience_max_session_tokens: int = Field(
         default=1_000_000, description="Tokens per Salience session (also bounded by context)."
+    )
+    salience_max_total_tokens: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1,
+        description="Tokens all Salience sessions hold together (a running Generate also "
+        "counts its max_tokens); beyond it the least recently used idle sessions are "
+        "evicted. Default 64 Mi tokens, about 256 MiB (a token held costs 4 bytes, "
+        "measured): a full 64k-token context for each of 1024 sessions.",
     )
     readout_concepts: Path | None = Field(
         default=None, description="safetensors file of concept directions for Salience readouts."

@@ -4,7 +4,8 @@ The sequence, in order:
 
 1. `begin()`: readiness turns 503 (`/ready`), and admission is closed, so every new
    request, action or session of every protocol is refused as `Overloaded` in its own
-   shape. Idempotent, synchronous: a signal handler may call it.
+   shape; what registered with `on_begin` is told (Salience's sessions, which outlive
+   connections, stop opening). Idempotent, synchronous: a signal handler may call it.
 2. `run()` waits up to `timeout_s` for the work in flight (admission's tickets) to end by
    itself; what is left is then cut: its engine requests are aborted, and each protocol's
    stream ends with `Overloaded` in its shape (an SSE error event, a GraphPipe error, a
@@ -48,6 +49,7 @@ class Drain:
         self.admission = admission
         self.timeout_s = timeout_s
         self._goodbyes: set[Goodbye] = set()
+        self._on_begin: list[Callable[[], None]] = []
         self.draining = False
 
     def refusal(self) -> Overloaded:
@@ -64,10 +66,18 @@ class Drain:
         self._goodbyes.add(goodbye)
         return lambda: self._goodbyes.discard(goodbye)
 
+    def on_begin(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when the drain begins (at once if it has)."""
+        self._on_begin.append(callback)
+        if self.draining:
+            callback()
+
     def begin(self) -> None:
         if not self.draining:
             self.draining = True
             self.admission.close()
+            for callback in self._on_begin:
+                callback()
             logger.info("draining: new work is refused; %d in flight", self.admission.in_flight)
 
     async def run(self, abort: Abort) -> None:

@@ -14,6 +14,13 @@ Admission (`app.admission`), read from the app's `Admission` at scrape time, per
 an Evergreen GENERATE, a Salience Generate; refusals include a draining server's), and the
 gauges `switchboard_queued_requests` (admitted, not yet started by the engine) and
 `switchboard_queued_tokens` (their prompt tokens, all protocols).
+
+Sessions that outlive connections (Salience's; `app.protocols.salience.lifecycle`), read
+from the app's runner at scrape time (zeros before the first Salience call):
+`switchboard_sessions_evicted_total{protocol, reason}` (idle sessions evicted to make room:
+`cap`, the session cap; `tokens`, the server's token bound; expiries are not counted), and
+the gauges `switchboard_sessions` and `switchboard_session_tokens` (what the sessions are
+charged against the token bound).
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_fastapi_instrumentator import Instrumentator
+from starlette.datastructures import State
 
 from app.admission import Admission
+from app.protocols.salience.lifecycle import Eviction
+from app.sessions.salience import SalienceRunner
 
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 LEGACY_KV_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
@@ -109,10 +119,41 @@ class AdmissionMetrics(Collector):
         yield from (admitted, refused, queued, tokens)
 
 
+class SessionMetrics(Collector):
+    """The session counters and gauges of one app, read when scraped."""
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        runner: SalienceRunner | None = getattr(self._state, "salience", None)
+        lifecycle = None if runner is None else runner.lifecycle
+        evicted = CounterMetricFamily(
+            "switchboard_sessions_evicted",
+            "Idle sessions evicted to make room (reason: cap, the session cap; tokens, the "
+            "server's token bound).",
+            labels=["protocol", "reason"],
+        )
+        for reason in Eviction:
+            count = 0 if lifecycle is None else lifecycle.evicted[reason]
+            evicted.add_metric(["salience", reason.value], count)
+        sessions = GaugeMetricFamily("switchboard_sessions", "Sessions held.", labels=["protocol"])
+        sessions.add_metric(["salience"], 0 if lifecycle is None else len(lifecycle))
+        tokens = GaugeMetricFamily(
+            "switchboard_session_tokens",
+            "Tokens the sessions are charged against the server's bound (held, plus what "
+            "running Generates may add).",
+            labels=["protocol"],
+        )
+        tokens.add_metric(["salience"], 0 if lifecycle is None else lifecycle.tokens)
+        yield from (evicted, sessions, tokens)
+
+
 def install_metrics(app: FastAPI, admission: Admission) -> None:
     _register_legacy_alias()
     http_registry = CollectorRegistry()
     http_registry.register(AdmissionMetrics(admission))
+    http_registry.register(SessionMetrics(app.state))
     Instrumentator(registry=http_registry, excluded_handlers=["/metrics"]).instrument(app)
 
     @app.get("/metrics", include_in_schema=False)

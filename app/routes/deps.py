@@ -73,7 +73,7 @@ def salience_runner(app: Starlette) -> SalienceRunner:
     runner: SalienceRunner | None = getattr(state, "salience", None)
     if runner is None:
         runner = state.salience = SalienceRunner.from_settings(
-            state.engine, state.admission, state.settings
+            state.engine, state.admission, state.drain, state.settings
         )
     return runner
 

@@ -24,6 +24,10 @@ real prompt, the whole session, replaces the bound once known); a refusal raises
 `Overloaded`. The ticket is released when `run_generate` ends, or at once if the call
 fails before it.
 
+Whether a session exists, runs or goes (TTL, the session cap and the server's token
+bound with their evictions, close, the drain's refusal) is the core's rule
+(`app.protocols.salience.lifecycle`); this layer only drives it.
+
 Every method raises `app.errors` classes for the client's mistakes.
 """
 
@@ -38,14 +42,16 @@ from google.protobuf.message import Message
 
 from app.admission import Admission, Ticket, generate
 from app.config import Settings
+from app.drain import Drain
 from app.engine.base import DecodedImage, Engine, VisionInfo
 from app.protocols.salience.images import (
     Attachment,
     check_attachments,
     decode_attachment,
 )
+from app.protocols.salience.lifecycle import Lifecycle
 from app.protocols.salience.service import Generation, Service
-from app.protocols.salience.sessions import Limits, SessionStore
+from app.protocols.salience.sessions import Limits, Session, SessionStore
 from schemas import salience_pb2 as pb
 
 Emit = Callable[[pb.GenerateEvent], Awaitable[None]]
@@ -60,18 +66,27 @@ class SalienceRunner:
 
     @classmethod
     def from_settings(
-        cls, engine: Engine, admission: Admission, settings: Settings
+        cls, engine: Engine, admission: Admission, drain: Drain, settings: Settings
     ) -> SalienceRunner:
+        """The runner under the configured limits; once `drain` begins, its sessions
+        stop opening (the lifecycle's rule), on every transport."""
         info = engine.info
         limits = Limits(
             max_model_len=info.max_model_len,
             ttl_s=settings.salience_session_ttl_s,
             max_sessions=settings.salience_max_sessions,
             max_session_tokens=settings.salience_max_session_tokens,
+            max_total_tokens=settings.salience_max_total_tokens,
             max_images=info.vision.max_images if info.vision else 0,
         )
         store = SessionStore(info.model_name, limits, time.monotonic)
+        drain.on_begin(lambda: store.lifecycle.drain(drain.refusal))
         return cls(engine, admission, Service(store, info))
+
+    @property
+    def lifecycle(self) -> Lifecycle[Session]:
+        """The sessions' lifetimes (what /metrics reads)."""
+        return self.service.store.lifecycle
 
     def unary(self, method: str, request: Message) -> Message:
         return self.service.unary(method, request)

@@ -10,7 +10,8 @@ of what the clients saw:
   `--drain-timeout-s`) that must be cut, idle websocket sessions, and over native gRPC a
   Salience Generate and an Evergreen StartSession, each past its first output;
 - right after SIGTERM: `/ready` 503, `/health` 200, a new request refused with 503 and
-  Retry-After, a new Evergreen session refused with ABORT UNAVAILABLE;
+  Retry-After, a new Evergreen session refused with ABORT UNAVAILABLE, gRPC Salience
+  unary calls (OpenSession, GetReadoutManifest) refused UNAVAILABLE with retry info;
 - each client's ending: the short stream complete, the long OpenAI stream an SSE error
   (`overloaded`) then `[DONE]`, GraphPipe a 503 InferResponse error, Evergreen ABORT
   UNAVAILABLE + close 4014, Salience an UNAVAILABLE error frame + close 1001, the gRPC
@@ -196,6 +197,21 @@ async def _after_sigterm(server: Server, client: httpx.AsyncClient) -> dict[str,
     seen["refused"] = (refused.status_code, refused.headers.get("retry-after"), refused.json())
     async with websockets.connect(f"{server.ws_url}/evergreen/ws") as ws:
         seen["evergreen_refused"] = await evergreen_outcome(ws)
+    async with grpc.aio.insecure_channel(server.grpc_target) as channel:
+        stub = salience_grpc.SalienceStub(channel)
+        calls = {
+            "OpenSession": stub.OpenSession(salience_pb.OpenSessionRequest(), timeout=10),
+            # Stateless: refused only because a draining server takes no new call.
+            "GetReadoutManifest": stub.GetReadoutManifest(
+                salience_pb.GetReadoutManifestRequest(), timeout=10
+            ),
+        }
+        for name, call in calls.items():
+            try:
+                await call
+                seen[f"grpc_{name}"] = "served"
+            except grpc.aio.AioRpcError as error:
+                seen[f"grpc_{name}"] = (error.code(), error.details(), retry_after_s(error))
     return seen
 
 
@@ -290,6 +306,16 @@ def test_readiness_turns_at_once_and_new_work_is_refused(drained: dict[str, Any]
     assert body["error"]["code"] == "overloaded" and "shutting down" in body["error"]["message"]
     kind, (abort, code) = drained["evergreen_refused"]
     assert kind == "abort" and abort["code"] == "UNAVAILABLE" and code == 4014
+
+
+def test_grpc_unary_calls_are_refused_unavailable_with_retry_info(
+    drained: dict[str, Any],
+) -> None:
+    for name in ("grpc_OpenSession", "grpc_GetReadoutManifest"):
+        assert drained[name] != "served", name
+        code, details, retry = drained[name]
+        assert code == grpc.StatusCode.UNAVAILABLE and "shutting down" in details, name
+        assert retry is not None and retry >= 1, name
 
 
 def test_a_stream_that_ends_within_the_drain_finishes(drained: dict[str, Any]) -> None:

@@ -151,7 +151,7 @@ async def test_unknown_model_is_404_in_both_shapes(client: httpx.AsyncClient) ->
     status, answer = await post(client, Infer([strings("a")]), "/graphpipe/nope")
     assert status == 404
     [(code, message)] = answer.errors
-    assert code == 404 and "`nope` is not served here" in message
+    assert code == 404 and message == "The model `nope` does not exist."
     got = await client.get("/graphpipe/nope")
     assert got.status_code == 404 and got.json()["errors"][0]["code"] == 404
 

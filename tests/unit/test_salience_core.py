@@ -27,7 +27,7 @@ from app.errors import (
     ResourceExhausted,
 )
 from app.protocols.salience.generate import GenerateCall
-from app.protocols.salience.sessions import Limits, SessionStore
+from app.protocols.salience.sessions import Limits, Session, SessionStore
 from schemas import salience_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +46,27 @@ def store(clock: Clock | None = None, **limits: object) -> SessionStore:
     return SessionStore("m", Limits(**{"max_model_len": 64, **limits}), clock or Clock())  # type: ignore[arg-type]
 
 
+def start(
+    s: SessionStore,
+    sid: str,
+    offset: int,
+    append: list[int],
+    truncating: bool = False,
+    max_tokens: int = 0,
+    images: list[PromptImage] | None = None,
+) -> Session:
+    """A Generate checked and applied: the session is running it."""
+    mutation = s.check_generate(
+        sid,
+        offset=offset,
+        truncating=truncating,
+        append=append,
+        max_tokens=max_tokens,
+        images=images or [],
+    )
+    return s.begin_generate(mutation)
+
+
 def begin(
     s: SessionStore,
     sid: str,
@@ -54,10 +75,7 @@ def begin(
     truncating: bool = False,
     max_tokens: int = 0,
 ) -> None:
-    session = s.begin_generate(
-        sid, offset=offset, truncating=truncating, append=append, max_tokens=max_tokens
-    )
-    s.end_generate(session)
+    s.end_generate(start(s, sid, offset, append, truncating, max_tokens))
 
 
 def test_offset_must_match_unless_truncating() -> None:
@@ -77,13 +95,8 @@ def test_offset_must_match_unless_truncating() -> None:
 def test_fork_inherits_prefix_and_never_splits_an_image() -> None:
     s = store()
     sid = s.open("m").session_id
-    session = s.begin_generate(
-        sid,
-        offset=0,
-        truncating=False,
-        append=[1, 2, 3, 4, 5, 6],
-        max_tokens=0,
-        images=[PromptImage(2, 5, DecodedImage(None, "d", 1))],
+    session = start(
+        s, sid, 0, [1, 2, 3, 4, 5, 6], images=[PromptImage(2, 5, DecodedImage(None, "d", 1))]
     )
     s.end_generate(session)
     child = s.fork(sid, 2)
@@ -102,7 +115,7 @@ def test_fork_inherits_prefix_and_never_splits_an_image() -> None:
 def test_busy_session_and_idempotent_close() -> None:
     s = store()
     sid = s.open("m").session_id
-    session = s.begin_generate(sid, offset=0, truncating=False, append=[1], max_tokens=1)
+    session = start(s, sid, 0, [1], max_tokens=1)
     with pytest.raises(Aborted, match="busy"):
         begin(s, sid, 1, [2])
     s.end_generate(session)
@@ -119,7 +132,7 @@ def test_ttl_expires_idle_sessions_but_not_busy_ones() -> None:
     idle = s.open("m").session_id
     busy_id = s.open("m").session_id
     kept = s.open("m").session_id
-    session = s.begin_generate(busy_id, offset=0, truncating=False, append=[1], max_tokens=1)
+    session = start(s, busy_id, 0, [1], max_tokens=1)
     clock.now += 50
     begin(s, kept, 0, [])  # a no-op Generate refreshes the TTL
     clock.now += 20
@@ -133,12 +146,20 @@ def test_limits() -> None:
     s = store(max_sessions=2, max_session_tokens=5)
     with pytest.raises(ModelNotFound):
         s.open("other")
-    sid = s.open("m").session_id
-    s.open("m")
-    with pytest.raises(ResourceExhausted):
+    first = s.open("m").session_id
+    second = s.open("m").session_id
+    # At the cap an open evicts the least recently used idle session (the rules of
+    # eviction are test_salience_lifecycle's); with every session running, it refuses.
+    third = s.open("m").session_id
+    with pytest.raises(NotFound):
+        s.get(first)
+    running = [start(s, sid, 0, [1], max_tokens=1) for sid in (second, third)]
+    with pytest.raises(ResourceExhausted, match="too many sessions"):
         s.open("m")
+    for session in running:
+        s.end_generate(session)
     with pytest.raises(ResourceExhausted):
-        begin(s, sid, 0, [1] * 6)
+        begin(s, second, 1, [1] * 5)
 
 
 INFO = EngineInfo(
@@ -280,11 +301,9 @@ def test_rollback_restores_a_truncated_tail_and_its_images() -> None:
     s = store()
     sid = s.open("m").session_id
     images = [PromptImage(3, 6, DecodedImage(None, "d", 1))]
-    session = s.begin_generate(
-        sid, offset=0, truncating=False, append=list(range(1, 9)), max_tokens=0, images=images
-    )
+    session = start(s, sid, 0, list(range(1, 9)), images=images)
     s.end_generate(session)
-    session = s.begin_generate(sid, offset=2, truncating=True, append=[50], max_tokens=1)
+    session = start(s, sid, 2, [50], truncating=True, max_tokens=1)
     assert session.tokens.tolist() == [1, 2, 50] and session.images == []
     s.end_generate(session, rollback=True)
     assert session.tokens.tolist() == list(range(1, 9)) and session.images == images

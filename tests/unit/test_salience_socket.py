@@ -265,13 +265,42 @@ def test_context_and_session_limits_over_the_socket() -> None:
     app = create_app(settings, engine=FakeEngine(max_model_len=16))
     with TestClient(app) as client, client.websocket_connect("/salience/ws") as ws:
         ws.send_json({"id": "o", "method": "OpenSession", "request": {"model": "fake"}})
-        sid = ws.receive_json()["response"]["sessionId"]
+        evicted = ws.receive_json()["response"]["sessionId"]
+        # At the cap, a new session evicts the least recently used idle one.
         ws.send_json({"id": "o2", "method": "OpenSession", "request": {"model": "fake"}})
-        assert ws.receive_json()["error"]["code"] == "RESOURCE_EXHAUSTED"
+        sid = ws.receive_json()["response"]["sessionId"]
+        ws.send_json(dump("gone", evicted))
+        assert ws.receive_json()["error"]["code"] == "NOT_FOUND"
         ws.send_json(gen("g", sessionId=sid, appendTokens=[1] * 6, maxTokens=3))
         assert ws.receive_json()["error"]["code"] == "RESOURCE_EXHAUSTED"
         ws.send_json(dump("d", sid))
         assert ws.receive_json() == {"id": "d", "response": {}}  # nothing was appended
+
+
+def test_metrics_count_evictions_and_the_sessions_held() -> None:
+    """/metrics reads the lifecycle: zeros before any session, then one eviction at a cap
+    of one, one session holding the tokens of its Generate. Fails if a family is missing
+    or not read from the app's sessions."""
+    settings = Settings(model="fake", salience_max_sessions=1)
+    app = create_app(settings, engine=FakeEngine())
+
+    def metric(client: TestClient, line: str) -> float:
+        body = client.get("/metrics").text
+        [value] = [row.split()[-1] for row in body.splitlines() if row.startswith(line + " ")]
+        return float(value)
+
+    evicted = 'switchboard_sessions_evicted_total{protocol="salience",reason="cap"}'
+    held = 'switchboard_sessions{protocol="salience"}'
+    tokens = 'switchboard_session_tokens{protocol="salience"}'
+    with TestClient(app) as client:
+        assert (metric(client, evicted), metric(client, held), metric(client, tokens)) == (0, 0, 0)
+        with client.websocket_connect("/salience/ws") as ws:
+            for call in ("a", "b"):
+                ws.send_json({"id": call, "method": "OpenSession", "request": {"model": "fake"}})
+                sid = ws.receive_json()["response"]["sessionId"]
+            ws.send_json(gen("g", sessionId=sid, appendTokens=[1, 2, 3]))
+            assert "done" in ws.receive_json()["event"]
+        assert (metric(client, evicted), metric(client, held), metric(client, tokens)) == (1, 1, 3)
 
 
 def test_a_request_that_is_not_an_object_is_invalid_and_the_socket_survives() -> None:

@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from app.admission import Admission
 from app.config import Settings
+from app.drain import Drain
 from app.engine.base import DecodedImage, GenerationRequest, TokenEvent, VisionInfo
 from app.main import create_app
 from app.protocols.evergreen.session import Limits
@@ -28,6 +29,13 @@ from tests.unit.test_evergreen_socket import Socket, generate, leaf
 from tests.unit.test_salience_socket import Wire, dump, gen
 
 START, END, PAD = 5, 6, 7
+
+
+def runner_on(engine: FakeEngine) -> SalienceRunner:
+    admission = Admission(None, None)
+    return SalienceRunner.from_settings(
+        engine, admission, Drain(admission, 0), Settings(model="fake")
+    )
 
 
 class SlowDecoder:
@@ -75,7 +83,7 @@ async def test_a_slow_image_decode_blocks_neither_the_loop_nor_other_calls() -> 
 
 async def test_cancel_and_close_session_from_another_connection_as_grpc_would() -> None:
     engine = FakeEngine(step_delay=0.01)
-    runner = SalienceRunner.from_settings(engine, Admission(None, None), Settings(model="fake"))
+    runner = runner_on(engine)
     opened = runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"))
     assert isinstance(opened, pb.OpenSessionResponse)
     sid = opened.session_id
@@ -98,7 +106,7 @@ async def test_cancel_and_close_session_from_another_connection_as_grpc_would() 
 
 async def test_a_transport_that_cancels_its_call_aborts_the_engine_request() -> None:
     engine = FakeEngine(step_delay=0.01)
-    runner = SalienceRunner.from_settings(engine, Admission(None, None), Settings(model="fake"))
+    runner = runner_on(engine)
     sid = runner.service.store.open("fake").session_id
     events: list[pb.GenerateEvent] = []
 

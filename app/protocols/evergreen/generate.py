@@ -13,7 +13,7 @@
   Without max_tokens, generation may use the rest of the context, as an OpenAI chat
   completion does.
 - `target_spec.id` is empty or the served model's name (the base model), or the name of
-  a loaded LoRA adapter; anything else is NOT_FOUND.
+  a loaded LoRA adapter; anything else is NOT_FOUND (`app.engine.models`, the one lookup).
 - `prompt_token_ids` turns the flattened input into a prompt. Text chunks (`text/*` and
   `application/x-latex`, decoded by their `charset`, UTF-8 by default) are text;
   `application/x-protobuf; type=EndOfTurn` ends a turn; a chunk's `role` names the
@@ -44,8 +44,9 @@ from app.engine.base import (
     Tokenizer,
 )
 from app.engine.constraints import Constraint, parse_constraint
+from app.engine.models import resolve_model
 from app.engine.validation import check_prompt, validate_sampling
-from app.errors import InvalidRequest, ModelNotFound
+from app.errors import InvalidRequest
 from schemas import evergreen_pb2 as pb
 
 ACTION = "GENERATE"
@@ -120,15 +121,7 @@ def plan_action(
         constraint=_config_constraint(config),
     )
     sampling = validate_sampling(options, info, fields)
-    target = action.target_spec.id
-    lora_name: str | None = None
-    if target and target != info.model_name:
-        if not has_model(target):
-            raise ModelNotFound(
-                f"target {target!r} is not served here: use {info.model_name!r} (or an empty "
-                "target) for the base model, or the name of a loaded LoRA adapter"
-            )
-        lora_name = target
+    lora_name = resolve_model(action.target_spec.id, info.model_name, has_model).lora_name
     (input_name, input_id), *_ = inputs.items()
     return GeneratePlan(
         input_ids=(input_id,),

@@ -6,7 +6,8 @@ session holds (vLLM's prefix cache makes the repeated prefix cheap, and its proc
 cache the repeated images), then turns the engine's `TokenEvent`s into `GenerateEvent`s.
 Image attachments are checked and placed (`app.protocols.salience.images`) before the
 session is touched; the caller decodes them beforehand, off the event loop, and passes
-them in (`decoded`, in the order `check_attachments` gives). The events:
+them in (`decoded`, in the order `check_attachments` gives), and `running`, the handle
+by which the session's lifecycle cancels the call when the session is closed. The events:
 
 - prefill Token events for the positions of the prompt covered by `logprobs_ranges` or
   `readout_ranges`, with the first engine event;
@@ -39,6 +40,7 @@ from app.engine.base import (
 from app.engine.validation import check_fit, check_token_ids, validate_sampling
 from app.errors import InvalidRequest
 from app.protocols.salience.images import check_attachments, place_images
+from app.protocols.salience.lifecycle import Running
 from app.protocols.salience.sessions import Session, SessionStore
 from schemas import salience_pb2 as pb
 
@@ -80,6 +82,7 @@ class GenerateCall:
         info: EngineInfo,
         request_id: str,
         decoded: Sequence[DecodedImage] = (),
+        running: Running | None = None,
     ) -> None:
         self._logprob_ranges = _ranges(request.logprobs_ranges, "logprobs_ranges")
         self._readout_ranges = _ranges(request.readout_ranges, "readout_ranges")
@@ -108,11 +111,11 @@ class GenerateCall:
             FIELDS,
             prefill_only=True,
         )
-        # The session's length once the call is applied (begin_generate rejects the call
+        # The session's length once the call is applied (check_generate refuses the call
         # otherwise), known up front to size the context check.
         self.prompt_len = int(request.offset) + len(append)
         needs_engine = max_tokens > 0 or self._wants_prefill_events
-        self.session: Session = store.begin_generate(
+        mutation = store.check_generate(
             request.session_id,
             offset=int(request.offset),
             truncating=request.truncating,
@@ -121,17 +124,15 @@ class GenerateCall:
             max_tokens=max(max_tokens, 1) if needs_engine else 0,
             images=images,
         )
+        # Without the engine the tokens are only kept: a no-op Generate (the TTL refresh)
+        # works on an empty or a full session. Checked before the call is applied, which
+        # may evict other sessions to make room for its tokens.
+        check_fit(self.prompt_len, max_tokens, info, FIELDS, stored_only=not needs_engine)
+        self.session: Session = store.begin_generate(mutation, running)
         self._produced = 0
         self._held: list[pb.Token] = []
         self._readouts: dict[int, bytes] = {}
         self._finish: int = Finish.FINISH_REASON_UNSPECIFIED
-        try:
-            # Without the engine the tokens are only kept: a no-op Generate (the TTL
-            # refresh) works on an empty or a full session.
-            check_fit(self.prompt_len, max_tokens, info, FIELDS, stored_only=not needs_engine)
-        except InvalidRequest:
-            store.end_generate(self.session, rollback=True)
-            raise
         decode_end = self.prompt_len + max_tokens
         self.engine_request: GenerationRequest | None = None
         if needs_engine:

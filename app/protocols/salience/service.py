@@ -6,10 +6,11 @@ now, gRPC next), because sessions outlive connections:
 - `METHODS`: the RPCs by their proto names, with their request types; `Service.unary`
   dispatches the unary ones through one table (an unknown name is INVALID_ARGUMENT);
 - a Generate is per-call state, `Generation`: `begin_generate` applies it to its session
-  at once (so a call made after it sees its append) and registers it as its session's
-  running Generate; `finish` (the closing events) or `abandon` (the call failed) frees
-  the session and drops the registration;
-- `CloseSession` cancels the session's running Generate, whichever connection runs it.
+  at once (so a call made after it sees its append), the session running it
+  (`lifecycle`); `finish` (the closing events) or `abandon` (the call failed) frees the
+  session;
+- `CloseSession` cancels the session's running Generate, whichever connection runs it
+  (the lifecycle's rule).
 
 Cancelling is a flag plus the driver's interrupt: `Generation.cancel` marks the call and
 calls the hook the driver bound while it waits on the engine (`interruptible`), so a
@@ -53,16 +54,14 @@ METHODS: Mapping[str, Method] = {
 
 
 class Generation:
-    """One Generate in flight: its call and whether it was cancelled."""
+    """One Generate in flight: its call and whether it was cancelled. Made before its
+    call (`Service.begin_generate`), which its session holds it by, to cancel it."""
 
-    def __init__(self, call: GenerateCall) -> None:
-        self.call = call
+    call: GenerateCall
+
+    def __init__(self) -> None:
         self.cancelled = False
         self._interrupt: Callable[[], object] | None = None
-
-    @property
-    def session_id(self) -> str:
-        return self.call.session.session_id
 
     def cancel(self) -> None:
         """End the call early: its stream ends with FINISH_REASON_CANCELLED."""
@@ -85,7 +84,6 @@ class Service:
     def __init__(self, store: SessionStore, info: EngineInfo) -> None:
         self.store = store
         self.info = info
-        self._generating: dict[str, Generation] = {}  # session id -> its running Generate
         self._unary: Mapping[str, Callable[[Message], Message]] = {
             "OpenSession": self._open,
             "CloseSession": self._close,
@@ -102,7 +100,9 @@ class Service:
         return handler(request)
 
     def running(self, session_id: str) -> Generation | None:
-        return self._generating.get(session_id)
+        running = self.store.lifecycle.running(session_id)
+        assert running is None or isinstance(running, Generation)
+        return running
 
     # -- unary calls -----------------------------------------------------------------
 
@@ -115,9 +115,6 @@ class Service:
 
     def _close(self, request: Message) -> pb.CloseSessionResponse:
         assert isinstance(request, pb.CloseSessionRequest)
-        running = self._generating.get(request.session_id)
-        if running is not None:
-            running.cancel()
         self.store.close(request.session_id)
         return pb.CloseSessionResponse()
 
@@ -148,21 +145,16 @@ class Service:
     ) -> Generation:
         """Apply the Generate to its session now; the call to drive. `decoded`: its
         attachments' images, decoded, in `images.check_attachments` order."""
-        call = GenerateCall(self.store, request, self.info, request_id, decoded)
-        generation = Generation(call)
-        self._generating[generation.session_id] = generation
+        generation = Generation()
+        generation.call = GenerateCall(
+            self.store, request, self.info, request_id, decoded, running=generation
+        )
         return generation
 
     def finish(self, generation: Generation) -> list[pb.GenerateEvent]:
         """The call's closing events (held tokens, then Done); frees its session."""
-        self._forget(generation)
         return generation.call.done(cancelled=generation.cancelled)
 
     def abandon(self, generation: Generation) -> None:
         """The call failed (the client gets an error, or is gone): free its session."""
-        self._forget(generation)
         generation.call.abandon()
-
-    def _forget(self, generation: Generation) -> None:
-        if self._generating.get(generation.session_id) is generation:
-            del self._generating[generation.session_id]

@@ -1,49 +1,41 @@
 """Salience sessions: the token list each session holds, and every rule that changes it.
 
-Sans-IO: no engine, no sockets, no event loop; time comes from an injected clock. All the
-state a session has and all its transitions live here:
+Sans-IO: no engine, no sockets, no event loop. Whether a session exists, runs or goes
+(open, TTL, the session cap and the server's token bound, eviction, close, drain) is the
+lifecycle's (`lifecycle.py`); `SessionStore` drives it and holds the content rules:
 
-- open (model must be the served one; at most `max_sessions`), close (idempotent), fork
-  (inherits tokens [0, at_position) and the images wholly inside; never splits an image
-  block), dump;
+- open (model: the base model's served name, or empty; `app.engine.models`, the one
+  lookup), close (idempotent), fork (inherits tokens [0, at_position) and the images
+  wholly inside; never splits an image block), dump;
 - images: each is held, decoded, with the token range [start, end) of its vision block
   (`PromptImage`), in token order. No fork or truncation splits a block
   (FAILED_PRECONDITION); cutting at a block's start drops its image, at its end keeps it.
   A session holds at most `max_images` (the engine's limit per prompt, since every
   Generate sends the whole session);
-- `begin_generate` validates one Generate's (offset, truncating) against the session:
-  offset == length, or offset < length with truncating (the session rewinds to offset
-  first); anything else is FAILED_PRECONDITION. It then appends, checks the session's
-  limits, and marks the session busy (the token ids and the context are the shared
-  prompt-fit check's, made by the Generate call); a second Generate while busy is
-  ABORTED ("session busy").
+- a Generate in two steps, with nothing between them: `check_generate` validates it
+  against the session (NOT_FOUND, ABORTED "session busy", then its (offset, truncating):
+  offset == length, or offset < length with truncating, the session rewinding to offset
+  first; anything else is FAILED_PRECONDITION; then the session's limits) and changes
+  nothing, so the caller can make its own checks (the shared prompt fit) before anything
+  changes; `begin_generate` charges the call to the server's token bound (which may evict
+  other sessions, or refuse), marks the session running and applies the mutation.
   `append_decoded` adds the tokens the engine produced, `end_generate` frees the session.
   A call that fails before decoding anything is rolled back (`rollback=True`): the client
-  got an error, so its view of the session is the one from before the call;
-- sessions idle for longer than the TTL expire (a busy session never does); every
-  operation, a no-op Generate included, refreshes its session's TTL.
+  got an error, so its view of the session is the one from before the call.
 
 Tokens are held as `array('I')` (4 bytes a token).
 """
 
 from __future__ import annotations
 
-import secrets
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.engine.base import PromptImage
-from app.errors import (
-    Aborted,
-    FailedPrecondition,
-    InvalidRequest,
-    ModelNotFound,
-    NotFound,
-    ResourceExhausted,
-)
-
-Clock = Callable[[], float]
+from app.engine.models import resolve_model
+from app.errors import FailedPrecondition, InvalidRequest, ResourceExhausted
+from app.protocols.salience.lifecycle import Cause, Clock, Lifecycle, Lifetime, Running
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +47,10 @@ class _Undo:
     images: list[PromptImage]
 
 
-@dataclass(slots=True)
-class Session:
-    session_id: str
-    model: str
+@dataclass(slots=True, eq=False)
+class Session(Lifetime):
     tokens: array[int] = field(default_factory=lambda: array("I"))
     images: list[PromptImage] = field(default_factory=list)
-    busy: bool = False
-    last_used: float = 0.0
     undo: _Undo | None = None  # set while a Generate runs
 
     def cuts_image(self, position: int) -> bool:
@@ -76,59 +64,54 @@ class Limits:
     ttl_s: float = 30 * 60
     max_sessions: int = 1024
     max_session_tokens: int = 1_000_000
+    max_total_tokens: int = 1 << 62
     max_images: int = 1 << 31
+
+
+@dataclass(frozen=True, slots=True)
+class Mutation:
+    """One Generate's change to its session, checked (`check_generate`)."""
+
+    session: Session
+    offset: int
+    append: Sequence[int]
+    max_tokens: int
+    images: Sequence[PromptImage]
 
 
 class SessionStore:
     def __init__(self, model: str, limits: Limits, clock: Clock) -> None:
         self._model = model
         self._limits = limits
-        self._clock = clock
-        self._sessions: dict[str, Session] = {}
+        self.lifecycle: Lifecycle[Session] = Lifecycle(
+            clock,
+            ttl_s=limits.ttl_s,
+            max_sessions=limits.max_sessions,
+            max_total_tokens=limits.max_total_tokens,
+        )
 
     @property
     def limits(self) -> Limits:
         return self._limits
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        return len(self.lifecycle)
 
-    # -- lifecycle -----------------------------------------------------------------
+    # -- sessions ------------------------------------------------------------------
 
     def expire(self) -> list[str]:
-        """Drop sessions idle past the TTL; return their ids."""
-        deadline = self._clock() - self._limits.ttl_s
-        gone = [sid for sid, s in self._sessions.items() if not s.busy and s.last_used < deadline]
-        for sid in gone:
-            del self._sessions[sid]
-        return gone
+        return self.lifecycle.expire()
 
     def get(self, session_id: str) -> Session:
-        self.expire()
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise NotFound(f"session {session_id!r} not found (closed or expired)")
-        session.last_used = self._clock()
-        return session
-
-    def _new(self, tokens: array[int], images: list[PromptImage]) -> Session:
-        self.expire()
-        if len(self._sessions) >= self._limits.max_sessions:
-            raise ResourceExhausted(
-                f"too many sessions ({self._limits.max_sessions}); close some first"
-            )
-        session_id = secrets.token_hex(12)
-        session = Session(session_id, self._model, tokens, images, last_used=self._clock())
-        self._sessions[session_id] = session
-        return session
+        return self.lifecycle.use(session_id)
 
     def open(self, model: str) -> Session:
-        if model != self._model:
-            raise ModelNotFound(f"model {model!r} is not served here (this is {self._model!r})")
-        return self._new(array("I"), [])
+        # Sessions run on the base model: no adapter is a model here.
+        resolve_model(model, self._model, lambda name: False)
+        return self.lifecycle.open(Session)
 
     def close(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
+        self.lifecycle.close(session_id)
 
     def fork(self, session_id: str, at_position: int) -> Session:
         source = self.get(session_id)
@@ -138,12 +121,17 @@ class SessionStore:
             )
         if source.cuts_image(at_position):
             raise FailedPrecondition(f"at_position {at_position} falls inside an image block")
+        tokens = source.tokens[:at_position]
         images = [block for block in source.images if block.end <= at_position]
-        return self._new(source.tokens[:at_position], images)
+        return self.lifecycle.open(
+            lambda session_id: Session(session_id, tokens=tokens, images=images),
+            len(tokens),
+            keep=source,
+        )
 
     # -- generation ----------------------------------------------------------------
 
-    def begin_generate(
+    def check_generate(
         self,
         session_id: str,
         *,
@@ -152,15 +140,14 @@ class SessionStore:
         append: Sequence[int],
         max_tokens: int,
         images: Sequence[PromptImage] = (),
-    ) -> Session:
-        """Validate and apply one Generate's mutation; the session is busy afterwards.
+    ) -> Mutation:
+        """Validate one Generate against its session; nothing changes.
 
         `max_tokens` is what the engine may add to the context: the caller passes at
         least 1 whenever it will run the engine, since vLLM samples a token even to score.
         """
         session = self.get(session_id)
-        if session.busy:
-            raise Aborted("session busy: one Generate at a time per session")
+        self.lifecycle.check(session, Cause.BEGIN)
         length = len(session.tokens)
         if offset > length or (offset < length and not truncating):
             raise FailedPrecondition(
@@ -187,14 +174,21 @@ class SessionStore:
                 f"the session would hold {kept + len(images)} images; the model takes at "
                 f"most {self._limits.max_images} in one prompt"
             )
-        session.undo = _Undo(
-            offset, session.tokens[offset:], [b for b in session.images if b.end > offset]
-        )
+        return Mutation(session, offset, append, max_tokens, images)
+
+    def begin_generate(self, mutation: Mutation, running: Running | None = None) -> Session:
+        """Apply a checked Generate (at once: nothing may run between the check and
+        this); the session runs `running` until `end_generate`. RESOURCE_EXHAUSTED if the
+        server's token bound has no room for the call, even with idle sessions evicted."""
+        session, offset = mutation.session, mutation.offset
+        tail = session.tokens[offset:]
+        charge = offset + len(mutation.append) + mutation.max_tokens + len(tail)
+        self.lifecycle.begin(session, charge, running)
+        session.undo = _Undo(offset, tail, [b for b in session.images if b.end > offset])
         del session.tokens[offset:]
         session.images = [block for block in session.images if block.end <= offset]
-        session.tokens.extend(append)
-        session.images.extend(images)
-        session.busy = True
+        session.tokens.extend(mutation.append)
+        session.images.extend(mutation.images)
         return session
 
     def append_decoded(self, session: Session, token_ids: Sequence[int]) -> None:
@@ -208,5 +202,4 @@ class SessionStore:
             session.tokens.extend(undo.tail)
             session.images = [b for b in session.images if b.end <= undo.offset] + undo.images
         session.undo = None
-        session.busy = False
-        session.last_used = self._clock()
+        self.lifecycle.end(session, len(session.tokens))

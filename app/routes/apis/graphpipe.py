@@ -27,7 +27,8 @@ from starlette.requests import ClientDisconnect
 from app import __version__
 from app.admission import Tickets, prompt_tokens_bound
 from app.engine.base import Engine
-from app.errors import ModelNotFound, SwitchboardError
+from app.engine.models import resolve_model
+from app.errors import SwitchboardError
 from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_request
 from app.protocols.graphpipe.encode import encode_errors, encode_infer_response, encode_metadata
 from app.protocols.graphpipe.inference import InferCore
@@ -61,15 +62,8 @@ router = api_router(graphpipe_error)
 
 def _target(engine: Engine, model: str | None) -> tuple[str, str | None]:
     """(the name the metadata reports, the LoRA adapter to generate with)."""
-    base = engine.info.model_name
-    if model is None or model == base:
-        return base, None
-    if not engine.has_model(model):
-        raise ModelNotFound(
-            f"The model `{model}` is not served here; POST /graphpipe for `{base}`, "
-            "or /graphpipe/<adapter> for a loaded LoRA adapter"
-        )
-    return model, model
+    served = resolve_model(model, engine.info.model_name, engine.has_model)
+    return served.name, served.lora_name
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -22,8 +22,9 @@ from pydantic import BaseModel
 
 from app import __version__
 from app.engine.base import Engine
+from app.engine.models import resolve_model
 from app.engine.validation import check_token_ids
-from app.errors import ModelNotFound, SwitchboardError
+from app.errors import SwitchboardError
 from app.protocols.conversation.plan import render_conversation
 from app.protocols.openai.chat import ChatCore, tokenize_conversation
 from app.protocols.openai.completions import CompletionCore
@@ -114,10 +115,7 @@ _PLAIN_ANSWER = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}
 
 
 def _model(engine: Engine, requested: str | None) -> str:
-    name = requested or engine.info.model_name
-    if not engine.has_model(name):
-        raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
-    return name
+    return resolve_model(requested, engine.info.model_name, engine.has_model).name
 
 
 def _core_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]:

@@ -15,15 +15,24 @@ with Done FINISH_REASON_CANCELLED).
 - A client that cancels its Generate, passes its deadline or drops the connection: grpcio
   cancels the handler, which aborts the engine request; the session keeps what was
   decoded (the websocket's disconnect does the same).
+- Drain, as on the websocket, where a draining server refuses a new socket and ends an
+  open one with its goodbye: every call that arrives once the drain has begun (unary ones
+  included, CloseSession too: a gRPC call is what a new socket is to the websocket) ends
+  UNAVAILABLE with the retry hint before anything runs; a Generate still running when
+  the drain says its goodbyes (past the cut, `app.drain`) is ended the same way, its
+  engine request aborted and its session keeping what was decoded, as the Generates of a
+  socket the goodbye closes.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
 from fastapi import FastAPI
 
+from app.drain import Drain
 from app.protocols.salience.service import METHODS, Method
 from app.routes.deps import salience_runner
 from app.routes.grpc.calls import Context, Service, Writer, abort, decode, register
@@ -34,8 +43,9 @@ _SERVICE = pb.DESCRIPTOR.services_by_name["Salience"]
 
 
 class _Salience:
-    def __init__(self, runner: SalienceRunner) -> None:
+    def __init__(self, runner: SalienceRunner, drain: Drain) -> None:
         self._runner = runner
+        self._drain = drain
 
     def behaviours(self) -> dict[str, Any]:
         return {
@@ -46,6 +56,7 @@ class _Salience:
     def _unary(self, method: Method) -> Any:
         async def call(data: bytes, context: Context) -> Any:
             try:
+                self._drain.check_open()
                 return self._runner.unary(method.name, decode(method.request, data))
             except Exception as exc:
                 await abort(context, exc)
@@ -53,16 +64,43 @@ class _Salience:
         return call
 
     async def generate(self, data: bytes, context: Context) -> None:
-        runner = self._runner
+        runner, drain = self._runner, self._drain
+        task = asyncio.current_task()
+        assert task is not None
+        streaming = said_goodbye = False
+        ended = asyncio.Event()
+
+        async def goodbye() -> None:
+            nonlocal said_goodbye
+            if streaming:  # once the call is ending by itself, its own status goes out
+                said_goodbye = True
+                task.cancel()
+            await ended.wait()
+
+        unsubscribe = drain.subscribe(goodbye)
         try:
+            drain.check_open()
             generation = await runner.start_generate(decode(pb.GenerateRequest, data))
-            await runner.run_generate(generation, Writer(context))
+            streaming = True
+            try:
+                await runner.run_generate(generation, Writer(context))
+            except asyncio.CancelledError:
+                if not said_goodbye:
+                    raise
+                task.uncancel()  # our goodbye's, consumed here
+                raise drain.refusal() from None
+            finally:
+                streaming = False
         except Exception as exc:
             await abort(context, exc)
+        finally:
+            unsubscribe()
+            ended.set()
 
 
 def _add(server: grpc.aio.Server, app: FastAPI) -> None:
-    register(server, _SERVICE, _Salience(salience_runner(app)).behaviours())
+    servicer = _Salience(salience_runner(app), app.state.drain)
+    register(server, _SERVICE, servicer.behaviours())
 
 
 SERVICE = Service(_SERVICE.full_name, _add)
