@@ -30,11 +30,8 @@ def vllm_rs() -> Path:
         return binary
     binary.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=CACHE) as download:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
-            + ["--dest", download, f"vllm=={RELEASE}"],
-            check=True,
-        )
+        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
+        subprocess.run([*pip, "--dest", download, f"vllm=={RELEASE}"], check=True)
         (wheel,) = Path(download).glob("vllm-*.whl")
         with zipfile.ZipFile(wheel) as archive:
             partial = binary.with_suffix(".part")
