@@ -353,6 +353,48 @@ def spread(values: list[float], digits: int = 0) -> str:
     return f"{med:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
+def _within(
+    raw: dict[str, list[dict[int, Figures]]], a: str, b: str, c: int, key: str
+) -> list[float]:
+    """`a`'s figure over `b`'s, round by round."""
+    return [x[c][key] / y[c][key] for x, y in zip(raw[a], raw[b], strict=True)]
+
+
+def verdicts(raw: dict[str, list[dict[int, Figures]]]) -> list[str]:
+    """Issue 23's goals, the floors under Switchboard, and the pinned frontend's verdict,
+    each from ratios and differences taken within rounds."""
+    cpu, speed = "frontend_cpu_us_per_tok", "output_tok_s"
+    lines = []
+    for c in PROMPTS:
+        above = [
+            s[c][cpu] - b[c][cpu] - f[c]["sse_us_per_message"]
+            for s, b, f in zip(raw[SWITCHBOARD], raw[BARE], raw[FLOOR], strict=True)
+        ]
+        lines.append(
+            f"- c={c}: Switchboard's CPU per token above the bare engine's and the SSE "
+            f"floor's: {spread(above, 1)} us; pinned vs unpinned: "
+            f"{spread(_within(raw, SWITCHBOARD, UNPINNED, c, speed), 2)}x tok/s, "
+            f"{spread(_within(raw, SWITCHBOARD, UNPINNED, c, cpu), 2)}x CPU/token, "
+            f"{spread(_within(raw, SWITCHBOARD, UNPINNED, c, 'ttft_p50_ms'), 2)}x TTFT p50."
+        )
+    goals = [
+        (64, speed, VLLM, ">=", 1.0),
+        (64, speed, RUST, ">=", 1.0),
+        (64, cpu, RUST, "<=", 1.0),
+        (64, cpu, VLLM, "<=", 0.5),
+        (16, cpu, RUST, "<=", 1.2),
+    ]
+    for c, key, peer, sense, bound in goals:
+        ratio = statistics.median(_within(raw, SWITCHBOARD, peer, c, key))
+        met = ratio >= bound if sense == ">=" else ratio <= bound
+        what = "tok/s" if key == speed else "CPU/token"
+        lines.append(
+            f"- goal c={c} {what} {sense} {bound:g}x {peer}: {ratio:.2f}x, "
+            f"{'met' if met else 'not met'}"
+        )
+    return lines
+
+
 def table(raw: dict[str, list[dict[int, Figures]]], rounds: int) -> str:
     rows = []
     for c in PROMPTS:
@@ -401,7 +443,7 @@ def table(raw: dict[str, list[dict[int, Figures]]], rounds: int) -> str:
         "TPOT p50 ms",
         "frontend CPU us/tok",
     )
-    return "\n".join([head, "", *markdown_table(header, rows)])
+    return "\n".join([head, "", *markdown_table(header, rows), "", *verdicts(raw)])
 
 
 def main() -> None:
