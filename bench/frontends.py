@@ -9,7 +9,9 @@ tiny tokenizer's text round trip does not converge), `OUTPUT_LEN` output tokens
 aiohttp and vLLM Python clients spent as much as a frontend, and it runs pinned to core
 0, beside the engine's OpenMP threads, so that it never shares the core vLLM's CPU
 build leaves to the frontend (core 1): a client on the frontend's core tripled the
-frontend's CPU per token (see git log), and a floating one made rounds differ 2x.
+frontend's CPU per token (see git log), and a floating one made rounds differ 2x. On
+core 0 it runs real-time (`chrt --fifo`): it needs ~2% of the core, and at normal
+priority it read each stream in bursts behind the OpenMP threads.
 
 Targets, one alive at a time, each started fresh per round and warmed:
 - switchboard: `switchboard serve` as it starts by default (frontend pinned off the
