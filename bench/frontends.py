@@ -470,12 +470,14 @@ def main() -> None:
     vllm_rs()  # fetched before the first round, not inside one
     logs = Path(tempfile.mkdtemp(prefix="frontends-"))
     raw: dict[str, list[dict[int, Figures]]] = {t: [] for t in (*args.targets, FLOOR)}
+    loads: list[tuple[float, float, float]] = []
     for r in range(args.rounds):
         order = args.targets[r % len(args.targets) :] + args.targets[: r % len(args.targets)]
         if r % 2:
             order.reverse()
         seeds = {c: 1000 * r + c for c in PROMPTS}  # one prompt set per round, every target
-        print(f"round {r}: {', '.join(order)}; load average {os.getloadavg()}", flush=True)
+        loads.append(os.getloadavg())  # others' work on the machine shows here
+        print(f"round {r}: {', '.join(order)}; load average {loads[-1]}", flush=True)
         for target in order:
             log = logs / f"{target.replace(' ', '-')}-{r}.log"
             if target == BARE:
@@ -493,6 +495,7 @@ def main() -> None:
         "output_len": OUTPUT_LEN,
         "prompts": PROMPTS,
         "client_core": CLIENT_CORE,
+        "load_average_at_each_round": loads,
         "load_average_at_end": os.getloadavg(),
         "raw": raw,
     }
