@@ -469,6 +469,7 @@ def main() -> None:
         subprocess.run([PY, "-m", "app.cli", "make-tiny-model", str(MODEL)], check=True, cwd=ROOT)
     vllm_rs()  # fetched before the first round, not inside one
     logs = Path(tempfile.mkdtemp(prefix="frontends-"))
+    print(f"logs in {logs}", flush=True)
     raw: dict[str, list[dict[int, Figures]]] = {t: [] for t in (*args.targets, FLOOR)}
     loads: list[tuple[float, float, float]] = []
     for r in range(args.rounds):
@@ -485,6 +486,8 @@ def main() -> None:
                 raw[FLOOR].append(floor_round(raw[BARE][-1], logs / f"floor-{r}.log"))
             else:
                 raw[target].append(load_server(target, args.port, seeds, log))
+            # What has run so far, should a later target fail or the run be stopped.
+            (logs / "raw.json").write_text(json.dumps({"loads": loads, "raw": raw}))
     print(f"logs in {logs}")
     if args.no_publish or set(args.targets) != set(TARGETS):
         print(json.dumps(raw, indent=1))
