@@ -92,7 +92,7 @@ def start_server(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 600  # a CPU engine recompiling on a busy machine: 5+ min
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{command[2]} exited at start; see {log}")
