@@ -158,11 +158,15 @@ def generated_tokens(port: int) -> float:
     from its usage chunk, but now and then (a request in ~1,000, on every server) misses
     it and counts chunks instead; the server's count is the truth."""
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
+    names = ("vllm:generation_tokens_total", "vllm:generation_tokens")  # Rust: either
+    counts = [
+        float(line.split()[-1])
         for line in metrics.splitlines()
-        if line.startswith("vllm:generation_tokens_total")
-    )
+        if line.split("{", 1)[0].split(" ", 1)[0] in names
+    ]
+    if not counts:
+        raise RuntimeError(f"no vllm:generation_tokens_total on port {port}'s /metrics")
+    return sum(counts)
 
 
 def load_server(target: str, port: int, seeds: dict[int, int], log: Path) -> dict[int, Figures]:
