@@ -92,10 +92,10 @@ def server_command(target: str, port: int) -> tuple[list[str], dict[str, str]]:
         return [*command, *pin, *ENGINE_FLAGS], {}
     command = [PY, str(ROOT / "bench" / "vllm_serve.py"), "serve", str(MODEL)]
     command += ["--served-model-name", "tiny", "--port", str(port)]
-    command += ["--disable-uvicorn-access-log", "--uvicorn-log-level", "warning", *ENGINE_FLAGS]
-    if target == RUST:
+    command += ["--disable-uvicorn-access-log", *ENGINE_FLAGS]
+    if target == RUST:  # it refuses uvicorn's log level (it runs no uvicorn)
         return command, {"VLLM_USE_RUST_FRONTEND": "1", "VLLM_RUST_FRONTEND_PATH": str(vllm_rs())}
-    return command, {}
+    return [*command, "--uvicorn-log-level", "warning"], {}
 
 
 def _is_engine(process: psutil.Process) -> bool:
