@@ -72,24 +72,27 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> l
     return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
 
 
-def start_server(command: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    """Start a server process (in its own process group) and wait until /health answers.
+def start_server(
+    command: list[str], port: int, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a server process (in its own process group) and wait until /health answers;
+    `env` is added to this process's environment.
     One CPU engine at a time: the caller stops it with `stop_server` before the next.
     A port that already answers is refused: an orphan server left by a killed run would
     otherwise answer /health, and be measured, in place of the one started here."""
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", port)) == 0:
             raise RuntimeError(f"port {port} is already served (an orphan server?)")
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    kv = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     proc = subprocess.Popen(
         command,
         cwd=ROOT,
-        env=env,
+        env={**os.environ, **kv, **(env or {})},
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 600  # a CPU engine recompiling on a busy machine: 5+ min
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{command[2]} exited at start; see {log}")
