@@ -188,7 +188,7 @@ def test_stop_sequences(client: anthropic.Anthropic, live_server) -> None:  # ty
     assert message.stop_reason == "stop_sequence"
     assert message.stop_sequence == stop
     assert message.content[0].text == cut
-    kinds, streamed = _streamed(client, **request, stop_sequences=[stop])
+    _, streamed = _streamed(client, **request, stop_sequences=[stop])
     _same_message(streamed, message)
 
 
