@@ -152,7 +152,7 @@ def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(
         [
             "Tiny model, bench/protocols_cpu.py's ~64-token prompt as a user message, "
-            f" {OUTPUT_TOKENS} greedy output tokens per request (checked), "
+            f"{OUTPUT_TOKENS} greedy output tokens per request (checked), "
             f"{args.requests} requests per run shared by its clients; medians of "
             f"{args.rounds} alternating round(s), ratios taken within each round. CPU: the "
             "server process's own user+sys (the frontend; the engine core excluded) per "
