@@ -23,7 +23,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from app.engine.base import Engine
-from app.errors import InvalidRequest, ModelNotFound, NotFound, SwitchboardError
+from app.engine.models import resolve_model
+from app.errors import InvalidRequest, NotFound, SwitchboardError
 from app.protocols.anthropic.core import MessagesCore
 from app.protocols.anthropic.errors import error_body, error_kind
 from app.protocols.anthropic.messages import conversation, prompt_bound
@@ -94,11 +95,9 @@ def _answers(model: type[BaseModel], stream: bool = False) -> dict[int | str, An
 
 
 def _model(engine: Engine, requested: str) -> tuple[str, str | None]:
-    """(the served model's name, its LoRA adapter or None).
-    TODO(merge): the one model lookup (app.engine.models.resolve_model) once on main."""
-    if not engine.has_model(requested):
-        raise ModelNotFound(f"The model `{requested}` does not exist.", param="model")
-    return requested, None if requested == engine.info.model_name else requested
+    """(the served model's name, its LoRA adapter or None): the one model lookup."""
+    served = resolve_model(requested, engine.info.model_name, engine.has_model)
+    return served.name, served.lora_name
 
 
 @router.post(
