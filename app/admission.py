@@ -50,7 +50,7 @@ from types import TracebackType
 from typing import Self
 
 from app.engine.base import Engine, GenerationRequest, TokenEvent
-from app.errors import Overloaded
+from app.errors import Overloaded, ShuttingDown
 
 # Weight of the newest sample in the queue-wait average.
 _EWMA_WEIGHT = 0.2
@@ -221,10 +221,10 @@ class Admission:
     def retry_after_s(self) -> int:
         return max(math.ceil(self.min_retry_after_s), math.ceil(self._wait_s))
 
-    def shutting_down(self) -> Overloaded:
+    def shutting_down(self) -> ShuttingDown:
         """What a draining server tells the work it refuses or cuts: retry soon, on
         another replica or on this one restarted."""
-        return Overloaded(_SHUTTING_DOWN, retry_after_s=math.ceil(self.min_retry_after_s))
+        return ShuttingDown(_SHUTTING_DOWN, retry_after_s=math.ceil(self.min_retry_after_s))
 
     # -- what /metrics and readiness read ------------------------------------------
 

@@ -14,6 +14,7 @@ is in the terms every protocol shares, its HTTP status and its gRPC status:
     ├── ResourceExhausted            429  RESOURCE_EXHAUSTED
     ├── Aborted                      409  ABORTED
     ├── Overloaded                   503  UNAVAILABLE
+    │   └── ShuttingDown             503  UNAVAILABLE
     ├── EngineError                  500  INTERNAL
     │   └── EngineDead               503  UNAVAILABLE
     └── InternalError                500  INTERNAL
@@ -156,6 +157,12 @@ class Overloaded(SwitchboardError):
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message, code="overloaded")
         self.retry_after_s = retry_after_s
+
+
+class ShuttingDown(Overloaded):
+    """The refusal of a draining server (`app.drain`): the same refusal as a full queue in
+    every protocol, except where a protocol words the two apart (Anthropic's 529
+    `overloaded_error` is for a full queue only)."""
 
 
 class EngineError(SwitchboardError):

@@ -23,7 +23,7 @@ from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
 from app.metrics import install_metrics
-from app.routes.apis import graphpipe, openai, playground, probes
+from app.routes.apis import anthropic, graphpipe, openai, playground, probes
 from app.routes.grpc.server import serve_grpc
 from app.routes.http.bodies import collect_definitions
 from app.routes.http.errors import install_error_handlers
@@ -58,7 +58,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     if engine is not None:
         app.state.engine = engine
     install_error_handlers(app, default=openai.openai_error)
-    for module in (probes, openai, graphpipe, salience, evergreen, playground):
+    for module in (probes, openai, anthropic, graphpipe, salience, evergreen, playground):
         app.include_router(module.router)
     install_metrics(app, app.state.admission)
     _document_bodies(app)

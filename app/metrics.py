@@ -10,10 +10,11 @@ several apps in one process, as in tests, do not collide).
 
 Admission (`app.admission`), read from the app's `Admission` at scrape time, per protocol
 (every protocol listed, zeros included): `switchboard_admitted_total` and
-`switchboard_refused_total` (units of work: an OpenAI prompt x choice, a GraphPipe row,
-an Evergreen GENERATE, a Salience Generate; refusals include a draining server's), and the
-gauges `switchboard_queued_requests` (admitted, not yet started by the engine) and
-`switchboard_queued_tokens` (their prompt tokens, all protocols).
+`switchboard_refused_total` (units of work: an OpenAI prompt x choice, an Anthropic
+message, a GraphPipe row, an Evergreen GENERATE, a Salience Generate; refusals include a
+draining server's), and the gauges `switchboard_queued_requests` (admitted, not yet
+started by the engine) and `switchboard_queued_tokens` (their prompt tokens, all
+protocols).
 
 Sessions that outlive connections (Salience's; `app.protocols.salience.lifecycle`), read
 from the app's runner at scrape time (zeros before the first Salience call):
@@ -81,7 +82,7 @@ def _register_legacy_alias() -> None:
         REGISTRY.register(_legacy_collector)
 
 
-PROTOCOLS = ("openai", "graphpipe", "evergreen", "salience")
+PROTOCOLS = ("openai", "anthropic", "graphpipe", "evergreen", "salience")
 
 
 class AdmissionMetrics(Collector):

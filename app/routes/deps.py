@@ -93,3 +93,17 @@ async def require_api_key(request: Request) -> None:
 
 
 AuthDep = Depends(require_api_key)
+
+
+async def require_x_api_key(request: Request) -> None:
+    """The key as Anthropic's clients send it: `x-api-key` (the anthropic SDK's and
+    Claude Code's `ANTHROPIC_API_KEY`), or `Authorization: Bearer` (`ANTHROPIC_AUTH_TOKEN`,
+    and the SDK's `api_key` in its latest releases). Only for the Anthropic routes: the
+    other APIs' clients never send `x-api-key`."""
+    offered = request.headers.get("x-api-key")
+    if offered is None:
+        offered = bearer_token(request.headers.get("authorization", ""))
+    check_key(get_settings(request).api_key, offered)
+
+
+XApiKeyAuthDep = Depends(require_x_api_key)

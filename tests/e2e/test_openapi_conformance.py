@@ -98,7 +98,12 @@ def test_every_answer_is_documented(  # type: ignore[no-untyped-def]
         suppress_health_check=list(HealthCheck),
     )
     def answer(case: Any) -> None:
-        if path in ("/v1/completions", "/v1/chat/completions", "/v1/unload_lora_adapter"):
+        if path in (
+            "/v1/completions",
+            "/v1/chat/completions",
+            "/v1/messages",
+            "/v1/unload_lora_adapter",
+        ):
             case.body = _bounded(case.body, live_server.lora)
         response = case.call(session=http, timeout=120)
         assert response.status_code < 500 or response.status_code == 503, (

@@ -12,6 +12,7 @@ import pytest
 from google.protobuf import struct_pb2, text_format
 
 from app.errors import ContextLengthExceeded, InvalidRequest
+from app.protocols.anthropic.core import MessagesCore
 from app.protocols.evergreen.generate import plan_action
 from app.protocols.graphpipe.decode import InferCall
 from app.protocols.graphpipe.inference import InferCore
@@ -21,6 +22,7 @@ from app.protocols.salience.generate import GenerateCall
 from app.protocols.salience.sessions import Limits, SessionStore
 from schemas import evergreen_pb2
 from schemas import salience_pb2 as salience
+from schemas.anthropic import AnthropicMessagesRequest
 from schemas.openai import ChatCompletionRequest, CompletionRequest
 from tests.fake_engine import FakeEngine
 
@@ -48,6 +50,19 @@ def chat(field: str, value: Any) -> InvalidRequest:
         {"messages": [{"role": "user", "content": "a"}], "max_tokens": 2, **extra}
     )
     return _refused(lambda: ChatCore(body, INFO, ENGINE.tokenizer, **OPENAI))
+
+
+def anthropic(field: str, value: Any) -> InvalidRequest:
+    name = {"stop": "stop_sequences"}.get(field, field)
+    body = AnthropicMessagesRequest.model_validate(
+        {"model": "fake", "messages": [{"role": "user", "content": "a"}], "max_tokens": 2}
+        | {name: value}
+    )
+    return _refused(
+        lambda: MessagesCore(
+            body, INFO, ENGINE.tokenizer, message_id="x", model="fake", lora_name=None
+        )
+    )
 
 
 def graphpipe(field: str, value: Any) -> InvalidRequest:
@@ -85,6 +100,7 @@ def salience_(field: str, value: Any) -> InvalidRequest:
 PROTOCOLS: dict[str, tuple[Refuse, Callable[[str], str]]] = {
     "openai completions": (completions, lambda field: field),
     "openai chat": (chat, lambda field: {"logprobs": "top_logprobs"}.get(field, field)),
+    "anthropic": (anthropic, lambda field: {"stop": "stop_sequences"}.get(field, field)),
     "graphpipe": (graphpipe, lambda field: f"config.{field}"),
     "evergreen": (evergreen, lambda field: f"GENERATE config {field!r}"),
     "salience": (salience_, lambda field: {"logprobs": "logprob_top_k"}.get(field, field)),
@@ -98,7 +114,7 @@ CASES = [
         "top_k",
         -2,
         "must be -1 or 0 (every token), or at least 1, got -2",
-        {"openai completions", "openai chat", "graphpipe", "evergreen"},
+        {"openai completions", "openai chat", "anthropic", "graphpipe", "evergreen"},
     ),
     (
         "seed",
@@ -110,7 +126,7 @@ CASES = [
         "stop",
         ["a", ""],
         "must not contain an empty string",
-        {"openai completions", "openai chat", "graphpipe", "evergreen"},
+        {"openai completions", "openai chat", "anthropic", "graphpipe", "evergreen"},
     ),
     (
         "stop_token_ids",

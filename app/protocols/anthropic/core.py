@@ -1,0 +1,236 @@
+"""POST /v1/messages as a `app.protocols.core.Core`: the body planned by the conversation
+core, its one engine request's events encoded as Anthropic's message and stream.
+
+A stream, as the anthropic SDK's accumulator and Claude Code read it:
+
+    message_start        (id, model, empty content, usage: the prompt's tokens split
+                          into input_tokens and cache_read_input_tokens)
+    ping
+    per content block:   content_block_start (text "", tool_use with input {}, or
+                          thinking ""), content_block_delta* (text_delta,
+                          input_json_delta, thinking_delta), content_block_stop
+    message_delta        (stop_reason, stop_sequence; usage, cumulative)
+    message_stop
+
+Blocks open and close as the output's kind changes: text, each tool call (its id and
+name open it; its argument fragments are its `input_json_delta`s, which join into its
+input), and thinking (a reasoning parser's). `message_start` waits for the engine's first
+event, which says how much of the prompt the prefix cache held; a failure after the
+first byte is an `error` event, which ends the stream. An answer with no content has one
+empty text block, streamed or not, so `content[0]` always exists.
+
+Not streamed, the same content in the same order: thinking, text, tool calls (`input`
+the call's arguments parsed; a call whose arguments are not JSON, which only a model
+left free can write, gets `{}`).
+
+`stop_reason`: the neutral finish "length" is `max_tokens`, "tool_calls" is `tool_use`
+(forced calls included), a matched stop string is `stop_sequence` with the string in
+`stop_sequence`, anything else `end_turn`.
+
+`usage`: Anthropic counts a prompt as `input_tokens + cache_read_input_tokens +
+cache_creation_input_tokens`; the prefix cache's hits are the cache reads, the rest is
+input, and nothing is a cache creation (vLLM caches every prompt by itself, at no
+charge). So count_tokens equals the sum, and equals `input_tokens` when nothing was
+cached.
+
+The per-token path builds two small dicts per text delta and nothing else (no models).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
+from app.errors import SwitchboardError
+from app.protocols.accounting import Accounting
+from app.protocols.anthropic.errors import error_body
+from app.protocols.anthropic.messages import conversation
+from app.protocols.conversation.output import ChoiceOutput
+from app.protocols.conversation.plan import plan_conversation
+from app.protocols.core import Event
+from schemas.anthropic import AnthropicMessagesRequest
+
+_PING: Event = ("ping", {"type": "ping"})
+_STOP: Event = ("message_stop", {"type": "message_stop"})
+
+
+def _input(arguments: str) -> Any:
+    try:
+        return json.loads(arguments or "{}")
+    except ValueError:
+        return {}
+
+
+class MessagesCore:
+    ends_with_done = False
+
+    def __init__(
+        self,
+        body: AnthropicMessagesRequest,
+        info: EngineInfo,
+        tokenizer: Tokenizer,
+        *,
+        message_id: str,
+        model: str,
+        lora_name: str | None,
+    ) -> None:
+        """Plans the call (blocking: build it off the event loop)."""
+        call = conversation(body, info, request_id=message_id, lora_name=lora_name)
+        plan = plan_conversation(call, info, tokenizer)
+        self.requests: tuple[GenerationRequest, ...] = plan.requests
+        self._id = message_id
+        self._model = model
+        self._parsed = plan.new_parser is not None
+        self._output = ChoiceOutput(plan.new_parser() if plan.new_parser is not None else None)
+        self._accounting = Accounting([0])
+        # The stream's blocks: how many were opened, the open one's kind and index, and
+        # each tool call's block (by the call's index).
+        self._blocks = 0
+        self._kind: str | None = None
+        self._index = -1
+        self._calls: dict[int, int] = {}
+
+    # -- what both modes share --------------------------------------------------------
+
+    def _usage(self) -> dict[str, int]:
+        usage = self._accounting.usage()
+        return {
+            "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+            "output_tokens": usage.completion_tokens,
+            "cache_read_input_tokens": usage.cached_tokens,
+            "cache_creation_input_tokens": 0,
+        }
+
+    def _stop(self) -> tuple[str, str | None]:
+        """(stop_reason, stop_sequence), once the request has ended."""
+        state = self._accounting.states[0]
+        finish = self._output.finish(state.finish_reason)
+        if finish == "length":
+            return "max_tokens", None
+        if finish == "tool_calls":
+            return "tool_use", None
+        if isinstance(state.stop_reason, str):
+            return "stop_sequence", state.stop_reason
+        return "end_turn", None
+
+    def _message(
+        self, content: list[dict[str, Any]], stop: tuple[str | None, str | None]
+    ) -> dict[str, Any]:
+        return {
+            "id": self._id,
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": content,
+            "stop_reason": stop[0],
+            "stop_sequence": stop[1],
+            "usage": self._usage(),
+        }
+
+    # -- streamed -----------------------------------------------------------------------
+
+    def opening(self) -> list[Event]:
+        return []
+
+    def _open(self, out: list[Event], kind: str, block: dict[str, Any]) -> None:
+        self._close(out)
+        self._kind = kind
+        self._index = self._blocks
+        self._blocks += 1
+        out.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": self._index, "content_block": block},
+            )
+        )
+
+    def _close(self, out: list[Event]) -> None:
+        if self._kind is not None:
+            self._kind = None
+            out.append(("content_block_stop", {"type": "content_block_stop", "index": self._index}))
+
+    def _delta(self, out: list[Event], index: int, delta: dict[str, Any]) -> None:
+        out.append(
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        )
+
+    def _text(self, out: list[Event], text: str) -> None:
+        if self._kind != "text":
+            self._open(out, "text", {"type": "text", "text": ""})
+        self._delta(out, self._index, {"type": "text_delta", "text": text})
+
+    def events(self, index: int, event: TokenEvent) -> list[Event]:
+        state = self._accounting.account(index, event)
+        out: list[Event] = []
+        if not state.started:
+            state.started = True
+            out.append(
+                (
+                    "message_start",
+                    {"type": "message_start", "message": self._message([], (None, None))},
+                )
+            )
+            out.append(_PING)
+        if not self._parsed:  # the common case: the text is the answer
+            if event.text:
+                self._text(out, event.text)
+            return out
+        delta = self._output.delta(event)
+        if delta.reasoning:
+            if self._kind != "thinking":
+                self._open(out, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            self._delta(out, self._index, {"type": "thinking_delta", "thinking": delta.reasoning})
+        if delta.text:
+            self._text(out, delta.text)
+        for piece in delta.tool_calls:
+            if piece.name is not None:
+                block = {"type": "tool_use", "id": piece.id or "", "name": piece.name, "input": {}}
+                self._open(out, "tool_use", block)
+                self._calls[piece.index] = self._index
+            at = self._calls.get(piece.index)
+            if piece.arguments and at is not None:
+                self._delta(out, at, {"type": "input_json_delta", "partial_json": piece.arguments})
+        return out
+
+    def closing(self) -> list[Event]:
+        out: list[Event] = []
+        if self._blocks == 0:
+            self._open(out, "text", {"type": "text", "text": ""})
+        self._close(out)
+        stop_reason, stop_sequence = self._stop()
+        delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
+        out.append(
+            ("message_delta", {"type": "message_delta", "delta": delta, "usage": self._usage()})
+        )
+        out.append(_STOP)
+        return out
+
+    def failure(self, error: SwitchboardError) -> list[Event]:
+        return [("error", error_body(error))]
+
+    # -- not streamed -----------------------------------------------------------------
+
+    def feed(self, index: int, event: TokenEvent) -> None:
+        self._accounting.account(index, event)
+        self._output.add(event)
+
+    def result(self) -> dict[str, Any]:
+        parsed = self._output.result()
+        content: list[dict[str, Any]] = []
+        if parsed.reasoning:
+            content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
+        if parsed.content:
+            content.append({"type": "text", "text": parsed.content})
+        for call in parsed.tool_calls:
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": call.id,
+                    "name": call.name,
+                    "input": _input(call.arguments),
+                }
+            )
+        if not content:
+            content.append({"type": "text", "text": ""})
+        return self._message(content, self._stop())
