@@ -255,3 +255,15 @@ def _warm_up(live: LiveServer) -> None:
     body = {"model": live.model, "prompt": "warm up", "max_tokens": 2}
     response = httpx.post(f"{live.base_url}/v1/completions", json=body, timeout=300)
     response.raise_for_status()
+
+
+SECOND_ENGINES = ("vl_server", "long_server")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on a second engine (the image server, the agent CLIs' long-context server)
+    run after every other test, in their own order: vLLM's Prometheus gauges belong to
+    the process, and a second engine started in it takes them over from the live
+    server, whose /metrics tests read them (`vllm:lora_requests_info` went missing once
+    the agent tests, first in collection order, had run)."""
+    items.sort(key=lambda item: any(f in SECOND_ENGINES for f in getattr(item, "fixturenames", ())))
