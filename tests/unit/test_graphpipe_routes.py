@@ -156,6 +156,17 @@ async def test_unknown_model_is_404_in_both_shapes(client: httpx.AsyncClient) ->
     assert got.status_code == 404 and got.json()["errors"][0]["code"] == 404
 
 
+async def test_a_model_name_with_a_newline_is_still_a_graphpipe_answer(
+    client: httpx.AsyncClient,
+) -> None:
+    # Starlette's `path` convertor stops at a newline: the route went unmatched and the
+    # app's default (OpenAI JSON) 404 answered, found by schemathesis in CI.
+    status, answer = await post(client, Infer([strings("a")]), "/graphpipe/%0Anope")
+    assert status == 404
+    [(code, message)] = answer.errors
+    assert code == 404 and message == "The model `\nnope` does not exist."
+
+
 async def test_api_key_is_required_and_refused_as_graphpipe_errors(engine: TrackingEngine) -> None:
     async with make_client(engine, api_key="sesame") as c:
         status, answer = await post(c, Infer([strings("a")]))

@@ -143,7 +143,7 @@ async def count_tokens(request: Request, engine: EngineDep) -> Response:
 
 
 @router.api_route(
-    "/v1/messages/{rest:path}",
+    "/v1/messages/{rest:rest}",
     methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
     include_in_schema=False,
 )

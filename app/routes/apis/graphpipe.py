@@ -180,7 +180,7 @@ async def infer(request: Request, engine: EngineDep, settings: SettingsDep) -> R
     return await _post(request, engine, settings.graphpipe_max_request_bytes, None)
 
 
-@router.post("/graphpipe/{model:path}", response_class=Response, **_POST_DOCS)
+@router.post("/graphpipe/{model:rest}", response_class=Response, **_POST_DOCS)
 async def infer_model(
     request: Request, engine: EngineDep, settings: SettingsDep, model: str
 ) -> Response:
@@ -192,6 +192,6 @@ async def metadata(request: Request, engine: EngineDep) -> Response:
     return _get(request, engine, None)
 
 
-@router.get("/graphpipe/{model:path}", response_class=Response, **_GET_DOCS)
+@router.get("/graphpipe/{model:rest}", response_class=Response, **_GET_DOCS)
 async def metadata_model(request: Request, engine: EngineDep, model: str) -> Response:
     return _get(request, engine, model)
