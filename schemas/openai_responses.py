@@ -249,7 +249,7 @@ class IncompleteDetails(_Open):
     reason: str
 
 
-class Response(_Open):
+class ResponseObject(_Open):
     """A response object: POST /v1/responses, GET /v1/responses/{id}, and inside the
     lifecycle events of a stream."""
 
@@ -308,7 +308,7 @@ class LifecycleEvent(_Event):
         "response.incomplete",
         "response.failed",
     ]
-    response: Response
+    response: ResponseObject
 
 
 class ItemEvent(_Event):

@@ -121,6 +121,8 @@ class ResponsesCore:
         )
         plan = plan_with_truncation(translated, info, tokenizer)
         self.id = response_id
+        self.context = tuple(context)
+        self.input_items = tuple(input_items)
         self.plan = plan
         self._requests = plan.requests
         self._tokenizer = tokenizer
