@@ -126,6 +126,7 @@ class ResponsesCore:
         self.plan = plan
         self._requests = plan.requests
         self._tokenizer = tokenizer
+        self._namespaces = translated.namespaces
         self._output = ChoiceOutput(plan.new_parser() if plan.new_parser is not None else None)
         self._accounting = Accounting([0])
         self._want_logprobs = plan.requests[0].sampling.logprobs is not None
@@ -284,16 +285,7 @@ class ResponsesCore:
                 self._message_item(new_id("msg"), parsed.content or "", self._logprobs, item_status)
             )
         for call in parsed.tool_calls:
-            self._items.append(
-                {
-                    "id": new_id("fc"),
-                    "type": "function_call",
-                    "status": item_status,
-                    "call_id": call.id,
-                    "name": call.name,
-                    "arguments": call.arguments,
-                }
-            )
+            self._items.append(self._call_item(call.id, call.name, call.arguments, item_status))
         return self.response(status)
 
     # -- items -----------------------------------------------------------------------
@@ -318,6 +310,20 @@ class ResponsesCore:
             "summary": [],
             "content": [{"type": "reasoning_text", "text": text}],
         }
+
+    def _call_item(self, call_id: str, name: str, arguments: str, status: str) -> Body:
+        item = {
+            "id": new_id("fc"),
+            "type": "function_call",
+            "status": status,
+            "call_id": call_id,
+            "name": name,
+            "arguments": arguments,
+        }
+        namespace = self._namespaces.get(name)
+        if namespace is not None:
+            item["namespace"] = namespace
+        return item
 
     def _start(self, kind: str, item: Body) -> list[Event]:
         out = self._close("completed")
@@ -357,14 +363,7 @@ class ResponsesCore:
         opened = self._open
         out: list[Event] = []
         if opened is None or opened.kind != "function_call" or opened.call_index != delta.index:
-            item = {
-                "id": new_id("fc"),
-                "type": "function_call",
-                "status": "in_progress",
-                "call_id": delta.id or new_id("call"),
-                "name": delta.name or "",
-                "arguments": "",
-            }
+            item = self._call_item(delta.id or new_id("call"), delta.name or "", "", "in_progress")
             out = self._start("function_call", item)
             opened = self._open
             assert opened is not None

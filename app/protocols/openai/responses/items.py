@@ -120,13 +120,16 @@ def _item(item: Any, where: str) -> Item:
             "content": _content(item["content"], f"{where}.content", role),
         }
     if kind == "function_call":
-        return {
+        call = {
             "type": "function_call",
             "call_id": _string(item, "call_id", where, empty=False),
             "name": _string(item, "name", where, empty=False),
             "arguments": _arguments(item, where),
             "status": "completed",
         }
+        if isinstance(item.get("namespace"), str):
+            call["namespace"] = item["namespace"]
+        return call
     if kind == "function_call_output":
         output = item.get("output")
         if isinstance(output, list):
@@ -156,7 +159,8 @@ def _item(item: Any, where: str) -> Item:
 
 
 def read_input(value: str | Sequence[Any] | None) -> list[Item]:
-    """A body's `input` in normal form, each item with a fresh id."""
+    """A body's `input` in normal form, each item with its id: the one it came with (an
+    output item given back keeps its own), else a fresh one."""
     if value is None:
         return []
     items: list[Item]
@@ -165,8 +169,15 @@ def read_input(value: str | Sequence[Any] | None) -> list[Item]:
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": value}]}
         ]
     else:
-        items = [_item(item, f"input.{i}") for i, item in enumerate(value)]
-    return [{"id": new_id(_PREFIXES[item["type"]]), **item} for item in items]
+        items = []
+        for i, given in enumerate(value):
+            item = _item(given, f"input.{i}")
+            if isinstance(given.get("id"), str) and given["id"]:
+                item["id"] = given["id"]
+            items.append(item)
+    return [
+        {"id": item.pop("id", None) or new_id(_PREFIXES[item["type"]]), **item} for item in items
+    ]
 
 
 # -- normal form -> neutral messages ------------------------------------------------------

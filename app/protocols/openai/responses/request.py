@@ -20,7 +20,7 @@ items of the conversation are dropped until it fits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from app.engine.base import ChatMessage, EngineInfo, SamplingOptions, TextPart
@@ -62,6 +62,7 @@ class Translated:
     conversation: Conversation
     first_droppable: int
     truncate: bool
+    namespaces: Mapping[str, str]  # a tool's namespace, for the tools that are in one
 
 
 def _check(body: ResponsesRequest) -> None:
@@ -162,13 +163,14 @@ def translate(
     head = [ChatMessage("system", (TextPart(body.instructions),))] if body.instructions else []
     last = input_items[-1] if input_items else None
     continues = last is not None and last["type"] == "message" and last["role"] == "assistant"
+    tools = tool_specs(body.tools)
     conversation = Conversation(
         request_id=request_id,
         messages=[*head, *chat],
         sampling=sampling(body),
         max_tokens=body.max_output_tokens,
         fields=FIELDS,
-        tools=tool_specs(body.tools),
+        tools=tools.specs,
         tool_choice=tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls,
         constraint=constraint(body),
@@ -178,4 +180,4 @@ def translate(
         lora_name=lora_name,
         priority=body.priority,
     )
-    return Translated(conversation, len(head), body.truncation == "auto")
+    return Translated(conversation, len(head), body.truncation == "auto", tools.namespaces)
