@@ -3,12 +3,15 @@ tool and a structured final output to completion on the live server (real vLLM, 
 model) over the Responses API, the only API the SDK uses by default.
 
 The random model will not decide to call a tool: the first turn forces it (`tool_choice:
-"required"`, which the SDK resets to `auto` once the tool has run); the final output is
-a small enum-valued object (`text.format` json_schema), so the second turn ends by
-itself. It fails if the SDK cannot read a response or its stream (an item or event out
-of shape, a turn that ends `incomplete`), if the call's arguments do not validate
-against the tool's strict schema (the SDK parses them into the function's arguments), or
-if the tool's output does not reach the second turn (its stored input items).
+"required"`, which the SDK resets to `auto` once the tool has run); left free, it would
+call again and again, so a logit bias keeps it from starting a hermes `<tool_call>` (the
+forced call's grammar is unaffected: a bias is no ban); the final output is a small
+enum-valued object (`text.format` json_schema), so the second turn ends by itself.
+
+It fails if the SDK cannot read a response or its stream (an item or event out of shape,
+a turn that ends `incomplete`), if the call's arguments do not validate against the
+tool's strict schema (the SDK parses them into the function's arguments), or if the
+tool's output does not reach the second turn (its stored input items).
 """
 
 from __future__ import annotations
@@ -38,8 +41,20 @@ class Forecast(BaseModel):
     sky: Literal["sunny", "rainy"]
 
 
+@pytest.fixture(scope="module")
+def no_new_calls(tiny_model_dir):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    (angle,) = AutoTokenizer.from_pretrained(str(tiny_model_dir)).encode(
+        "<", add_special_tokens=False
+    )
+    return {str(angle): -100}
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
-async def test_an_agent_with_a_function_tool_runs_to_completion(live_server, streamed) -> None:  # type: ignore[no-untyped-def]
+async def test_an_agent_with_a_function_tool_runs_to_completion(  # type: ignore[no-untyped-def]
+    live_server, no_new_calls, streamed
+) -> None:
     set_tracing_disabled(True)  # the SDK would export traces to OpenAI
     asked: list[str] = []
 
@@ -59,7 +74,11 @@ async def test_an_agent_with_a_function_tool_runs_to_completion(live_server, str
         output_type=Forecast,
         model=OpenAIResponsesModel(model=live_server.model, openai_client=client),
         model_settings=ModelSettings(
-            tool_choice="required", max_tokens=64, temperature=0, parallel_tool_calls=False
+            tool_choice="required",
+            max_tokens=64,
+            temperature=0,
+            parallel_tool_calls=False,
+            extra_body={"logit_bias": no_new_calls},
         ),
     )
     if streamed:

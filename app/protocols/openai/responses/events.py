@@ -132,14 +132,11 @@ class Events:
         )
 
     def error(self, error: SwitchboardError) -> Built:
-        return self._event(
-            {
-                "type": "error",
-                "code": error.code if error.code is not None else str(error.http_status),
-                "message": error.message,
-                "param": error.param,
-            }
-        )
+        code = error.code if error.code is not None else str(error.http_status)
+        return self.error_event(code, error.message, error.param)
+
+    def error_event(self, code: str | None, message: str, param: str | None) -> Built:
+        return self._event({"type": "error", "code": code, "message": message, "param": param})
 
 
 def response_error(error: SwitchboardError) -> Body:
@@ -216,6 +213,9 @@ def replay(response: Body) -> list[Event]:
         "cancelled": "response.incomplete",
         "failed": "response.failed",
     }.get(status)
+    if status == "failed":
+        error = response.get("error") or {}
+        out.append(events.error_event(error.get("code"), str(error.get("message")), None))
     if terminal is not None:
         out.append(events.lifecycle(terminal, response))
     return out
