@@ -108,7 +108,7 @@ InputItem = Annotated[dict[str, Any], WithJsonSchema(_ITEM_SCHEMA)]
 ToolParam = Annotated[dict[str, Any], WithJsonSchema(_TOOL_SCHEMA)]
 
 
-class TextFormat(_Body):
+class ResponsesTextFormat(_Body):
     type: Literal["text", "json_object", "json_schema"] = "text"
     name: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
@@ -116,8 +116,8 @@ class TextFormat(_Body):
     strict: bool | None = None
 
 
-class TextConfig(_Body):
-    format: TextFormat | None = None
+class ResponsesTextConfig(_Body):
+    format: ResponsesTextFormat | None = None
     verbosity: str | None = None
 
 
@@ -134,7 +134,7 @@ class ResponsesRequest(_Body):
     tools: list[ToolParam] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    text: TextConfig | None = None
+    text: ResponsesTextConfig | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
     truncation: Literal["auto", "disabled"] | None = None
@@ -174,32 +174,32 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class TopLogprob(_Open):
+class ResponsesTopLogprob(_Open):
     token: str
     logprob: float
     bytes: list[int]
 
 
-class OutputLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob]
+class ResponsesLogprob(ResponsesTopLogprob):
+    top_logprobs: list[ResponsesTopLogprob]
 
 
-class OutputText(_Open):
+class ResponsesOutputText(_Open):
     type: Literal["output_text"]
     text: str
     annotations: list[dict[str, Any]]
-    logprobs: list[OutputLogprob] | None = None
+    logprobs: list[ResponsesLogprob] | None = None
 
 
-class OutputMessage(_Open):
+class ResponsesOutputMessage(_Open):
     type: Literal["message"]
     id: str
     role: Literal["assistant"]
     status: Literal["in_progress", "completed", "incomplete"]
-    content: list[OutputText]
+    content: list[ResponsesOutputText]
 
 
-class FunctionCall(_Open):
+class ResponsesFunctionCall(_Open):
     type: Literal["function_call"]
     id: str
     call_id: str
@@ -208,35 +208,37 @@ class FunctionCall(_Open):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
-class ReasoningText(_Open):
+class ResponsesReasoningText(_Open):
     type: Literal["reasoning_text"]
     text: str
 
 
-class Reasoning(_Open):
+class ResponsesReasoning(_Open):
     type: Literal["reasoning"]
     id: str
     summary: list[dict[str, Any]]
-    content: list[ReasoningText] | None = None
+    content: list[ResponsesReasoningText] | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
-OutputItem = Annotated[OutputMessage | FunctionCall | Reasoning, Field(discriminator="type")]
+ResponsesOutputItem = Annotated[
+    ResponsesOutputMessage | ResponsesFunctionCall | ResponsesReasoning, Field(discriminator="type")
+]
 
 
-class InputTokensDetails(_Open):
+class ResponsesInputTokensDetails(_Open):
     cached_tokens: int
 
 
-class OutputTokensDetails(_Open):
+class ResponsesOutputTokensDetails(_Open):
     reasoning_tokens: int
 
 
 class ResponseUsage(_Open):
     input_tokens: int
-    input_tokens_details: InputTokensDetails
+    input_tokens_details: ResponsesInputTokensDetails
     output_tokens: int
-    output_tokens_details: OutputTokensDetails
+    output_tokens_details: ResponsesOutputTokensDetails
     total_tokens: int
 
 
@@ -245,7 +247,7 @@ class ResponseErrorBody(_Open):
     message: str
 
 
-class IncompleteDetails(_Open):
+class ResponsesIncompleteDetails(_Open):
     reason: str
 
 
@@ -258,9 +260,9 @@ class ResponseObject(_Open):
     created_at: int
     status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
     model: str
-    output: list[OutputItem]
+    output: list[ResponsesOutputItem]
     error: ResponseErrorBody | None
-    incomplete_details: IncompleteDetails | None
+    incomplete_details: ResponsesIncompleteDetails | None
     instructions: str | None
     metadata: dict[str, str] | None
     parallel_tool_calls: bool
@@ -278,13 +280,13 @@ class ResponseObject(_Open):
     user: str | None
 
 
-class DeletedResponse(_Open):
+class ResponsesDeleted(_Open):
     id: str
     object: Literal["response"]
     deleted: Literal[True]
 
 
-class InputItemList(_Open):
+class ResponsesInputItemList(_Open):
     """GET /v1/responses/{id}/input_items: the items the response was given as `input`
     (each with an id), a page at a time."""
 
@@ -299,7 +301,7 @@ class _Event(_Open):
     sequence_number: int
 
 
-class LifecycleEvent(_Event):
+class ResponsesLifecycleEvent(_Event):
     type: Literal[
         "response.created",
         "response.queued",
@@ -311,46 +313,46 @@ class LifecycleEvent(_Event):
     response: ResponseObject
 
 
-class ItemEvent(_Event):
+class ResponsesItemEvent(_Event):
     type: Literal["response.output_item.added", "response.output_item.done"]
     output_index: int
-    item: OutputItem
+    item: ResponsesOutputItem
 
 
-class ContentPartEvent(_Event):
+class ResponsesContentPartEvent(_Event):
     type: Literal["response.content_part.added", "response.content_part.done"]
     item_id: str
     output_index: int
     content_index: int
-    part: OutputText | ReasoningText
+    part: ResponsesOutputText | ResponsesReasoningText
 
 
-class TextDeltaEvent(_Event):
+class ResponsesTextDeltaEvent(_Event):
     type: Literal["response.output_text.delta", "response.reasoning_text.delta"]
     item_id: str
     output_index: int
     content_index: int
     delta: str
-    logprobs: list[OutputLogprob] | None = None
+    logprobs: list[ResponsesLogprob] | None = None
 
 
-class TextDoneEvent(_Event):
+class ResponsesTextDoneEvent(_Event):
     type: Literal["response.output_text.done", "response.reasoning_text.done"]
     item_id: str
     output_index: int
     content_index: int
     text: str
-    logprobs: list[OutputLogprob] | None = None
+    logprobs: list[ResponsesLogprob] | None = None
 
 
-class ArgumentsDeltaEvent(_Event):
+class ResponsesArgumentsDeltaEvent(_Event):
     type: Literal["response.function_call_arguments.delta"]
     item_id: str
     output_index: int
     delta: str
 
 
-class ArgumentsDoneEvent(_Event):
+class ResponsesArgumentsDoneEvent(_Event):
     type: Literal["response.function_call_arguments.done"]
     item_id: str
     output_index: int
@@ -358,7 +360,7 @@ class ArgumentsDoneEvent(_Event):
     arguments: str
 
 
-class ErrorEvent(_Event):
+class ResponsesErrorEvent(_Event):
     """An error after the stream started (then `response.failed`)."""
 
     type: Literal["error"]
@@ -368,12 +370,12 @@ class ErrorEvent(_Event):
 
 
 STREAM_EVENTS: tuple[type[BaseModel], ...] = (
-    LifecycleEvent,
-    ItemEvent,
-    ContentPartEvent,
-    TextDeltaEvent,
-    TextDoneEvent,
-    ArgumentsDeltaEvent,
-    ArgumentsDoneEvent,
-    ErrorEvent,
+    ResponsesLifecycleEvent,
+    ResponsesItemEvent,
+    ResponsesContentPartEvent,
+    ResponsesTextDeltaEvent,
+    ResponsesTextDoneEvent,
+    ResponsesArgumentsDeltaEvent,
+    ResponsesArgumentsDoneEvent,
+    ResponsesErrorEvent,
 )

@@ -32,9 +32,9 @@ from app.routes.http.sse import EventStream, sse
 from schemas.openai_replies import ErrorResponse
 from schemas.openai_responses import (
     STREAM_EVENTS,
-    DeletedResponse,
-    InputItemList,
     ResponseObject,
+    ResponsesDeleted,
+    ResponsesInputItemList,
     ResponsesRequest,
 )
 
@@ -144,7 +144,7 @@ async def retrieve_response(
 
 @router.delete(
     "/v1/responses/{response_id}",
-    responses={200: {"model": DeletedResponse}, **_ERRORS},
+    responses={200: {"model": ResponsesDeleted}, **_ERRORS},
 )
 async def delete_response(response_id: str, runner: ResponsesDep) -> Response:
     return OrjsonResponse(await runner.delete(response_id))
@@ -160,7 +160,7 @@ async def cancel_response(response_id: str, runner: ResponsesDep) -> Response:
 
 @router.get(
     "/v1/responses/{response_id}/input_items",
-    responses={200: {"model": InputItemList}, **_ERRORS},
+    responses={200: {"model": ResponsesInputItemList}, **_ERRORS},
 )
 async def list_input_items(
     response_id: str,
