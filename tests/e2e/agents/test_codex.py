@@ -16,8 +16,10 @@ whole (Codex reports the tokens the server counted).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -63,15 +65,26 @@ def test_codex_completes_a_turn(long_server: LiveServer, tmp_path: Path) -> None
         "-o", str(last),
         "Say hello.",
     ]  # fmt: skip
-    done = subprocess.run(
+    # Its own process group, ended with it: anything the CLI leaves behind would otherwise
+    # outlive the test, on this process's cores (tests/engine/test_cpu_host.py reads the
+    # cores of every child as an engine's).
+    process = subprocess.Popen(
         command,
         cwd=work,
         env=env,
         stdin=subprocess.DEVNULL,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=900,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = process.communicate(timeout=900)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert "ERROR" not in output, output[-4000:]
