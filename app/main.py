@@ -58,7 +58,16 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     if engine is not None:
         app.state.engine = engine
     install_error_handlers(app, default=openai.openai_error)
-    for module in (probes, openai, anthropic, responses, graphpipe, salience, evergreen, playground):
+    for module in (
+        probes,
+        openai,
+        anthropic,
+        responses,
+        graphpipe,
+        salience,
+        evergreen,
+        playground,
+    ):
         app.include_router(module.router)
     install_metrics(app, app.state.admission)
     _document_bodies(app)
