@@ -9,6 +9,7 @@ There is no module-level settings object.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,27 @@ class Settings(BaseSettings):
         "period (Kubernetes' default 30 s) so the engine stops before SIGKILL.",
     )
 
+    # The Responses API's store (app.store)
+    responses_store: str = Field(
+        default="",
+        description="Where stored responses live (`store: true`, previous_response_id, "
+        "retrieval, background runs): a SQLite file path, or a redis:// URL that replicas "
+        "share. Empty: SQLite at $XDG_STATE_HOME/switchboard/responses.sqlite3 "
+        "(~/.local/state/... when unset), which survives restarts.",
+    )
+    responses_store_ttl_s: float = Field(
+        default=30 * 24 * 3600,
+        gt=0,
+        description="How long a stored response lives (seconds; OpenAI keeps them 30 days). "
+        "Expired responses are removed by the next write.",
+    )
+    responses_store_max_bytes: int = Field(
+        default=1 << 30,
+        gt=0,
+        description="Bound on the bytes all stored responses hold; past it the responses "
+        "written longest ago are evicted first.",
+    )
+
     # GraphPipe
     graphpipe_max_request_bytes: int = Field(
         default=64 * 1024 * 1024, description="Largest GraphPipe request body accepted."
@@ -177,6 +199,13 @@ class Settings(BaseSettings):
             if not sep or not name or not path:
                 raise ValueError(f"LoRA module {item!r} is not name=path")
         return value
+
+    def responses_store_location(self) -> str:
+        """`responses_store`, or the default SQLite file under the state directory."""
+        if self.responses_store:
+            return self.responses_store
+        state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        return str(Path(state) / "switchboard" / "responses.sqlite3")
 
     @property
     def model_name(self) -> str:

@@ -15,6 +15,7 @@ is in the terms every protocol shares, its HTTP status and its gRPC status:
     ├── Aborted                      409  ABORTED
     ├── Overloaded                   503  UNAVAILABLE
     │   └── ShuttingDown             503  UNAVAILABLE
+    ├── Unavailable                  503  UNAVAILABLE
     ├── EngineError                  500  INTERNAL
     │   └── EngineDead               503  UNAVAILABLE
     └── InternalError                500  INTERNAL
@@ -163,6 +164,15 @@ class ShuttingDown(Overloaded):
     """The refusal of a draining server (`app.drain`): the same refusal as a full queue in
     every protocol, except where a protocol words the two apart (Anthropic's 529
     `overloaded_error` is for a full queue only)."""
+
+
+class Unavailable(SwitchboardError):
+    """A service the request needs besides the engine (the response store) cannot be
+    reached; requests that do not need it are served as usual."""
+
+    http_status = 503
+    grpc_status = "UNAVAILABLE"
+    evergreen_reason = "UNAVAILABLE"
 
 
 class EngineError(SwitchboardError):

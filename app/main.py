@@ -23,7 +23,7 @@ from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
 from app.metrics import install_metrics
-from app.routes.apis import anthropic, graphpipe, openai, playground, probes
+from app.routes.apis import anthropic, graphpipe, openai, playground, probes, responses
 from app.routes.grpc.server import serve_grpc
 from app.routes.http.bodies import collect_definitions
 from app.routes.http.errors import install_error_handlers
@@ -36,7 +36,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if engine is not None:
             app.state.engine = engine
-            async with serve_grpc(app):
+            async with serve_grpc(app), _responses_closed(app):
                 yield
             return
         from app.engine.vllm.startup import start_engine
@@ -44,7 +44,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         started = await start_engine(settings)
         app.state.engine = started
         try:
-            async with serve_grpc(app):
+            async with serve_grpc(app), _responses_closed(app):
                 yield
         finally:
             started.shutdown()
@@ -58,11 +58,32 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     if engine is not None:
         app.state.engine = engine
     install_error_handlers(app, default=openai.openai_error)
-    for module in (probes, openai, anthropic, graphpipe, salience, evergreen, playground):
+    for module in (
+        probes,
+        openai,
+        anthropic,
+        responses,
+        graphpipe,
+        salience,
+        evergreen,
+        playground,
+    ):
         app.include_router(module.router)
     install_metrics(app, app.state.admission)
     _document_bodies(app)
     return app
+
+
+@asynccontextmanager
+async def _responses_closed(app: FastAPI) -> AsyncIterator[None]:
+    """On the way out, the Responses API's background runs end and its store closes
+    (before the engine stops), if anything used them."""
+    try:
+        yield
+    finally:
+        runner = getattr(app.state, "responses", None)
+        if runner is not None:
+            await runner.close()
 
 
 def _document_bodies(app: FastAPI) -> None:

@@ -7,7 +7,8 @@ in order, and the output tokens the server reported.
 
 - OpenAI completions and chat (HTTP + SSE, aiohttp: the client shares the machine's cores
   with the server, and httpx's per-chunk cost would be charged to the SSE side): greedy,
-  `ignore_eos`, usage in the last chunk; the output is the text.
+  `ignore_eos`, usage in the last chunk; the output is the text. The Responses API
+  likewise, its named events read by type, usage from the terminal event.
 - GraphPipe: one `POST /graphpipe` per prompt (a batch of one row, text in; `text` and
   `token_ids` out); the output is the token ids. It does not stream: no first-output times.
 - Salience (binary protobuf frames on the websocket, or gRPC): one session, rewound
@@ -146,6 +147,51 @@ async def chat_sse(server: Server, prompts: Sequence[Prompt], max_tokens: int) -
             outputs.append(out)
             tokens += n
     return Run(ttfts, outputs, tokens)
+
+
+async def responses_stream(
+    http: aiohttp.ClientSession, body: dict[str, Any]
+) -> tuple[str, float, int]:
+    """POST a streamed Responses API request (`stream` is added): (output text, seconds to
+    its first text, output tokens from the terminal event's usage)."""
+    data = json.dumps({**body, "stream": True}).encode()
+    start = time.perf_counter()
+    ttft, pieces, tokens = 0.0, [], 0
+    headers = {"content-type": "application/json"}
+    async with http.post("/v1/responses", data=data, headers=headers) as response:
+        response.raise_for_status()
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            kind = event["type"]
+            if kind == "response.output_text.delta":
+                ttft = ttft or time.perf_counter() - start
+                pieces.append(event["delta"])
+            elif kind in ("response.completed", "response.incomplete"):
+                tokens = event["response"]["usage"]["output_tokens"]
+            elif kind in ("error", "response.failed"):
+                raise RuntimeError(f"/v1/responses failed in its stream: {event}")
+    return "".join(pieces), ttft, tokens
+
+
+def responses_sse(store: bool) -> Client:
+    """Greedy, `ignore_eos`, stored or not, one user message."""
+
+    async def run(server: Server, prompts: Sequence[Prompt], max_tokens: int) -> Run:
+        ttfts, outputs, tokens = [], [], 0
+        async with http_client(server) as http:
+            for text, _ in prompts:
+                body = {"model": server.model, "input": text, "temperature": 0, "store": store}
+                body |= {"max_output_tokens": max_tokens, "ignore_eos": True}
+                out, ttft, n = await responses_stream(http, body)
+                ttfts.append(ttft)
+                outputs.append(out)
+                tokens += n
+        return Run(ttfts, outputs, tokens)
+
+    return run
 
 
 # -- GraphPipe --------------------------------------------------------------------------

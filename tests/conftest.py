@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Coroutine, Iterator
@@ -31,6 +32,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SWITCHBOARD_TEST_CACHE", ROOT / ".cache"))
 os.environ["SWITCHBOARD_GRPC_PORT"] = "0"  # tests that serve gRPC pass a port
+# Stored responses go to a file of this run, not to the user's state directory.
+os.environ["SWITCHBOARD_RESPONSES_STORE"] = str(
+    Path(tempfile.mkdtemp(prefix="switchboard-tests-")) / "responses.sqlite3"
+)
 T = TypeVar("T")
 
 

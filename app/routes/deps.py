@@ -19,7 +19,10 @@ from app.auth import bearer_token, check_key
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
+from app.routes.http.calls import render
+from app.sessions.responses import ResponsesRunner
 from app.sessions.salience import SalienceRunner
+from app.store import open_store
 
 
 def get_engine(conn: HTTPConnection) -> Engine:
@@ -76,6 +79,32 @@ def salience_runner(app: Starlette) -> SalienceRunner:
             state.engine, state.admission, state.drain, state.settings
         )
     return runner
+
+
+def responses_runner(app: Starlette) -> ResponsesRunner:
+    """The process's Responses API runner and its store, made on first use (nothing is
+    opened or connected before): one for every connection, since background runs and the
+    store outlive them."""
+    state = app.state
+    runner: ResponsesRunner | None = getattr(state, "responses", None)
+    if runner is None:
+        settings: Settings = state.settings
+        store = open_store(
+            settings.responses_store_location(),
+            ttl_s=settings.responses_store_ttl_s,
+            max_bytes=settings.responses_store_max_bytes,
+        )
+        runner = state.responses = ResponsesRunner(
+            state.engine, state.admission, store, render, state.drain
+        )
+    return runner
+
+
+async def _responses_dependency(conn: HTTPConnection) -> ResponsesRunner:
+    return responses_runner(conn.app)
+
+
+ResponsesDep = Annotated[ResponsesRunner, Depends(_responses_dependency)]
 
 
 def check_credentials(conn: HTTPConnection) -> None:

@@ -73,7 +73,7 @@ def _bounded(body: Any, lora: str) -> Any:
         if body["lora_name"] == lora:  # never unload the adapter other tests use
             body["lora_name"] = f"not-{lora}"
         return body
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if not isinstance(body.get(key), int) or body[key] > MAX_TOKENS:
             body[key] = MAX_TOKENS
     if isinstance(body.get("n"), int) and body["n"] > 2:
@@ -102,6 +102,7 @@ def test_every_answer_is_documented(  # type: ignore[no-untyped-def]
             "/v1/completions",
             "/v1/chat/completions",
             "/v1/messages",
+            "/v1/responses",
             "/v1/unload_lora_adapter",
         ):
             case.body = _bounded(case.body, live_server.lora)

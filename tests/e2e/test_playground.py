@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -188,6 +189,32 @@ def test_chat_streams_tokens_into_the_page(page: WebDriver, live_server: LiveSer
     # Streamed: the text grew in several steps, each a prefix of the next.
     assert len(set(seen)) >= 3, seen
     assert all(b.startswith(a) for a, b in itertools.pairwise(seen))
+
+
+def test_responses_mode_continues_a_stored_conversation(
+    page: WebDriver, live_server: LiveServer
+) -> None:
+    """The page's Responses mode sends each turn alone with the last response's id: the
+    server's stored record of the second turn names the first, and holds the text shown."""
+    Select(by_id(page, "chat-api")).select_by_value("responses")
+    set_value(page, "chat-max-tokens", 12)
+    set_value(page, "chat-temperature", 0)
+    ids: list[str] = []
+
+    def shown_id() -> str | None:
+        found = re.search(r"response: (resp_\w+)", text_of(page, "chat-meta"))
+        return found.group(1) if found and found.group(1) not in ids else None
+
+    for turn in ("one", "two"):
+        set_value(page, "chat-input", turn)
+        by_id(page, "chat-send").click()
+        wait_for(page, shown_id)
+        ids.append(str(shown_id()))
+    stored = httpx.get(f"{live_server.base_url}/v1/responses/{ids[1]}", timeout=30).json()
+    assert stored["previous_response_id"] == ids[0]
+    shown = page.find_elements(By.CSS_SELECTOR, "#chat-log .assistant .content")[-1].text
+    assert shown.strip() == stored["output"][0]["content"][0]["text"].strip()
+    Select(by_id(page, "chat-api")).select_by_value("chat")  # leaves the page as it was
 
 
 # -- Salience ------------------------------------------------------------------------

@@ -18,12 +18,15 @@ from app.protocols.graphpipe.decode import InferCall
 from app.protocols.graphpipe.inference import InferCore
 from app.protocols.openai.chat import ChatCore
 from app.protocols.openai.completions import CompletionCore
+from app.protocols.openai.responses.core import ResponsesCore
+from app.protocols.openai.responses.items import read_input
 from app.protocols.salience.generate import GenerateCall
 from app.protocols.salience.sessions import Limits, SessionStore
 from schemas import evergreen_pb2
 from schemas import salience_pb2 as salience
 from schemas.anthropic import AnthropicMessagesRequest
 from schemas.openai import ChatCompletionRequest, CompletionRequest
+from schemas.openai_responses import ResponsesRequest
 from tests.fake_engine import FakeEngine
 
 ENGINE = FakeEngine(max_model_len=64)  # vocabulary: 256 ids
@@ -65,6 +68,25 @@ def anthropic(field: str, value: Any) -> InvalidRequest:
     )
 
 
+def responses(field: str, value: Any) -> InvalidRequest:
+    names = {"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"}
+    extra = {"include": ["message.output_text.logprobs"]} if field == "logprobs" else {}
+    body = ResponsesRequest.model_validate(
+        {"input": "a", "max_output_tokens": 2, **extra, names.get(field, field): value}
+    )
+    return _refused(
+        lambda: ResponsesCore(
+            body,
+            INFO,
+            ENGINE.tokenizer,
+            response_id="x",
+            created_at=0,
+            model="fake",
+            input_items=read_input(body.input),
+        )
+    )
+
+
 def graphpipe(field: str, value: Any) -> InvalidRequest:
     prompts = np.empty(1, dtype=object)
     prompts[:] = [b"ab"]
@@ -101,6 +123,12 @@ PROTOCOLS: dict[str, tuple[Refuse, Callable[[str], str]]] = {
     "openai completions": (completions, lambda field: field),
     "openai chat": (chat, lambda field: {"logprobs": "top_logprobs"}.get(field, field)),
     "anthropic": (anthropic, lambda field: {"stop": "stop_sequences"}.get(field, field)),
+    "openai responses": (
+        responses,
+        lambda field: {"logprobs": "top_logprobs", "max_tokens": "max_output_tokens"}.get(
+            field, field
+        ),
+    ),
     "graphpipe": (graphpipe, lambda field: f"config.{field}"),
     "evergreen": (evergreen, lambda field: f"GENERATE config {field!r}"),
     "salience": (salience_, lambda field: {"logprobs": "logprob_top_k"}.get(field, field)),
@@ -114,31 +142,45 @@ CASES = [
         "top_k",
         -2,
         "must be -1 or 0 (every token), or at least 1, got -2",
-        {"openai completions", "openai chat", "anthropic", "graphpipe", "evergreen"},
+        {
+            "openai completions",
+            "openai chat",
+            "openai responses",
+            "anthropic",
+            "graphpipe",
+            "evergreen",
+        },
     ),
     (
         "seed",
         2**63,
         f"must be an integer in [-2**63, 2**63), got {2**63}",
-        {"openai completions", "openai chat", "graphpipe", "evergreen"},
+        {"openai completions", "openai chat", "openai responses", "graphpipe", "evergreen"},
     ),
     (
         "stop",
         ["a", ""],
         "must not contain an empty string",
-        {"openai completions", "openai chat", "anthropic", "graphpipe", "evergreen"},
+        {
+            "openai completions",
+            "openai chat",
+            "openai responses",
+            "anthropic",
+            "graphpipe",
+            "evergreen",
+        },
     ),
     (
         "stop_token_ids",
         [7, 256],
         "[1] is 256; token ids must be in [0, 256)",
-        {"openai completions", "openai chat", "salience"},
+        {"openai completions", "openai chat", "openai responses", "salience"},
     ),
     (
         "logprobs",
         21,
         "must be -1 (every token) or in [0, 20], got 21",
-        {"openai completions", "openai chat", "salience"},
+        {"openai completions", "openai chat", "openai responses", "salience"},
     ),
 ]
 

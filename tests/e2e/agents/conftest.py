@@ -11,10 +11,12 @@ hermes`) and no whitespace inside constrained JSON (a random model pads it other
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import CACHE, LiveServer, serve
@@ -53,5 +55,19 @@ def long_server() -> Iterator[LiveServer]:
             ),
         },
     )
-    with serve(settings, LONG_MODEL) as live:
-        yield live
+    before = os.sched_getaffinity(0)
+    try:
+        with serve(settings, LONG_MODEL) as live:
+            yield live
+    finally:
+        _restore_affinity(before)
+
+
+def _restore_affinity(cpus: set[int]) -> None:
+    """Every thread of this process back on `cpus`. Starting this server pinned them off
+    its own engine's cores (`app.engine.cpu_host.pin_frontend`); left so, an engine
+    started after it (the live server's, when these tests run first) would be spawned on
+    those same cores and could not pin the frontend off them."""
+    for thread in psutil.Process().threads():
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            os.sched_setaffinity(thread.id, cpus)

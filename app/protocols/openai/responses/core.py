@@ -1,0 +1,412 @@
+"""`ResponsesCore`: one Responses API call as an `app.protocols.core.Core`: its plan (one
+engine request), and the engine's events encoded as the Responses API's output items, a
+response object and, streamed, its events.
+
+Streamed, the output is read as it comes (`ChoiceOutput.delta`): visible text opens a
+`message` item, a tool call's first piece closes whatever is open and opens a
+`function_call` item, reasoning (from a reasoning parser) a `reasoning` item; each item
+is announced (`response.output_item.added`, `response.content_part.added`), grows by
+deltas (`response.output_text.delta`, `response.function_call_arguments.delta`,
+`response.reasoning_text.delta`) and is closed (`.done`, `response.content_part.done`,
+`response.output_item.done`) before the next one opens. The stream opens with
+`response.created` and `response.in_progress` and ends with `response.completed` (or
+`response.incomplete` when `max_output_tokens` cut it: the items are then `incomplete`),
+or, when something fails after the first byte, with `error` and `response.failed`.
+Not streamed, the whole output is parsed once (`ChoiceOutput.result`) into the same
+items in the same order (reasoning, message, calls).
+
+Invariants: every event has the next `sequence_number`; an item's id is the same in every
+event that names it and in the final response (the SDK's stream accumulator checks it);
+the final response of a stream holds exactly the items streamed, with the text and
+arguments the deltas add up to; an output is never empty (no text and no call is one
+empty message, as a non-streamed answer would have it).
+
+The per-token path builds one dict per delta and nothing else: no model, no copy of what
+came before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
+from app.engine.tools import ToolCallDelta
+from app.errors import ContextLengthExceeded, SwitchboardError
+from app.protocols.accounting import Accounting
+from app.protocols.conversation.output import ChoiceOutput
+from app.protocols.conversation.plan import ChatPlan, plan_conversation
+from app.protocols.core import Event
+from app.protocols.openai.logprobs import chat_logprobs
+from app.protocols.openai.responses.events import (
+    Body,
+    Events,
+    item_shell,
+    part_shell,
+    replay_item,
+    response_error,
+)
+from app.protocols.openai.responses.items import Item, new_id
+from app.protocols.openai.responses.request import Translated, translate
+from app.protocols.openai.responses.tools import echoed_choice, echoed_tools
+from schemas.openai_responses import ResponsesRequest
+
+TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+
+
+@dataclass(slots=True)
+class _Open:
+    """The item being streamed: its place in `output`, and what it has so far."""
+
+    kind: str
+    index: int
+    item: Body
+    pieces: list[str] = field(default_factory=list)
+    logprobs: list[Body] = field(default_factory=list)
+    call_index: int = -1  # a function_call's index among the parser's calls
+
+
+def plan_with_truncation(
+    translated: Translated, info: EngineInfo, tokenizer: Tokenizer
+) -> ChatPlan:
+    """The plan; with `truncation: "auto"`, the fewest oldest turns dropped (at a user
+    message, so no call loses its answer or an answer its call) that make it fit."""
+    try:
+        return plan_conversation(translated.conversation, info, tokenizer)
+    except ContextLengthExceeded as exc:
+        if not translated.truncate:
+            raise
+        too_long = exc
+    call = translated.conversation
+    head = list(call.messages[: translated.first_droppable])
+    rest = list(call.messages[translated.first_droppable :])
+    cuts = [i for i in range(1, len(rest)) if rest[i].role == "user"]
+    best: ChatPlan | None = None
+    lo, hi = 0, len(cuts) - 1
+    while lo <= hi:  # the earliest cut that fits: fitting is monotone in the cut
+        mid = (lo + hi) // 2
+        shorter = replace(call, messages=[*head, *rest[cuts[mid] :]])
+        try:
+            best = plan_conversation(shorter, info, tokenizer)
+            hi = mid - 1
+        except ContextLengthExceeded:
+            lo = mid + 1
+    if best is None:
+        raise too_long
+    return best
+
+
+class ResponsesCore:
+    ends_with_done = False
+
+    def __init__(
+        self,
+        body: ResponsesRequest,
+        info: EngineInfo,
+        tokenizer: Tokenizer,
+        *,
+        response_id: str,
+        created_at: int,
+        model: str,
+        context: Sequence[Item] = (),
+        input_items: Sequence[Item] = (),
+    ) -> None:
+        """Plans the call (blocking: build it off the event loop). `context` is the stored
+        conversation `previous_response_id` continues; `input_items` the body's input in
+        normal form (`items.read_input`)."""
+        lora_name = None if model == info.model_name else model
+        translated = translate(
+            body, context, input_items, info, request_id=response_id, lora_name=lora_name
+        )
+        plan = plan_with_truncation(translated, info, tokenizer)
+        self.id = response_id
+        self.context = tuple(context)
+        self.input_items = tuple(input_items)
+        self.plan = plan
+        self._requests = plan.requests
+        self._tokenizer = tokenizer
+        self._namespaces = translated.namespaces
+        self._output = ChoiceOutput(plan.new_parser() if plan.new_parser is not None else None)
+        self._accounting = Accounting([0])
+        self._want_logprobs = plan.requests[0].sampling.logprobs is not None
+        self._events = Events()
+        self._items: list[Body] = []
+        self._open: _Open | None = None
+        self._logprobs: list[Body] = []  # not streamed: every token's
+        call = translated.conversation
+        form = body.text.format if body.text is not None and body.text.format else None
+        self._base: Body = {
+            "id": response_id,
+            "object": "response",
+            "created_at": created_at,
+            "model": model,
+            "instructions": body.instructions,
+            "metadata": body.metadata or {},
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "temperature": call.sampling.temperature,
+            "top_p": call.sampling.top_p,
+            "top_logprobs": body.top_logprobs or 0,
+            "tool_choice": echoed_choice(call.tool_choice),
+            "tools": echoed_tools(call.tools),
+            "max_output_tokens": body.max_output_tokens,
+            "max_tool_calls": None,
+            "previous_response_id": body.previous_response_id,
+            "store": body.store,
+            "background": body.background,
+            "reasoning": {"effort": None, "summary": None},
+            "service_tier": "default",
+            "text": {"format": form.model_dump(by_alias=True, exclude_none=True)}
+            if form is not None
+            else {"format": {"type": "text"}},
+            "truncation": body.truncation or "disabled",
+            "user": body.user,
+        }
+
+    # -- what the transport reads ----------------------------------------------------
+
+    @property
+    def requests(self) -> Sequence[GenerationRequest]:
+        return self._requests
+
+    def response(
+        self, status: str, *, error: SwitchboardError | None = None, with_usage: bool = True
+    ) -> Body:
+        """The response object now: `status`, the items so far (closed ones as they
+        closed), usage once the engine has said anything."""
+        usage = None
+        if with_usage:
+            counted = self._accounting.usage()
+            usage = {
+                "input_tokens": counted.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": counted.cached_tokens},
+                "output_tokens": counted.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": counted.total_tokens,
+            }
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {
+            **self._base,
+            "status": status,
+            "output": [dict(item) for item in self._items],
+            "error": response_error(error) if error is not None else None,
+            "incomplete_details": incomplete,
+            "usage": usage,
+        }
+
+    def status(self) -> str:
+        """completed, incomplete (cut by max_output_tokens) or cancelled (aborted), once
+        the request has ended."""
+        finish = self._output.finish(self._accounting.states[0].finish_reason)
+        if finish == "length":
+            return "incomplete"
+        if finish == "abort":
+            return "cancelled"
+        return "completed"
+
+    # -- streamed --------------------------------------------------------------------
+
+    def opening(self, status: str = "in_progress") -> list[Event]:
+        """`response.created` (queued, for a background run) and `response.in_progress`."""
+        out: list[Event] = [
+            self._events.lifecycle("response.created", self.response(status, with_usage=False))
+        ]
+        if status == "in_progress":
+            out.append(self.in_progress())
+        return out
+
+    def in_progress(self) -> Event:
+        return self._events.lifecycle(
+            "response.in_progress", self.response("in_progress", with_usage=False)
+        )
+
+    def events(self, index: int, event: TokenEvent) -> list[Event]:
+        self._accounting.account(index, event)
+        delta = self._output.delta(event)
+        out: list[Event] = []
+        if delta.reasoning:
+            out.extend(self._grow("reasoning", delta.reasoning))
+        if delta.text:
+            out.extend(self._grow("message", delta.text, event))
+        for call in delta.tool_calls:
+            out.extend(self._call(call))
+        return out
+
+    def settle(self) -> list[Event]:
+        """The events that close the output (before the terminal event)."""
+        status = self.status()
+        out = self._close(status)
+        if not self._items:
+            empty = self._message_item(new_id("msg"), "", [], status)
+            self._items.append(empty)
+            out.extend(replay_item(self._events, 0, empty))
+        return out
+
+    def terminal(self) -> tuple[Event, Body]:
+        """The last event and the response it carries."""
+        status = self.status()
+        response = self.response(status)
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        return self._events.lifecycle(kind, response), response
+
+    def closing(self) -> list[Event]:
+        return [*self.settle(), self.terminal()[0]]
+
+    def failure(self, error: SwitchboardError) -> list[Event]:
+        self.fail()
+        return [
+            self._events.error(error),
+            self._events.lifecycle("response.failed", self.response("failed", error=error)),
+        ]
+
+    def fail(self) -> None:
+        """Close what is open as incomplete, without events (the run failed)."""
+        if self._open is not None:
+            self._finish_open("incomplete")
+
+    # -- not streamed ----------------------------------------------------------------
+
+    def feed(self, index: int, event: TokenEvent) -> None:
+        self._accounting.account(index, event)
+        self._output.add(event)
+        if self._want_logprobs and event.logprobs:
+            self._logprobs.extend(
+                chat_logprobs(event.token_ids, event.logprobs, self._tokenizer.token_to_str)
+            )
+
+    def result(self) -> dict[str, Any]:
+        parsed = self._output.result()
+        status = self.status()
+        item_status = "incomplete" if status == "incomplete" else "completed"
+        if parsed.reasoning:
+            self._items.append(self._reasoning_item(new_id("rs"), parsed.reasoning, item_status))
+        if parsed.content or not parsed.tool_calls:
+            self._items.append(
+                self._message_item(new_id("msg"), parsed.content or "", self._logprobs, item_status)
+            )
+        for call in parsed.tool_calls:
+            self._items.append(self._call_item(call.id, call.name, call.arguments, item_status))
+        return self.response(status)
+
+    # -- items -----------------------------------------------------------------------
+
+    @staticmethod
+    def _message_item(item_id: str, text: str, logprobs: list[Body], status: str) -> Body:
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+        return {
+            "id": item_id,
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": [part],
+        }
+
+    @staticmethod
+    def _reasoning_item(item_id: str, text: str, status: str) -> Body:
+        return {
+            "id": item_id,
+            "type": "reasoning",
+            "status": status,
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}],
+        }
+
+    def _call_item(self, call_id: str, name: str, arguments: str, status: str) -> Body:
+        item = {
+            "id": new_id("fc"),
+            "type": "function_call",
+            "status": status,
+            "call_id": call_id,
+            "name": name,
+            "arguments": arguments,
+        }
+        namespace = self._namespaces.get(name)
+        if namespace is not None:
+            item["namespace"] = namespace
+        return item
+
+    def _start(self, kind: str, item: Body) -> list[Event]:
+        out = self._close("completed")
+        index = len(self._items)
+        self._items.append(item)
+        self._open = _Open(kind, index, item)
+        out.append(self._events.item_added(index, item_shell(item)))
+        if kind != "function_call":
+            part = item["content"][0]
+            out.append(self._events.part(False, item["id"], index, 0, part_shell(part)))
+        return out
+
+    def _grow(self, kind: str, text: str, event: TokenEvent | None = None) -> list[Event]:
+        opened = self._open
+        out: list[Event] = []
+        if opened is None or opened.kind != kind:
+            if kind == "message":
+                item = self._message_item(new_id("msg"), "", [], "in_progress")
+            else:
+                item = self._reasoning_item(new_id("rs"), "", "in_progress")
+            out = self._start(kind, item)
+            opened = self._open
+            assert opened is not None
+        opened.pieces.append(text)
+        item_id = opened.item["id"]
+        if kind == "reasoning":
+            out.append(self._events.reasoning_delta(item_id, opened.index, text))
+            return out
+        logprobs = None
+        if self._want_logprobs and event is not None and event.logprobs:
+            logprobs = chat_logprobs(event.token_ids, event.logprobs, self._tokenizer.token_to_str)
+            opened.logprobs.extend(logprobs)
+        out.append(self._events.text_delta(item_id, opened.index, text, logprobs))
+        return out
+
+    def _call(self, delta: ToolCallDelta) -> list[Event]:
+        opened = self._open
+        out: list[Event] = []
+        if opened is None or opened.kind != "function_call" or opened.call_index != delta.index:
+            item = self._call_item(delta.id or new_id("call"), delta.name or "", "", "in_progress")
+            out = self._start("function_call", item)
+            opened = self._open
+            assert opened is not None
+            opened.call_index = delta.index
+        if delta.arguments:
+            opened.pieces.append(delta.arguments)
+            out.append(
+                self._events.arguments_delta(opened.item["id"], opened.index, delta.arguments)
+            )
+        return out
+
+    def _finish_open(self, status: str) -> _Open:
+        opened = self._open
+        assert opened is not None
+        self._open = None
+        text = "".join(opened.pieces)
+        if opened.kind == "message":
+            final = self._message_item(opened.item["id"], text, opened.logprobs, status)
+        elif opened.kind == "reasoning":
+            final = self._reasoning_item(opened.item["id"], text, status)
+        else:
+            final = {**opened.item, "status": status, "arguments": text}
+        self._items[opened.index] = final
+        opened.item = final
+        return opened
+
+    def _close(self, status: str) -> list[Event]:
+        """Close the open item, if any, with its done events."""
+        if self._open is None:
+            return []
+        item_status = "incomplete" if status == "incomplete" else "completed"
+        opened = self._finish_open(item_status)
+        item, index = opened.item, opened.index
+        item_id = item["id"]
+        out: list[Event] = []
+        if opened.kind == "function_call":
+            out.append(self._events.arguments_done(item_id, index, item["name"], item["arguments"]))
+        else:
+            part = item["content"][0]
+            if opened.kind == "message":
+                out.append(self._events.text_done(item_id, index, part["text"], part["logprobs"]))
+            else:
+                out.append(self._events.reasoning_done(item_id, index, part["text"]))
+            out.append(self._events.part(True, item_id, index, 0, part))
+        out.append(self._events.item_done(index, item))
+        return out

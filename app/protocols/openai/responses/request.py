@@ -1,0 +1,183 @@
+"""POST /v1/responses' body -> the conversation core's `Conversation`.
+
+What the Responses API adds to a chat call is read here and nowhere else:
+
+- the conversation is the stored context of `previous_response_id` (its history, its
+  input and its output, `StoredResponse.context()`), then this body's `input`; the
+  previous response's `instructions` are not carried over (OpenAI's rule), this body's
+  go first as a system message;
+- a last input item that is an assistant message is continued, not answered (as `vllm
+  serve` does: the template gets `continue_final_message`);
+- `text.format` (`text`, `json_object`, `json_schema`) is the output constraint (vLLM's
+  `structured_outputs` extra when the format is text); `include:
+  ["message.output_text.logprobs"]` asks for logprobs, `top_logprobs` for alternatives;
+- sampling with OpenAI's defaults and the extras `vllm serve` takes, every error naming
+  the Responses field (`max_output_tokens`, `top_logprobs`, `input`).
+
+`truncation: "auto"` is applied by the core (it needs the rendered length): the oldest
+items of the conversation are dropped until it fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from app.engine.base import ChatMessage, EngineInfo, SamplingOptions, TextPart
+from app.engine.constraints import (
+    Constraint,
+    json_constraint,
+    logit_bias_pairs,
+    parse_constraint,
+)
+from app.errors import InvalidRequest
+from app.protocols.conversation.plan import Conversation
+from app.protocols.openai.responses.items import Item, messages
+from app.protocols.openai.responses.tools import tool_choice, tool_specs
+from schemas.openai_responses import ResponsesRequest
+
+LOGPROBS = "message.output_text.logprobs"
+# What OpenAI lets `include` name. Only logprobs mean anything here: the others concern
+# hosted tools, images fetched by URL or encrypted reasoning, none of which this server
+# has, so asking for them changes nothing (the Codex CLI asks for encrypted reasoning).
+INCLUDABLE = (
+    LOGPROBS,
+    "reasoning.encrypted_content",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "code_interpreter_call.outputs",
+)
+FIELDS = {"prompt": "input", "max_tokens": "max_output_tokens", "logprobs": "top_logprobs"}
+MAX_METADATA = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Translated:
+    """A body read: the conversation to plan, and how many leading messages `truncation:
+    "auto"` may drop (the instructions are never dropped)."""
+
+    conversation: Conversation
+    first_droppable: int
+    truncate: bool
+    namespaces: Mapping[str, str]  # a tool's namespace, for the tools that are in one
+
+
+def _check(body: ResponsesRequest) -> None:
+    if body.prompt is not None:
+        raise InvalidRequest("stored prompts are not served here", param="prompt")
+    if body.conversation is not None:
+        raise InvalidRequest(
+            "the conversations API is not served here; use previous_response_id",
+            param="conversation",
+        )
+    if body.background and not body.store:
+        raise InvalidRequest(
+            "background responses must be stored (store: true)", param="background"
+        )
+    for i, name in enumerate(body.include or ()):
+        if name not in INCLUDABLE:
+            raise InvalidRequest(
+                f"include.{i}: {name!r} is not one of {', '.join(INCLUDABLE)}", param="include"
+            )
+    metadata = body.metadata or {}
+    if len(metadata) > MAX_METADATA:
+        raise InvalidRequest(f"metadata holds at most {MAX_METADATA} pairs", param="metadata")
+    for key, value in metadata.items():
+        if len(key) > 64 or len(value) > 512:
+            raise InvalidRequest(
+                "metadata keys are at most 64 characters, values at most 512",
+                param="metadata",
+            )
+
+
+def constraint(body: ResponsesRequest) -> Constraint | None:
+    form = body.text.format if body.text is not None else None
+    if form is not None and form.type == "json_object":
+        return Constraint("json_object", None, "text.format")
+    if form is not None and form.type == "json_schema":
+        if form.schema_ is None:
+            raise InvalidRequest(
+                "text.format json_schema needs 'schema'", param="text.format.schema"
+            )
+        return json_constraint(form.schema_, "text.format.schema")
+    if body.structured_outputs is not None:
+        return parse_constraint(body.structured_outputs, "structured_outputs")
+    return None
+
+
+def _default(value: float | None, default: float) -> float:
+    return value if value is not None else default
+
+
+def sampling(body: ResponsesRequest) -> SamplingOptions:
+    """The body's sampling with OpenAI's defaults (checked later, by the plan)."""
+    logprobs = None
+    if LOGPROBS in (body.include or ()):
+        logprobs = body.top_logprobs or 0
+    elif body.top_logprobs:
+        raise InvalidRequest(f"top_logprobs needs include: [{LOGPROBS!r}]", param="top_logprobs")
+    stop = body.stop
+    return SamplingOptions(
+        temperature=_default(body.temperature, 1.0),
+        top_p=_default(body.top_p, 1.0),
+        top_k=body.top_k if body.top_k is not None else 0,
+        min_p=_default(body.min_p, 0.0),
+        seed=body.seed,
+        presence_penalty=_default(body.presence_penalty, 0.0),
+        frequency_penalty=_default(body.frequency_penalty, 0.0),
+        repetition_penalty=_default(body.repetition_penalty, 1.0),
+        stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        ignore_eos=body.ignore_eos,
+        min_tokens=body.min_tokens,
+        logprobs=logprobs,
+        skip_special_tokens=body.skip_special_tokens,
+        logit_bias=logit_bias_pairs(body.logit_bias or {}, "logit_bias"),
+    )
+
+
+def translate(
+    body: ResponsesRequest,
+    context: Sequence[Item],
+    input_items: Sequence[Item],
+    info: EngineInfo,
+    *,
+    request_id: str,
+    lora_name: str | None,
+) -> Translated:
+    """`body` with its stored `context` (empty without previous_response_id) and its
+    `input_items` (`items.read_input`) as a conversation. Blocking (images)."""
+    _check(body)
+    if not context and not input_items:
+        raise InvalidRequest("input is required (a string or a list of items)", param="input")
+    shift = len(context)
+
+    def where(i: int) -> str:
+        return f"input.{i - shift}" if i >= shift else "previous_response_id"
+
+    chat = messages([*context, *input_items], info, where)
+    head = [ChatMessage("system", (TextPart(body.instructions),))] if body.instructions else []
+    last = input_items[-1] if input_items else None
+    continues = last is not None and last["type"] == "message" and last["role"] == "assistant"
+    tools = tool_specs(body.tools)
+    conversation = Conversation(
+        request_id=request_id,
+        messages=[*head, *chat],
+        sampling=sampling(body),
+        max_tokens=body.max_output_tokens,
+        fields=FIELDS,
+        tools=tools.specs,
+        tool_choice=tool_choice(body.tool_choice),
+        parallel_tool_calls=body.parallel_tool_calls,
+        constraint=constraint(body),
+        add_generation_prompt=not continues,
+        continue_final_message=continues,
+        template_kwargs=body.chat_template_kwargs or {},
+        lora_name=lora_name,
+        priority=body.priority,
+    )
+    return Translated(conversation, len(head), body.truncation == "auto", tools.namespaces)

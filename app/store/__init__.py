@@ -1,0 +1,30 @@
+"""State that outlives a request: the Responses API's stored responses.
+
+- `base`: the contract every store keeps (records by id, time to live, a size bound, a
+  cancel flag per id) and its errors;
+- `sqlite`: the embedded default, one file under the state directory, surviving restarts;
+- `redis`: one Redis shared by every replica.
+
+`open_store(location, ...)` picks one from `--responses-store`: a `redis://` or
+`rediss://` URL, or a file path for SQLite (`sqlite:///abs/path` is taken too).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.store.base import DEFAULT_CLOCK, Clock, ResponseStore
+
+
+def open_store(
+    location: str, *, ttl_s: float, max_bytes: int, clock: Clock = DEFAULT_CLOCK
+) -> ResponseStore:
+    """The store at `location`; nothing is opened or connected until its first use."""
+    if location.startswith(("redis://", "rediss://", "unix://")):
+        from app.store.redis import RedisStore
+
+        return RedisStore(location, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+    from app.store.sqlite import SqliteStore
+
+    path = Path(location.removeprefix("sqlite://")).expanduser()
+    return SqliteStore(path, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)

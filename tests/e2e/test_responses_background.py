@@ -1,0 +1,142 @@
+"""Responses that end early, on the live server (real vLLM): a client that disconnects
+aborts its foreground responses; `cancel` aborts background ones; a background response
+is not tied to the connection that started it, and can be followed live.
+
+The abort tests are tests/aborts.py's: the long workload (one response per prompt),
+vLLM's own request count, and a bound well under the workload's natural length, so an
+abort that does not reach the engine fails them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.aborts import AbortWatch, Workload
+
+pytestmark = pytest.mark.e2e
+
+POLL_DEADLINE_S = 120.0
+
+
+def _body(live: Any, workload: Workload, text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": live.model,
+        "input": text,
+        "max_output_tokens": workload.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+    }
+
+
+async def _until_ended(client: httpx.AsyncClient, response_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + POLL_DEADLINE_S
+    while True:
+        body = (await client.get(f"/v1/responses/{response_id}")).json()
+        if body["status"] not in ("queued", "in_progress"):
+            return body
+        assert time.monotonic() < deadline, f"{response_id} still {body['status']}"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+async def test_a_client_that_disconnects_aborts_its_responses(  # type: ignore[no-untyped-def]
+    live_server, abort_workload, stream: bool
+) -> None:
+    limits = httpx.Limits(max_connections=len(abort_workload.texts))
+    async with httpx.AsyncClient(
+        base_url=live_server.base_url, timeout=120, limits=limits
+    ) as client:
+        watch = await AbortWatch.start(live_server.engine, abort_workload)
+
+        async def one(text: str) -> None:
+            body = _body(live_server, abort_workload, text, stream=stream, store=False)
+            if stream:
+                async with client.stream("POST", "/v1/responses", json=body) as response:
+                    assert response.status_code == 200
+                    lines = response.aiter_lines()
+                    assert (await anext(lines)).startswith("event: response.created")
+                    await asyncio.Event().wait()  # held open until cancelled
+            else:
+                await client.post("/v1/responses", json=body)
+
+        calls = [asyncio.create_task(one(text)) for text in abort_workload.texts]
+        await watch.all_in_engine()
+        assert not any(call.done() for call in calls)
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+    await watch.idle()
+
+
+async def test_cancel_aborts_background_responses(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+    limits = httpx.Limits(max_connections=32)
+    async with httpx.AsyncClient(
+        base_url=live_server.base_url, timeout=120, limits=limits
+    ) as client:
+        watch = await AbortWatch.start(live_server.engine, abort_workload)
+        created = await asyncio.gather(
+            *(
+                client.post(
+                    "/v1/responses", json=_body(live_server, abort_workload, t, background=True)
+                )
+                for t in abort_workload.texts
+            )
+        )
+        ids = [answer.json()["id"] for answer in created]
+        assert {answer.json()["status"] for answer in created} == {"queued"}
+        await watch.all_in_engine()
+        cancelled = await asyncio.gather(*(client.post(f"/v1/responses/{i}/cancel") for i in ids))
+        await watch.idle()
+        for answer in cancelled:
+            body = answer.json()
+            assert body["status"] == "cancelled", body
+            assert body["usage"]["output_tokens"] < abort_workload.max_tokens
+        stored = (await client.get(f"/v1/responses/{ids[0]}")).json()
+        assert stored["status"] == "cancelled"
+        # Cancelling again answers the response as it ended.
+        again = await client.post(f"/v1/responses/{ids[0]}/cancel")
+        assert again.json()["status"] == "cancelled"
+
+
+async def test_a_background_response_outlives_its_connection(live_server) -> None:  # type: ignore[no-untyped-def]
+    """Streamed, then left after its first event: it still runs to its end (fails if the
+    disconnect cancelled it: `cancelled`, fewer tokens); a second reader follows it live
+    from a sequence number and sees the rest."""
+    body = {
+        "model": live_server.model,
+        "input": "a long story",
+        "max_output_tokens": 200,
+        "temperature": 0,
+        "ignore_eos": True,
+        "background": True,
+        "stream": True,
+    }
+    async with httpx.AsyncClient(base_url=live_server.base_url, timeout=120) as client:
+        async with client.stream("POST", "/v1/responses", json=body) as response:
+            assert response.status_code == 200
+            lines = response.aiter_lines()
+            assert await anext(lines) == "event: response.created"
+            created = json.loads((await anext(lines)).removeprefix("data: "))
+        response_id = created["response"]["id"]
+        assert created["response"]["status"] == "queued"
+        followed = []
+        async with client.stream(
+            "GET", f"/v1/responses/{response_id}", params={"stream": "true", "starting_after": 0}
+        ) as replay:
+            async for line in replay.aiter_lines():
+                if line.startswith("data: "):
+                    followed.append(json.loads(line.removeprefix("data: ")))
+        ended = await _until_ended(client, response_id)
+    assert ended["status"] == "incomplete"
+    assert ended["usage"]["output_tokens"] == 200
+    assert [e["sequence_number"] for e in followed] == list(range(1, len(followed) + 1))
+    assert followed[-1]["type"] == "response.incomplete"
+    text = "".join(e["delta"] for e in followed if e["type"] == "response.output_text.delta")
+    assert text == ended["output"][0]["content"][0]["text"]

@@ -1,0 +1,243 @@
+"""The Responses API's sans-IO pieces and its runner on the deterministic fake engine:
+input items in normal form and as neutral messages, the stream's events against the
+whole answer, a stored response replayed, truncation, and background runs under a drain.
+The same on real vLLM through real clients: tests/e2e/test_responses_*.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.admission import Admission
+from app.drain import Drain
+from app.engine.base import TokenEvent
+from app.errors import ContextLengthExceeded, InvalidRequest
+from app.protocols.openai.responses.core import ResponsesCore
+from app.protocols.openai.responses.events import replay
+from app.protocols.openai.responses.items import messages, read_input
+from app.protocols.openai.responses.record import StoredResponse
+from app.sessions.responses import ResponsesRunner
+from app.store.sqlite import SqliteStore
+from schemas.openai_responses import ResponsesRequest
+from tests.fake_engine import FakeEngine
+
+
+def _core(engine: FakeEngine, context: list[Any] | None = None, **body: Any) -> ResponsesCore:
+    request = ResponsesRequest.model_validate({"input": "hi", "max_output_tokens": 4, **body})
+    return ResponsesCore(
+        request,
+        engine.info,
+        engine.tokenizer,
+        response_id="resp_1",
+        created_at=1,
+        model="fake",
+        context=context or [],
+        input_items=read_input(request.input),
+    )
+
+
+def _events(texts: list[str], finish: str = "length") -> list[TokenEvent]:
+    out = []
+    for i, text in enumerate(texts):
+        last = i == len(texts) - 1
+        out.append(
+            TokenEvent(
+                token_ids=[ord(text[0])] if text else [],
+                text=text,
+                finish_reason=finish if last else None,  # type: ignore[arg-type]
+                prompt_token_ids=[1, 2, 3] if i == 0 else None,
+                num_cached_tokens=2 if i == 0 else 0,
+            )
+        )
+    return out
+
+
+def test_read_input_normal_form_and_errors() -> None:
+    items = read_input(
+        [
+            {"role": "user", "content": "a"},
+            {"type": "message", "role": "assistant", "content": "b", "id": "msg_given"},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "r"},
+        ]
+    )
+    assert [i["type"] for i in items] == ["message"] * 2 + ["function_call", "function_call_output"]
+    assert items[0]["content"] == [{"type": "input_text", "text": "a"}]
+    assert items[1]["id"] == "msg_given" and items[1]["content"][0]["type"] == "output_text"
+    assert items[2]["id"].startswith("fc_") and items[3]["id"].startswith("fco_")
+    for bad, param in [
+        ([{"role": "user"}], "input.0.content"),
+        (
+            [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}],
+            "input.0.arguments",
+        ),
+        ([{"role": "user", "content": [{"type": "input_audio"}]}], "input.0.content.0.type"),
+        ([{"type": "item_reference", "id": "x"}], "input.0.type"),
+        ([7], "input.0"),
+    ]:
+        with pytest.raises(InvalidRequest) as raised:
+            read_input(bad)
+        assert raised.value.param == param
+
+
+def test_an_assistant_turn_holds_its_text_reasoning_and_calls() -> None:
+    items = read_input(
+        [
+            {"role": "user", "content": "q"},
+            {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "think"}]},
+            {"role": "assistant", "content": "let me look"},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"x": 1}'},
+            {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "one"},
+            {"type": "function_call_output", "call_id": "c2", "output": "two"},
+            {"role": "user", "content": "thanks"},
+        ]
+    )
+    chat = messages(items, FakeEngine().info, lambda i: f"input.{i}")
+    assert [m.role for m in chat] == ["user", "assistant", "tool", "tool", "user"]
+    turn = chat[1]
+    assert turn.text() == "let me look" and turn.reasoning == "think"
+    assert [(c.id, c.name, c.arguments) for c in turn.tool_calls] == [
+        ("c1", "f", '{"x": 1}'),
+        ("c2", "g", "{}"),
+    ]
+    assert (chat[2].tool_call_id, chat[2].text()) == ("c1", "one")
+
+
+def test_the_stream_adds_up_to_the_whole_answer() -> None:
+    engine = FakeEngine()
+    streamed = _core(engine)
+    events = streamed.opening()
+    for event in _events(["a", "b", "c", "d"]):
+        events += streamed.events(0, event)
+    events += streamed.closing()
+    kinds = [name for name, _ in events]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * 4,
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
+    assert [body["sequence_number"] for _, body in events] == list(range(len(events)))
+    final = events[-1][1]["response"]
+    assert final["status"] == "incomplete"
+    assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+    (item,) = final["output"]
+    assert {body.get("item_id", item["id"]) for _, body in events[3:-1]} == {item["id"]}
+    assert item["content"][0]["text"] == "abcd" and item["status"] == "incomplete"
+    assert final["usage"]["input_tokens"] == 3
+    assert final["usage"]["input_tokens_details"] == {"cached_tokens": 2}
+    whole = _core(engine)
+    for event in _events(["a", "b", "c", "d"]):
+        whole.feed(0, event)
+    answer = whole.result()
+    assert answer["status"] == "incomplete"
+    assert answer["output"][0]["content"] == item["content"]
+    assert answer["usage"] == final["usage"]
+
+
+def test_an_empty_answer_is_one_empty_message_streamed_or_not() -> None:
+    engine = FakeEngine()
+    streamed = _core(engine)
+    events = [e for event in _events([""], "stop") for e in streamed.events(0, event)]
+    events += streamed.closing()
+    final = events[-1][1]["response"]
+    assert events[-1][0] == "response.completed"
+    assert [i["content"][0]["text"] for i in final["output"]] == [""]
+    whole = _core(engine)
+    whole.feed(0, _events([""], "stop")[0])
+    assert [i["content"][0]["text"] for i in whole.result()["output"]] == [""]
+
+
+def test_a_stored_response_replays_as_its_stream_did() -> None:
+    core = _core(FakeEngine())
+    live = core.opening()
+    for event in _events(["x", "y"], "stop"):
+        live += core.events(0, event)
+    live += core.closing()
+    final = live[-1][1]["response"]
+    replayed = replay(final)
+    # The same events, the text in one delta instead of one per token.
+    collapse = [name for i, (name, _) in enumerate(live) if name != live[i - 1][0] or i == 0]
+    assert [name for name, _ in replayed] == collapse
+    assert [body["sequence_number"] for _, body in replayed] == list(range(len(replayed)))
+    assert replayed[-1][1]["response"] == final
+    record = StoredResponse(final, list(core.input_items), [])
+    assert StoredResponse.decode(record.encode()) == record
+    assert StoredResponse.decode(b"not a record") is None
+
+
+def test_failure_ends_the_stream_in_its_shape() -> None:
+    core = _core(FakeEngine())
+    core.opening()
+    core.events(0, _events(["a", "b"])[0])
+    error, failed = core.failure(ContextLengthExceeded("too long", param="input"))
+    assert error[0] == "error" and error[1]["param"] == "input"
+    assert failed[0] == "response.failed"
+    response = failed[1]["response"]
+    assert response["status"] == "failed"
+    assert response["error"]["code"] == "invalid_prompt"
+    assert response["output"][0]["status"] == "incomplete"
+
+
+def test_truncation_auto_drops_the_oldest_turns() -> None:
+    engine = FakeEngine(max_model_len=120)
+    long_turns: list[Any] = []
+    for i in range(6):
+        long_turns += [
+            {"role": "user", "content": f"question {i} " * 2},
+            {"role": "assistant", "content": f"answer {i} " * 2},
+        ]
+    context = read_input(long_turns)
+    with pytest.raises(ContextLengthExceeded):
+        _core(engine, context, max_output_tokens=8)
+    core = _core(engine, context, max_output_tokens=8, truncation="auto", instructions="sys")
+    prompt = "".join(chr(t) for t in core.requests[0].prompt_token_ids)
+    assert prompt.startswith("[system]sys")  # instructions are never dropped
+    assert "question 0" not in prompt and prompt.rstrip().endswith("[user]hi\n[assistant]")
+    assert len(core.requests[0].prompt_token_ids) + 8 <= 120
+
+
+class SlowStore(SqliteStore):
+    """Writes that take a while, as a remote store's may: a goodbye that does not wait
+    for them is seen."""
+
+    async def put(self, key: str, data: bytes) -> None:
+        await asyncio.sleep(0.2)
+        await super().put(key, data)
+
+
+async def test_a_drain_cuts_background_runs_and_waits_for_their_records(tmp_path: Path) -> None:
+    """Fails if the drain's goodbye returns before the cut run has written its record
+    (the record would still say in_progress), or if the run is not cut at all."""
+    engine = FakeEngine(step_delay=0.01)
+    admission = Admission(None, None)
+    drain = Drain(admission, timeout_s=0.0)
+    store = SlowStore(tmp_path / "r.sqlite3", ttl_s=60, max_bytes=1 << 20)
+
+    async def render(build: Any) -> Any:
+        return build()
+
+    runner = ResponsesRunner(engine, admission, store, render, drain)
+    body = ResponsesRequest.model_validate(
+        {"input": "long", "max_output_tokens": 400, "background": True}
+    )
+    started = await runner.start(body, model="fake", bound=100)
+    queued = await runner.background(started)
+    while not engine.running:
+        await asyncio.sleep(0.01)
+    await drain.run(engine.abort)
+    record = StoredResponse.decode(await store.get(queued["id"]) or b"")
+    assert record is not None and record.status == "failed"
+    assert "shutting down" in record.response["error"]["message"]
+    assert not engine.running
+    await runner.close()
