@@ -44,13 +44,11 @@ from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as salience_pb
 from schemas import salience_pb2_grpc as salience_grpc
 from tests.conftest import ROOT, free_port, tiny_model_path
-from tests.e2e.test_overload import (
-    evergreen_outcome,
-    evergreen_turn,
-    salience_generate,
-)
+from tests.evergreen_client import outcome as evergreen_outcome
+from tests.evergreen_frames import turn
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
 from tests.grpc_retry import retry_after_s
+from tests.salience_client import open_and_generate
 
 pytestmark = pytest.mark.e2e
 
@@ -158,11 +156,11 @@ async def _grpc_generate(channel: grpc.aio.Channel, first: asyncio.Event) -> tup
 async def _grpc_session(channel: grpc.aio.Channel, first: asyncio.Event) -> tuple[Any, ...]:
     """(status code, details, retry hint, the last message's ABORT Struct or None), the
     session left open (no half-close) after a long GENERATE."""
-    turn = json_format.Parse(
-        evergreen_turn("Tell me a long story.", LONG), service_pb.SessionMessage()
+    first = json_format.ParseDict(
+        turn("Tell me a long story.", LONG, temperature=0), service_pb.SessionMessage()
     )
     call = evergreen_grpc.EvergreenServiceStub(channel).StartSession(timeout=120)
-    await call.write(turn)
+    await call.write(first)
     last = None
     try:
         async for reply in call:
@@ -222,10 +220,12 @@ def drained(server: Server) -> dict[str, Any]:
                 client.post(f"{server.base_url}/graphpipe", content=infer_request(call))
             )
             evergreen_busy = await websockets.connect(f"{server.ws_url}/evergreen/ws")
-            await evergreen_busy.send(evergreen_turn("Tell me a long story.", LONG))
+            await evergreen_busy.send(
+                json.dumps(turn("Tell me a long story.", LONG, temperature=0))
+            )
             evergreen_idle = await websockets.connect(f"{server.ws_url}/evergreen/ws")
             salience_busy = await websockets.connect(f"{server.ws_url}/salience/ws")
-            await salience_generate(salience_busy, "tiny", "g", [5, 6, 7], LONG)
+            await open_and_generate(salience_busy, "tiny", "g", [5, 6, 7], LONG)
             salience_idle = await websockets.connect(f"{server.ws_url}/salience/ws")
             channel = grpc.aio.insecure_channel(server.grpc_target)
             generate_started, session_started = asyncio.Event(), asyncio.Event()

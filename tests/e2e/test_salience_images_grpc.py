@@ -12,8 +12,8 @@ import pytest
 
 from schemas import salience_pb2 as pb
 from schemas import salience_pb2_grpc as salience_grpc
-from tests.e2e.test_salience_images import Prompt, attachment, decoded, open_session, png, run
-from tests.salience_client import JsonClient
+from tests.images import Prompt, attachment, png
+from tests.salience_client import JsonClient, decoded, open_session, run
 
 pytestmark = pytest.mark.e2e
 

@@ -4,24 +4,16 @@ cache keys blocks on the image, and the model never samples its vision tokens.""
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from app.engine.base import GenerationRequest, PromptImage, SamplingOptions, TokenEvent
 from app.errors import InvalidRequest
+from tests.images import png
 
 pytestmark = pytest.mark.engine
-
-
-def png(seed: int, width: int = 64, height: int = 48) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
 
 
 async def _run(engine: Any, request: GenerationRequest) -> list[TokenEvent]:

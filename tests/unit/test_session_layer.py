@@ -11,7 +11,6 @@ import threading
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
-from google.protobuf import text_format
 from starlette.testclient import TestClient
 
 from app.admission import Admission
@@ -23,9 +22,11 @@ from app.sessions.evergreen import EvergreenRun
 from app.sessions.salience import SalienceRunner
 from schemas import evergreen_service_pb2 as service_pb
 from schemas import salience_pb2 as pb
+from tests.asgi_wire import Wire
+from tests.evergreen_client import TestClientSocket
+from tests.evergreen_frames import generate, leaf, message
 from tests.fake_engine import FakeEngine
-from tests.unit.test_evergreen_socket import Socket, generate, leaf
-from tests.unit.test_salience_socket import Wire, dump, gen
+from tests.salience_client import dump, gen
 
 START, END, PAD = 5, 6, 7
 
@@ -51,7 +52,7 @@ async def test_a_slow_image_decode_blocks_neither_the_loop_nor_other_calls() -> 
     vision = VisionInfo(START, PAD, END, max_images=4, read_image=decoder)
     engine._info = dataclasses.replace(engine.info, vision=vision)
     app = create_app(Settings(model="fake"), engine=engine)
-    first, second = Wire(app), Wire(app)
+    first, second = Wire(app, "/salience/ws"), Wire(app, "/salience/ws")
     sid = await first.open_session()
     image = {"bytes": "aW1n", "mime": "image/png", "padRangeStart": 1, "padRangeEnd": 5}
     first.send(
@@ -116,10 +117,6 @@ async def test_a_transport_that_cancels_its_call_aborts_the_engine_request() -> 
     session = runner.service.store.get(sid)
     assert not session.busy and 5 <= len(session.tokens) < 402  # what was decoded stays
     assert runner.service.running(sid) is None
-
-
-def message(text: str) -> service_pb.SessionMessage:
-    return text_format.Parse(text, service_pb.SessionMessage())
 
 
 async def test_evergreen_half_close_drains_then_ends_cleanly() -> None:
@@ -189,7 +186,7 @@ def test_a_bug_aborts_evergreen_sessions_with_an_error_id() -> None:
     engine.generate = broken  # type: ignore[method-assign]
     app = create_app(Settings(model="fake"), engine=engine)
     with TestClient(app) as client, client.websocket_connect("/evergreen/ws") as ws:
-        sock = Socket(ws, binary=True)
+        sock = TestClientSocket(ws, binary=True)
         sock.send(generate("p", "r") + leaf("p", "hi"))
         status, code, reason = sock.aborted()
     assert status["code"] == "INTERNAL" and code == 4013
