@@ -16,6 +16,7 @@ from app.main import create_app
 from tests.asgi_wire import TIMEOUT_S, Wire
 from tests.evergreen_frames import turn
 from tests.fake_engine import FakeEngine
+from tests.waits import until
 
 
 def _app(engine: FakeEngine, **settings: Any) -> Any:
@@ -89,9 +90,7 @@ async def test_the_drain_cuts_running_work_and_says_each_protocols_goodbye() -> 
     evergreen = Wire(app, "/evergreen/ws")
     evergreen.send(turn("ab", 300))
     idle_evergreen = Wire(app, "/evergreen/ws")
-    async with asyncio.timeout(5):
-        while app.state.admission.in_flight < 2:
-            await asyncio.sleep(0.01)
+    await until(lambda: app.state.admission.in_flight >= 2, "both GENERATEs admitted")
     await drain.run(engine.abort)
 
     # Salience: the running Generate ends with UNAVAILABLE, then the socket's goodbye.

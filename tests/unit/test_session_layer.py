@@ -27,6 +27,7 @@ from tests.evergreen_client import TestClientSocket
 from tests.evergreen_frames import generate, leaf, message
 from tests.fake_engine import FakeEngine
 from tests.salience_client import dump, gen
+from tests.waits import until
 
 START, END, PAD = 5, 6, 7
 
@@ -61,8 +62,7 @@ async def test_a_slow_image_decode_blocks_neither_the_loop_nor_other_calls() -> 
         ),
         dump("d", sid),
     )
-    while not decoder.started.is_set():
-        await asyncio.sleep(0.01)
+    await until(decoder.started.is_set, "the image decode to start")
     # While the image decodes, another socket is served: the loop is free.
     other = await second.open_session()
     assert other and not decoder.finished.is_set()
@@ -88,8 +88,7 @@ async def test_cancel_and_close_session_from_another_connection_as_grpc_would() 
     request = pb.GenerateRequest(session_id=sid, append_tokens=[1], max_tokens=400)
     generation = await runner.start_generate(request)
     stream = asyncio.create_task(runner.run_generate(generation, emit))
-    while not events:
-        await asyncio.sleep(0.01)
+    await until(lambda: bool(events), "the first event")
     # CloseSession from elsewhere (another socket, a gRPC call) ends the stream cleanly.
     runner.unary("CloseSession", pb.CloseSessionRequest(session_id=sid))
     await asyncio.wait_for(stream, 5)
@@ -108,8 +107,7 @@ async def test_a_transport_that_cancels_its_call_aborts_the_engine_request() -> 
 
     request = pb.GenerateRequest(session_id=sid, append_tokens=[1, 2], max_tokens=400)
     stream = asyncio.create_task(runner.run_generate(await runner.start_generate(request), emit))
-    while len(events) < 3:
-        await asyncio.sleep(0.01)
+    await until(lambda: len(events) >= 3, "three events")
     stream.cancel()  # a gRPC deadline, a dropped connection
     with pytest.raises(asyncio.CancelledError):
         await stream
