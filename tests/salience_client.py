@@ -4,8 +4,11 @@ make with it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
+
+READ_TIMEOUT_S = 120  # one frame of a live server
 
 
 def gen(call_id: str, **request: Any) -> dict[str, Any]:
@@ -27,7 +30,7 @@ class JsonClient:
         self.n += 1
         call_id = f"c{self.n}"
         await self.ws.send(json.dumps({"id": call_id, "method": method, "request": request}))
-        reply: dict[str, Any] = json.loads(await self.ws.recv())
+        reply: dict[str, Any] = json.loads(await asyncio.wait_for(self.ws.recv(), READ_TIMEOUT_S))
         assert reply["id"] == call_id
         return reply
 
@@ -37,7 +40,7 @@ class JsonClient:
         await self.ws.send(json.dumps({"id": call_id, "method": "Generate", "request": request}))
         events = []
         while True:
-            reply = json.loads(await self.ws.recv())
+            reply = json.loads(await asyncio.wait_for(self.ws.recv(), READ_TIMEOUT_S))
             assert reply["id"] == call_id
             if "error" in reply:
                 return [reply]
@@ -88,7 +91,7 @@ async def open_and_generate(
     for the caller to read."""
     opening = {"id": "o" + call_id, "method": "OpenSession", "request": {"model": model}}
     await ws.send(json.dumps(opening))
-    opened = json.loads(await ws.recv())
+    opened = json.loads(await asyncio.wait_for(ws.recv(), READ_TIMEOUT_S))
     session = opened["response"]["sessionId"]
     request = {"sessionId": session, "appendTokens": tokens, "offset": 0, "maxTokens": max_tokens}
     await ws.send(json.dumps({"id": call_id, "method": "Generate", "request": request}))

@@ -42,7 +42,7 @@ async def status(call: Any) -> tuple[grpc.StatusCode, str]:
 async def events_of(call: Any) -> list[pb.GenerateEvent]:
     """The rest of a Generate's stream (`read`, so a test may have read some already)."""
     events = []
-    while (event := await call.read()) is not grpc.aio.EOF:
+    while (event := await asyncio.wait_for(call.read(), 120)) is not grpc.aio.EOF:
         events.append(event)
     return events
 

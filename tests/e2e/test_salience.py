@@ -183,7 +183,7 @@ async def test_binary_frames_with_readouts(live_server) -> None:  # type: ignore
         await ws.send(ws_pb.ClientFrame(id="g", generate=request).SerializeToString())
         tokens = []
         while True:
-            frame = ws_pb.ServerFrame.FromString(await ws.recv())
+            frame = ws_pb.ServerFrame.FromString(await asyncio.wait_for(ws.recv(), 120))
             assert frame.id == "g" and frame.WhichOneof("reply") == "event"
             if frame.event.WhichOneof("event") == "done":
                 break
@@ -352,7 +352,7 @@ async def test_full_context_scoring_and_an_instant_cancel(live_server) -> None: 
             )
         )
         await ws.send(json.dumps({"id": "quick", "cancel": True}))
-        while "done" not in (reply := json.loads(await ws.recv()))["event"]:
+        while "done" not in (reply := json.loads(await asyncio.wait_for(ws.recv(), 120)))["event"]:
             assert reply["id"] == "quick"
         done = reply["event"]["done"]
         assert done["finishReason"] == "FINISH_REASON_CANCELLED"

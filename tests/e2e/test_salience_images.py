@@ -4,6 +4,7 @@ send it again, bad attachments are INVALID_ARGUMENT and leave nothing running.""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
@@ -84,7 +85,7 @@ async def test_binary_frames_carry_images_as_json_does(vl_server) -> None:  # ty
         await ws.send(ws_pb.ClientFrame(id="g", generate=request).SerializeToString())
         by_binary = []
         while True:
-            frame = ws_pb.ServerFrame.FromString(await ws.recv())
+            frame = ws_pb.ServerFrame.FromString(await asyncio.wait_for(ws.recv(), 120))
             assert frame.WhichOneof("reply") == "event", frame
             if frame.event.WhichOneof("event") == "done":
                 break
