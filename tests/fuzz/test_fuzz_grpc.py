@@ -40,9 +40,11 @@ from schemas import evergreen_service_pb2 as service_pb
 from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as pb
 from schemas import salience_pb2_grpc as salience_grpc
-from tests.fuzz.corpus import INPUTS_PER_PROTOCOL, Offence, binary_input, rng
-from tests.fuzz.harness import evergreen_abort, run_corpus, verdict
-from tests.fuzz.test_fuzz_evergreen import SEEDS as EVERGREEN_SEEDS
+from tests.conftest import LiveServer
+from tests.fuzz.corpus import DEFAULT_INPUTS, Offence, binary_input, rng
+from tests.fuzz.evergreen import SEEDS as EVERGREEN_SEEDS
+from tests.fuzz.evergreen import evergreen_abort
+from tests.fuzz.harness import run_corpus, verdict
 
 pytestmark = pytest.mark.e2e
 
@@ -293,15 +295,15 @@ async def _still_serves(live: Any) -> None:
         assert await session.code() == grpc.StatusCode.OK
 
 
-async def test_salience_grpc_corpus(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_salience_grpc_corpus(live_server: LiveServer) -> None:
     async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
         stub = salience_grpc.SalienceStub(channel)
         offences = await run_corpus(lambda index: salience_probe(channel, stub, index))
     await _still_serves(live_server)
-    verdict(live_server, "Salience over gRPC", offences, INPUTS_PER_PROTOCOL)
+    verdict(live_server, "Salience over gRPC", offences)
 
 
-async def test_evergreen_grpc_corpus(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_evergreen_grpc_corpus(live_server: LiveServer) -> None:
     async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
 
         async def probe(index: int) -> Offence | None:
@@ -311,13 +313,13 @@ async def test_evergreen_grpc_corpus(live_server) -> None:  # type: ignore[no-un
 
         offences = await run_corpus(probe)
     await _still_serves(live_server)
-    verdict(live_server, "Evergreen over gRPC", offences, INPUTS_PER_PROTOCOL)
+    verdict(live_server, "Evergreen over gRPC", offences)
 
 
 def test_corpus_is_seeded_and_covers_every_rpc() -> None:
     assert salience_input(4, "s-1") == salience_input(4, "s-1")
     assert evergreen_input(5) == evergreen_input(5)
-    methods = {salience_input(i, "s-1")[0] for i in range(INPUTS_PER_PROTOCOL)}
+    methods = {salience_input(i, "s-1")[0] for i in range(DEFAULT_INPUTS)}
     assert methods == set(RESPONSES) | {"Generate"}
     # The even inputs are valid protos of their type; the odd ones mostly are not.
     for i in range(0, 40, 2):
