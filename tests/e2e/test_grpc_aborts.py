@@ -22,6 +22,7 @@ from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as pb
 from schemas import salience_pb2_grpc as salience_grpc
 from tests.aborts import AbortWatch, Workload
+from tests.conftest import LiveServer
 from tests.evergreen_frames import SESSIONS, workload_actions
 
 pytestmark = pytest.mark.e2e
@@ -69,7 +70,9 @@ async def _free(stub: salience_grpc.SalienceStub, sessions: list[str]) -> None:
         await stub.CloseSession(pb.CloseSessionRequest(session_id=session))
 
 
-async def test_a_cancelled_generate_aborts_it(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+async def test_a_cancelled_generate_aborts_it(
+    live_server: LiveServer, abort_workload: Workload
+) -> None:
     async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
         stub = salience_grpc.SalienceStub(channel)
         sessions = await _sessions(stub, live_server, abort_workload)
@@ -83,7 +86,9 @@ async def test_a_cancelled_generate_aborts_it(live_server, abort_workload) -> No
         await _free(stub, sessions)
 
 
-async def test_a_generate_past_its_deadline_aborts_it(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+async def test_a_generate_past_its_deadline_aborts_it(
+    live_server: LiveServer, abort_workload: Workload
+) -> None:
     async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
         stub = salience_grpc.SalienceStub(channel)
         sessions = await _sessions(stub, live_server, abort_workload)
@@ -120,7 +125,9 @@ threading.Event().wait()
 """
 
 
-async def test_a_dropped_connection_aborts_its_engine_requests(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+async def test_a_dropped_connection_aborts_its_engine_requests(
+    live_server: LiveServer, abort_workload: Workload
+) -> None:
     async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
         stub = salience_grpc.SalienceStub(channel)
         sessions = await _sessions(stub, live_server, abort_workload)
@@ -155,8 +162,8 @@ async def test_a_dropped_connection_aborts_its_engine_requests(live_server, abor
         await _free(stub, sessions)
 
 
-async def test_a_start_session_past_its_deadline_aborts_its_engine_requests(  # type: ignore[no-untyped-def]
-    live_server, abort_workload
+async def test_a_start_session_past_its_deadline_aborts_its_engine_requests(
+    live_server: LiveServer, abort_workload: Workload
 ) -> None:
     async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
         stub = evergreen_grpc.EvergreenServiceStub(channel)

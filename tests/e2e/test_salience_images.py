@@ -13,13 +13,14 @@ import websockets
 
 from schemas import salience_pb2 as pb
 from schemas import salience_ws_pb2 as ws_pb
+from tests.conftest import LiveServer
 from tests.images import Prompt, attachment, png
 from tests.salience_client import JsonClient, decoded, open_session, run, scored
 
 pytestmark = pytest.mark.e2e
 
 
-async def test_the_image_reaches_the_model(vl_server) -> None:  # type: ignore[no-untyped-def]
+async def test_the_image_reaches_the_model(vl_server: LiveServer) -> None:
     prompt = Prompt(vl_server)
     after_image = [{"start": prompt.end, "end": len(prompt.tokens)}]
     results = []
@@ -50,7 +51,7 @@ async def test_the_image_reaches_the_model(vl_server) -> None:  # type: ignore[n
     assert vl_server.wait_idle() == 0
 
 
-async def test_binary_frames_carry_images_as_json_does(vl_server) -> None:  # type: ignore[no-untyped-def]
+async def test_binary_frames_carry_images_as_json_does(vl_server: LiveServer) -> None:
     prompt = Prompt(vl_server)
 
     async def call(ws: Any, frame: ws_pb.ClientFrame) -> ws_pb.ServerFrame:
@@ -93,7 +94,7 @@ async def test_binary_frames_carry_images_as_json_does(vl_server) -> None:  # ty
     assert by_binary == by_json and len(by_json) == 5
 
 
-async def test_later_turns_and_forks_send_the_image_again(vl_server) -> None:  # type: ignore[no-untyped-def]
+async def test_later_turns_and_forks_send_the_image_again(vl_server: LiveServer) -> None:
     prompt = Prompt(vl_server)
     tok = vl_server.engine.tokenizer
     more = tok.encode(" and then", add_special_tokens=False)
@@ -146,7 +147,7 @@ async def test_later_turns_and_forks_send_the_image_again(vl_server) -> None:  #
     assert vl_server.wait_idle() == 0
 
 
-async def test_bad_attachments_are_invalid_argument_and_leak_nothing(vl_server) -> None:  # type: ignore[no-untyped-def]
+async def test_bad_attachments_are_invalid_argument_and_leak_nothing(vl_server: LiveServer) -> None:
     prompt = Prompt(vl_server)
     five = Prompt(vl_server, n=5)
     garbage = base64.b64encode(b"\x89PNG\r\n\x1a\n not really").decode()

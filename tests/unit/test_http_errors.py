@@ -230,7 +230,7 @@ def buggy_server() -> Iterator[int]:
     """uvicorn over the buggy fake engine, on a real socket (keep-alive is the point)."""
     import uvicorn
 
-    app = create_app(Settings(model="fake"), engine=BuggyEngine())  # type: ignore[arg-type]
+    app = create_app(Settings(model="fake"), engine=BuggyEngine())
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
