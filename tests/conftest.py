@@ -39,20 +39,20 @@ os.environ["SWITCHBOARD_RESPONSES_STORE"] = str(
 T = TypeVar("T")
 
 
-def tiny_model_path() -> Path:
+def tiny_model_path(context: int = 1024) -> Path:
     """The tiny model under .cache/, built on first use (seconds, no download), and
     rebuilt when its chat template has changed since (a stale cache would test the old
-    template)."""
+    template). `context`: its position limit (the same weights at any: rope)."""
     from app.tiny_model import CHAT_TEMPLATE, build_tiny_model
 
-    model = CACHE / "tiny-model"
+    model = CACHE / ("tiny-model" if context == 1024 else f"tiny-model-{context}")
     template = model / "chat_template.jinja"  # where transformers saves it
     if (
         not (model / "config.json").is_file()
         or not template.is_file()
         or template.read_text() != CHAT_TEMPLATE
     ):
-        build_tiny_model(model)
+        build_tiny_model(model, max_position_embeddings=context)
     return model
 
 

@@ -1,23 +1,29 @@
 """SIGTERM during streams on every protocol, against a real `switchboard serve` process.
 
-ONE subprocess server (the tiny model, no `VLLM_CPU_KVCACHE_SPACE` in its environment, so
-it also proves that serve starts on a CPU host right after the suite has filled the page
-cache) is drained once, by the module's `drained` fixture; each test then checks one part
-of what the clients saw:
+ONE subprocess server (the tiny model at an 8k context, no `VLLM_CPU_KVCACHE_SPACE` in its
+environment, so it also proves that serve starts on a CPU host right after the suite has
+filled the page cache) is drained once, by the module's `drained` fixture; each test then
+checks one part of what the clients saw:
 
-- before SIGTERM: streams on every protocol, a short OpenAI stream that ends within the
-  drain, long ones (48 choices x 960 tokens under `ignore_eos`: several seconds, well past
-  `--drain-timeout-s`) that must be cut, idle websocket sessions, and over native gRPC a
-  Salience Generate and an Evergreen StartSession, each past its first output;
-- right after SIGTERM: `/ready` 503, `/health` 200, a new request refused with 503 and
-  Retry-After, a new Evergreen session refused with ABORT UNAVAILABLE, gRPC Salience
+- before SIGTERM: idle websocket sessions; then, all started at once, long streams on
+  every protocol (16 choices x 8,000 tokens under `ignore_eos`: a minute and more, far
+  past `--drain-timeout-s`) that must be cut, among them over native gRPC a Salience
+  Generate and an Evergreen StartSession, and a short OpenAI stream still running at
+  SIGTERM that ends within the drain, each past its first output;
+- right after SIGTERM: `/ready` 503 (polled until it turns, which must be before the
+  drain could have cut anything), then at once `/health` 200, a new request refused
+  with 503 and Retry-After, a new Evergreen session refused with ABORT UNAVAILABLE, gRPC Salience
   unary calls (OpenSession, GetReadoutManifest) refused UNAVAILABLE with retry info;
 - each client's ending: the short stream complete, the long OpenAI stream an SSE error
   (`overloaded`) then `[DONE]`, GraphPipe a 503 InferResponse error, Evergreen ABORT
   UNAVAILABLE + close 4014, Salience an UNAVAILABLE error frame + close 1001, the gRPC
   Generate the status UNAVAILABLE with retry info, the gRPC Evergreen session its ABORT
   UNAVAILABLE then that status with the same retry info;
-- the process gone within the drain timeout plus the engine's own shutdown.
+- the process gone by itself once the drain is over.
+
+Nothing here times the server: the drain's own timeout is the one clock (readiness turns
+before it, the long streams are cut short of their natural end), and the process's exit
+is waited for only to tell an exit from a hang.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,22 +52,32 @@ from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as salience_pb
 from schemas import salience_pb2_grpc as salience_grpc
 from tests.conftest import ROOT, free_port, tiny_model_path
-from tests.e2e.test_overload import (
-    evergreen_outcome,
-    evergreen_turn,
-    salience_generate,
-)
+from tests.evergreen_client import outcome as evergreen_outcome
+from tests.evergreen_frames import turn
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
 from tests.grpc_retry import retry_after_s
+from tests.salience_client import JsonClient, gen, open_session
 
 pytestmark = pytest.mark.e2e
 
-DRAIN_TIMEOUT_S = 2.0
+# The window in which the probes after SIGTERM must be answered and the short stream end,
+# and which the long work must outlast. Measured on 2 cores: the probes took 0.1 s (up to
+# 1.3 s with others' engines and 3 busy processes beside the server), the short stream
+# ended 0.7-1.5 s after SIGTERM, the long work had run 5-30% of LONG when cut.
+DRAIN_TIMEOUT_S = 4.0
 # What exiting may take past the drain timeout: the cut streams' last words, goodbyes,
 # uvicorn's shutdown and vLLM stopping its engine core (it waits up to 5 s for workers).
 SHUTDOWN_SLACK_S = 20.0
-LONG = 960  # tokens: the tiny model's 1,024-token context, less the prompt
-WIDE = 48  # choices (and GraphPipe rows) of the long requests
+# Past this, serve is taken to hang (how long it takes short of that is not asserted).
+EXIT_TIMEOUT_S = 120.0
+# The long work runs on the tiny model's weights at an 8k context: 8,000 tokens a
+# sequence (about 100 s for 18 of them, measured), so that no drain can see it end by
+# itself, however slowly the test sets it up, while few sequences keep the server's
+# frontend (and so the probes after SIGTERM) light.
+CONTEXT = 8192
+LONG = 8000  # tokens: the context, less the prompt
+SHORT = 100  # tokens: a stream still running at SIGTERM that ends within the drain
+WIDE = 16  # choices (and GraphPipe rows) of the long requests
 
 
 class Server:
@@ -84,7 +101,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "app.cli",
         "serve",
         "--model",
-        str(tiny_model_path()),
+        str(tiny_model_path(CONTEXT)),
         "--served-model-name",
         "tiny",
         "--port",
@@ -96,7 +113,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "--dtype",
         "float32",
         "--max-model-len",
-        "1024",
+        str(CONTEXT),
     ]
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -126,25 +143,27 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 async def _sse(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], first: asyncio.Event
 ) -> list[str]:
-    """The stream's `data:` payloads, setting `first` at the first one."""
-    events = []
+    """The stream's `data:` payloads, setting `first` at the first bytes. Split into
+    lines at the end: the client's CPU is best left to the probes after SIGTERM."""
+    chunks = []
     async with client.stream("POST", url, json=body) as response:
         assert response.status_code == 200
-        async for line in response.aiter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:])
-                first.set()
-    return events
+        async for chunk in response.aiter_bytes():
+            chunks.append(chunk)
+            first.set()
+    lines = b"".join(chunks).decode().splitlines()
+    return [line[6:] for line in lines if line.startswith("data: ")]
 
 
-async def _grpc_generate(channel: grpc.aio.Channel, first: asyncio.Event) -> tuple[str, Any]:
+async def _grpc_generate(
+    channel: grpc.aio.Channel, session: str, first: asyncio.Event
+) -> tuple[str, Any]:
     """("done", finish reason) or ("status", (code, details, retry hint, events seen))."""
     stub = salience_grpc.SalienceStub(channel)
-    opened = await stub.OpenSession(salience_pb.OpenSessionRequest(model="tiny"), timeout=120)
     # Greedy (top_k 1): the same tokens every run, and they do not reach EOS within
-    # LONG, so the call is still running when the drain cuts it.
+    # LONG (measured), so the call is still running when the drain cuts it.
     request = salience_pb.GenerateRequest(
-        session_id=opened.session_id, append_tokens=[5, 6, 7], max_tokens=LONG, top_k=1
+        session_id=session, append_tokens=[5, 6, 7], max_tokens=LONG, top_k=1
     )
     events: list[salience_pb.GenerateEvent] = []
     try:
@@ -159,11 +178,11 @@ async def _grpc_generate(channel: grpc.aio.Channel, first: asyncio.Event) -> tup
 async def _grpc_session(channel: grpc.aio.Channel, first: asyncio.Event) -> tuple[Any, ...]:
     """(status code, details, retry hint, the last message's ABORT Struct or None), the
     session left open (no half-close) after a long GENERATE."""
-    turn = json_format.Parse(
-        evergreen_turn("Tell me a long story.", LONG), service_pb.SessionMessage()
+    opening = json_format.ParseDict(
+        turn("Tell me a long story.", LONG, temperature=0), service_pb.SessionMessage()
     )
     call = evergreen_grpc.EvergreenServiceStub(channel).StartSession(timeout=120)
-    await call.write(turn)
+    await call.write(opening)
     last = None
     try:
         async for reply in call:
@@ -181,38 +200,72 @@ async def _grpc_session(channel: grpc.aio.Channel, first: asyncio.Event) -> tupl
 
 
 async def _after_sigterm(server: Server, client: httpx.AsyncClient) -> dict[str, Any]:
-    """What a new client meets once SIGTERM has been sent."""
+    """What new clients meet once SIGTERM has been sent: readiness, polled until it turns,
+    then /health, a new request and a new Evergreen session, all at once.
+
+    Each must happen within the drain (the server stops listening soon after
+    DRAIN_TIMEOUT_S): asked one after the other, a loaded machine could take longer than
+    that. A probe that fails is kept as its exception, with when the probes were done,
+    for the test that reads it to say."""
     seen: dict[str, Any] = {}
     started = time.monotonic()
-    while True:  # readiness turns at once: well within a second
-        ready = await client.get(f"{server.base_url}/ready")
-        if ready.status_code == 503 or time.monotonic() - started > 5:
-            break
-        await asyncio.sleep(0.02)
+    async with asyncio.timeout(DRAIN_TIMEOUT_S + SHUTDOWN_SLACK_S):
+        while (ready := await client.get(f"{server.base_url}/ready")).status_code != 503:
+            await asyncio.sleep(0.02)
     seen["ready_after_s"] = time.monotonic() - started
     seen["ready"] = ready.status_code
-    seen["health"] = (await client.get(f"{server.base_url}/health")).status_code
-    body = {"model": "tiny", "prompt": "too late", "max_tokens": 2}
-    refused = await client.post(f"{server.base_url}/v1/completions", json=body)
-    seen["refused"] = (refused.status_code, refused.headers.get("retry-after"), refused.json())
-    async with websockets.connect(f"{server.ws_url}/evergreen/ws") as ws:
-        seen["evergreen_refused"] = await evergreen_outcome(ws)
-    async with grpc.aio.insecure_channel(server.grpc_target) as channel:
-        stub = salience_grpc.SalienceStub(channel)
-        calls = {
-            "OpenSession": stub.OpenSession(salience_pb.OpenSessionRequest(), timeout=10),
-            # Stateless: refused only because a draining server takes no new call.
-            "GetReadoutManifest": stub.GetReadoutManifest(
-                salience_pb.GetReadoutManifestRequest(), timeout=10
-            ),
-        }
-        for name, call in calls.items():
-            try:
-                await call
-                seen[f"grpc_{name}"] = "served"
-            except grpc.aio.AioRpcError as error:
-                seen[f"grpc_{name}"] = (error.code(), error.details(), retry_after_s(error))
+
+    async def refused() -> tuple[int, str | None, Any]:
+        body = {"model": "tiny", "prompt": "too late", "max_tokens": 2}
+        answer = await client.post(f"{server.base_url}/v1/completions", json=body)
+        return answer.status_code, answer.headers.get("retry-after"), answer.json()
+
+    async def evergreen() -> tuple[str, Any]:
+        async with websockets.connect(f"{server.ws_url}/evergreen/ws") as ws:
+            return await evergreen_outcome(ws)
+
+    async def health() -> int:
+        return (await client.get(f"{server.base_url}/health")).status_code
+
+    async def grpc_unary() -> dict[str, Any]:
+        outcomes: dict[str, Any] = {}
+        async with grpc.aio.insecure_channel(server.grpc_target) as channel:
+            stub = salience_grpc.SalienceStub(channel)
+            calls = {
+                "OpenSession": stub.OpenSession(salience_pb.OpenSessionRequest(), timeout=10),
+                # Stateless: refused only because a draining server takes no new call.
+                "GetReadoutManifest": stub.GetReadoutManifest(
+                    salience_pb.GetReadoutManifestRequest(), timeout=10
+                ),
+            }
+            for name, call in calls.items():
+                try:
+                    await call
+                    outcomes[f"grpc_{name}"] = "served"
+                except grpc.aio.AioRpcError as error:
+                    outcomes[f"grpc_{name}"] = (error.code(), error.details(), retry_after_s(error))
+        return outcomes
+
+    probes = await asyncio.gather(
+        health(), refused(), evergreen(), grpc_unary(), return_exceptions=True
+    )
+    seen["health"], seen["refused"], seen["evergreen_refused"], unary = probes
+    seen.update(unary if isinstance(unary, dict) else {
+        "grpc_OpenSession": unary, "grpc_GetReadoutManifest": unary
+    })
+    seen["probed_after_s"] = time.monotonic() - started
     return seen
+
+
+def probed(drained: dict[str, Any], name: str) -> Any:
+    """What probe `name` met after SIGTERM; a failed probe fails the test, saying when."""
+    outcome = drained[name]
+    if isinstance(outcome, BaseException):
+        raise AssertionError(
+            f"{name} failed {drained['probed_after_s']:.1f} s after SIGTERM (the drain "
+            f"lasts {DRAIN_TIMEOUT_S} s): {outcome!r}"
+        ) from outcome
+    return outcome
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +273,20 @@ def drained(server: Server) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         limits = httpx.Limits(max_connections=32)
         async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            # Every connection and session first; then all the long work at once, as
+            # late as possible before SIGTERM: the longer it has run by then (a loaded
+            # machine sets up slowly), the nearer its natural end the drain would cut it.
+            ws_url = server.ws_url
+            evergreen_busy = await websockets.connect(f"{ws_url}/evergreen/ws")
+            evergreen_idle = await websockets.connect(f"{ws_url}/evergreen/ws")
+            salience_busy = await websockets.connect(f"{ws_url}/salience/ws")
+            salience_session = await open_session(JsonClient(salience_busy), "tiny")
+            salience_idle = await websockets.connect(f"{ws_url}/salience/ws")
+            channel = grpc.aio.insecure_channel(server.grpc_target)
+            opened = await salience_grpc.SalienceStub(channel).OpenSession(
+                salience_pb.OpenSessionRequest(model="tiny"), timeout=120
+            )
+
             url = f"{server.base_url}/v1/completions"
             long_started, short_started = asyncio.Event(), asyncio.Event()
             long_body = {
@@ -237,30 +304,32 @@ def drained(server: Server) -> dict[str, Any]:
             graphpipe = asyncio.create_task(
                 client.post(f"{server.base_url}/graphpipe", content=infer_request(call))
             )
-            evergreen_busy = await websockets.connect(f"{server.ws_url}/evergreen/ws")
-            await evergreen_busy.send(evergreen_turn("Tell me a long story.", LONG))
-            evergreen_idle = await websockets.connect(f"{server.ws_url}/evergreen/ws")
-            salience_busy = await websockets.connect(f"{server.ws_url}/salience/ws")
-            await salience_generate(salience_busy, "tiny", "g", [5, 6, 7], LONG)
-            salience_idle = await websockets.connect(f"{server.ws_url}/salience/ws")
-            channel = grpc.aio.insecure_channel(server.grpc_target)
+            await evergreen_busy.send(
+                json.dumps(turn("Tell me a long story.", LONG, temperature=0))
+            )
+            generate = gen("g", sessionId=salience_session, appendTokens=[5, 6, 7], maxTokens=LONG)
+            await salience_busy.send(json.dumps(generate))
             generate_started, session_started = asyncio.Event(), asyncio.Event()
-            grpc_generate = asyncio.create_task(_grpc_generate(channel, generate_started))
+            grpc_generate = asyncio.create_task(
+                _grpc_generate(channel, opened.session_id, generate_started)
+            )
             grpc_session = asyncio.create_task(_grpc_session(channel, session_started))
-            await asyncio.wait_for(generate_started.wait(), 120)
-            await asyncio.wait_for(session_started.wait(), 120)
-            await asyncio.wait_for(long_started.wait(), 120)
-            short_body = {"model": "tiny", "prompt": "Hi", "max_tokens": 8, "stream": True}
+            started = (generate_started, session_started, long_started)
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+            # Then the short stream, SIGTERM as soon as it has begun: its SHORT tokens
+            # outlast that moment and end early in the drain.
+            short_body = {"model": "tiny", "prompt": "Hi", "max_tokens": SHORT, "stream": True}
             short_stream = asyncio.create_task(_sse(client, url, short_body, short_started))
             await asyncio.wait_for(short_started.wait(), 120)
 
             sent_at = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
+            short_running = not short_stream.done()
             seen = await _after_sigterm(server, client)
 
             seen["short"] = await short_stream
+            seen["short_running_at_sigterm"] = short_running
             seen["long"] = await long_stream
-            seen["long_ended_after_s"] = time.monotonic() - sent_at
             gp = await graphpipe
             seen["graphpipe"] = (gp.status_code, read_infer_response(gp.content).errors)
             seen["evergreen_busy"] = await _evergreen_ending(evergreen_busy)
@@ -270,8 +339,11 @@ def drained(server: Server) -> dict[str, Any]:
             seen["grpc_generate"] = await grpc_generate
             seen["grpc_session"] = await grpc_session
             await channel.close()
-            exit_code = await asyncio.to_thread(server.process.wait, 120)
-            seen["exit"] = (exit_code, time.monotonic() - sent_at)
+            try:
+                seen["exit"] = await asyncio.to_thread(server.process.wait, EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                seen["exit"] = None  # hung
+            seen["exit_after_s"] = time.monotonic() - sent_at
             return seen
 
     return asyncio.run(run())
@@ -299,12 +371,14 @@ async def _salience_ending(ws: Any, call_id: str | None) -> list[Any]:
 
 
 def test_readiness_turns_at_once_and_new_work_is_refused(drained: dict[str, Any]) -> None:
-    assert drained["ready"] == 503 and drained["ready_after_s"] < 1.0
-    assert drained["health"] == 200  # alive: not to be killed while it drains
-    status, retry_after, body = drained["refused"]
+    # At once: within the drain, before anything is cut (a readiness that turned at the
+    # drain's end would be seen DRAIN_TIMEOUT_S after SIGTERM at the earliest).
+    assert drained["ready"] == 503 and drained["ready_after_s"] < DRAIN_TIMEOUT_S
+    assert probed(drained, "health") == 200  # alive: not to be killed while it drains
+    status, retry_after, body = probed(drained, "refused")
     assert status == 503 and retry_after is not None and int(retry_after) >= 1
     assert body["error"]["code"] == "overloaded" and "shutting down" in body["error"]["message"]
-    kind, (abort, code) = drained["evergreen_refused"]
+    kind, (abort, code) = probed(drained, "evergreen_refused")
     assert kind == "abort" and abort["code"] == "UNAVAILABLE" and code == 4014
 
 
@@ -319,6 +393,7 @@ def test_grpc_unary_calls_are_refused_unavailable_with_retry_info(
 
 
 def test_a_stream_that_ends_within_the_drain_finishes(drained: dict[str, Any]) -> None:
+    assert drained["short_running_at_sigterm"]  # else it ended before the drain began
     events = drained["short"]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
@@ -331,7 +406,14 @@ def test_a_long_openai_stream_is_cut_with_an_error_event(drained: dict[str, Any]
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert error["code"] == "overloaded" and "shutting down" in error["message"]
-    assert drained["long_ended_after_s"] < DRAIN_TIMEOUT_S + 6
+    # Cut, every choice short of the LONG tokens it would have run to (ignore_eos).
+    tokens = Counter(
+        choice["index"]
+        for chunk in map(json.loads, events[:-2])
+        for choice in chunk.get("choices", [])
+        if choice.get("text")
+    )
+    assert tokens and max(tokens.values()) < LONG, tokens
 
 
 def test_graphpipe_answers_its_error_shape(drained: dict[str, Any]) -> None:
@@ -368,10 +450,10 @@ def test_salience_sockets_end_with_an_error_frame_and_going_away(
     assert idle[-1] == 1001 and idle[-2]["error"]["code"] == "UNAVAILABLE"
 
 
-def test_the_process_exits_within_the_drain_timeout(drained: dict[str, Any]) -> None:
-    code, took = drained["exit"]
+def test_the_process_exits_after_the_drain(drained: dict[str, Any]) -> None:
+    code = drained["exit"]
+    assert code is not None, f"serve still running {drained['exit_after_s']:.0f} s after SIGTERM"
     assert code in (0, -signal.SIGTERM), code
-    assert took < DRAIN_TIMEOUT_S + SHUTDOWN_SLACK_S, took
 
 
 def test_grpc_calls_end_unavailable_with_retry_info(drained: dict[str, Any]) -> None:

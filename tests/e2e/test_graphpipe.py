@@ -20,7 +20,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.aborts import AbortWatch
+from tests.aborts import AbortWatch, Workload
+from tests.conftest import LiveServer
 from tests.graphpipe_client import (
     Infer,
     InferAnswer,
@@ -62,7 +63,7 @@ def completions(live: Any, model: str, prompts: list[str]) -> list[str]:
     return [c["text"] for c in sorted(response.json()["choices"], key=lambda c: c["index"])]
 
 
-def test_metadata_by_post_and_get(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_metadata_by_post_and_get(live_server: LiveServer) -> None:
     url = f"{live_server.base_url}/graphpipe"
     posted = httpx.post(url, content=metadata_request(), timeout=30)
     assert posted.status_code == 200
@@ -83,7 +84,7 @@ def test_metadata_by_post_and_get(live_server) -> None:  # type: ignore[no-untyp
     ]
 
 
-def test_a_batch_of_prompts_matches_the_openai_route(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_a_batch_of_prompts_matches_the_openai_route(live_server: LiveServer) -> None:
     status, answer = post(
         f"{live_server.base_url}/graphpipe",
         Infer(
@@ -104,7 +105,7 @@ def test_a_batch_of_prompts_matches_the_openai_route(live_server) -> None:  # ty
     assert live_server.wait_idle() == 0
 
 
-def test_a_batch_of_ids_generates_what_the_same_text_does(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_a_batch_of_ids_generates_what_the_same_text_does(live_server: LiveServer) -> None:
     rows = []
     for prompt in PROMPTS:
         response = httpx.post(
@@ -124,7 +125,7 @@ def test_a_batch_of_ids_generates_what_the_same_text_does(live_server) -> None: 
     assert by_ids.outputs[1].tolist() == by_text.outputs[1].tolist()
 
 
-def test_the_lora_path_generates_with_the_adapter(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_the_lora_path_generates_with_the_adapter(live_server: LiveServer) -> None:
     url = f"{live_server.base_url}/graphpipe/{live_server.lora}"
     status, answer = post(url, Infer([strings(PROMPTS[:2])], config=json.dumps(GREEDY)))
     assert status == 200, answer.errors
@@ -148,7 +149,7 @@ BAD_REQUESTS = [
 ]
 
 
-def test_bad_requests_beside_a_good_one_do_not_disturb_it(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_bad_requests_beside_a_good_one_do_not_disturb_it(live_server: LiveServer) -> None:
     url = f"{live_server.base_url}/graphpipe"
     good = Infer(
         [strings(PROMPTS)],
@@ -169,7 +170,9 @@ def test_bad_requests_beside_a_good_one_do_not_disturb_it(live_server) -> None: 
     assert live_server.wait_idle() == 0
 
 
-async def test_a_client_that_disconnects_aborts_its_batch(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+async def test_a_client_that_disconnects_aborts_its_batch(
+    live_server: LiveServer, abort_workload: Workload
+) -> None:
     prompts = abort_workload.prompts
     width = max(len(p) for p in prompts)
     ids = np.array([list(p) + [-1] * (width - len(p)) for p in prompts], dtype=np.int64)
@@ -186,7 +189,7 @@ async def test_a_client_that_disconnects_aborts_its_batch(live_server, abort_wor
     await watch.idle()
 
 
-def test_graphpipes_reference_client(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_graphpipes_reference_client(live_server: LiveServer) -> None:
     """oracle's own client (graphpipe 1.0.4 in a separate venv: it pins an old flatbuffers)
     asks for the metadata and sends a batch of prompts."""
     assert REFERENCE_PYTHON.exists(), "scripts/setup makes .venv-graphpipe-ref"

@@ -1,7 +1,8 @@
 """gRPC calls that end early abort their engine requests (real vLLM, tests/aborts.py's
-workload and bound, judged by vLLM's own request count): a Salience Generate or an
-Evergreen StartSession that the client cancels, whose deadline passes, or whose client
-process dies with its connection; an Evergreen session that aborts."""
+workload and bound, judged by vLLM's own request count): a Salience Generate that the
+client cancels, whose deadline passes, or whose client process dies with its connection;
+an Evergreen StartSession whose deadline passes. An Evergreen session that the client
+cancels or that aborts is in test_evergreen.py, on every transport."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as pb
 from schemas import salience_pb2_grpc as salience_grpc
 from tests.aborts import AbortWatch, Workload
-from tests.e2e.test_evergreen import SESSIONS, _long_actions
+from tests.conftest import LiveServer
+from tests.evergreen_frames import SESSIONS, workload_actions
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +70,9 @@ async def _free(stub: salience_grpc.SalienceStub, sessions: list[str]) -> None:
         await stub.CloseSession(pb.CloseSessionRequest(session_id=session))
 
 
-async def test_a_cancelled_generate_aborts_it(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+async def test_a_cancelled_generate_aborts_it(
+    live_server: LiveServer, abort_workload: Workload
+) -> None:
     async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
         stub = salience_grpc.SalienceStub(channel)
         sessions = await _sessions(stub, live_server, abort_workload)
@@ -82,7 +86,9 @@ async def test_a_cancelled_generate_aborts_it(live_server, abort_workload) -> No
         await _free(stub, sessions)
 
 
-async def test_a_generate_past_its_deadline_aborts_it(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+async def test_a_generate_past_its_deadline_aborts_it(
+    live_server: LiveServer, abort_workload: Workload
+) -> None:
     async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
         stub = salience_grpc.SalienceStub(channel)
         sessions = await _sessions(stub, live_server, abort_workload)
@@ -119,7 +125,9 @@ threading.Event().wait()
 """
 
 
-async def test_a_dropped_connection_aborts_its_engine_requests(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+async def test_a_dropped_connection_aborts_its_engine_requests(
+    live_server: LiveServer, abort_workload: Workload
+) -> None:
     async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
         stub = salience_grpc.SalienceStub(channel)
         sessions = await _sessions(stub, live_server, abort_workload)
@@ -154,60 +162,19 @@ async def test_a_dropped_connection_aborts_its_engine_requests(live_server, abor
         await _free(stub, sessions)
 
 
-def _evergreen_messages(workload: Workload) -> list[service_pb.SessionMessage]:
-    return [
-        json_format.Parse(_long_actions(workload, session), service_pb.SessionMessage())
-        for session in range(SESSIONS)
-    ]
-
-
-async def test_a_cancelled_or_expired_start_session_aborts_its_engine_requests(  # type: ignore[no-untyped-def]
-    live_server, abort_workload
+async def test_a_start_session_past_its_deadline_aborts_its_engine_requests(
+    live_server: LiveServer, abort_workload: Workload
 ) -> None:
     async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
         stub = evergreen_grpc.EvergreenServiceStub(channel)
         watch = await AbortWatch.start(live_server.engine, abort_workload)
-        # One session is cancelled by its client, the other passes its deadline.
-        cancelled = stub.StartSession()
-        expiring = stub.StartSession(timeout=abort_workload.bound * 0.6)
-        first, second = _evergreen_messages(abort_workload)
-        await cancelled.write(first)
-        await expiring.write(second)
+        # The deadline passes after the workload is in the engine (all_in_engine asserts
+        # that), and long before it would end by itself.
+        deadline = abort_workload.bound * 0.6
+        calls = [stub.StartSession(timeout=deadline) for _ in range(SESSIONS)]
+        for share, call in enumerate(calls):
+            mapping = workload_actions(abort_workload, share)
+            await call.write(json_format.ParseDict(mapping, service_pb.SessionMessage()))
         await watch.all_in_engine()
-        cancelled.cancel()
         await watch.idle()
-        assert await _after(cancelled) == grpc.StatusCode.CANCELLED
-        assert await _after(expiring) == grpc.StatusCode.DEADLINE_EXCEEDED
-
-
-async def test_a_start_session_that_aborts_aborts_its_engine_requests(  # type: ignore[no-untyped-def]
-    live_server, abort_workload
-) -> None:
-    async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
-        stub = evergreen_grpc.EvergreenServiceStub(channel)
-        watch = await AbortWatch.start(live_server.engine, abort_workload)
-        calls = [stub.StartSession() for _ in range(SESSIONS)]
-        for call, message in zip(calls, _evergreen_messages(abort_workload), strict=True):
-            await call.write(message)
-        await watch.all_in_engine()
-        # A fragment past the final seq of a node aborts the session mid-generation.
-        past_the_end = service_pb.SessionMessage()
-        json_format.ParseDict(
-            {
-                "nodeFragments": [
-                    {"id": "x", "chunkFragment": {"metadata": {"mimetype": "text/plain"}}},
-                    {"id": "x", "seq": 1},
-                ]
-            },
-            past_the_end,
-        )
-        for call in calls:
-            await call.write(past_the_end)
-        await watch.idle()
-        for call in calls:
-            messages = []
-            with pytest.raises(grpc.aio.AioRpcError) as ended:
-                async for message in call:
-                    messages.append(message)
-            assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert [a.name for a in messages[-1].actions] == ["ABORT"]
+        assert {await _after(c) for c in calls} == {grpc.StatusCode.DEADLINE_EXCEEDED}

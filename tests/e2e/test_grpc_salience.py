@@ -17,6 +17,7 @@ import websockets
 from schemas import salience_pb2 as pb
 from schemas import salience_pb2_grpc as salience_grpc
 from schemas import salience_ws_pb2 as ws_pb
+from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +43,7 @@ async def status(call: Any) -> tuple[grpc.StatusCode, str]:
 async def events_of(call: Any) -> list[pb.GenerateEvent]:
     """The rest of a Generate's stream (`read`, so a test may have read some already)."""
     events = []
-    while (event := await call.read()) is not grpc.aio.EOF:
+    while (event := await asyncio.wait_for(call.read(), 120)) is not grpc.aio.EOF:
         events.append(event)
     return events
 
@@ -88,7 +89,9 @@ def greedy(session: str, append: list[int], offset: int, max_tokens: int) -> pb.
     )
 
 
-async def test_every_rpc_with_logprobs_and_readouts_as_the_websocket_answers(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_every_rpc_with_logprobs_and_readouts_as_the_websocket_answers(
+    live_server: LiveServer,
+) -> None:
     tok = live_server.engine.tokenizer
     ids = tok.encode("def f(x): return x")
     request = greedy("", ids, 0, 4)
@@ -133,7 +136,7 @@ async def test_every_rpc_with_logprobs_and_readouts_as_the_websocket_answers(liv
     assert live_server.wait_idle() == 0
 
 
-async def test_errors_are_the_proto_headers_status_codes(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_errors_are_the_proto_headers_status_codes(live_server: LiveServer) -> None:
     tok = live_server.engine.tokenizer
     ids = tok.encode("class Tree:")
 
@@ -178,7 +181,7 @@ async def test_errors_are_the_proto_headers_status_codes(live_server) -> None:  
     assert list(dump.tokens)[: len(ids)] == ids and len(dump.tokens) > at
 
 
-async def test_sessions_are_shared_with_the_websocket(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_sessions_are_shared_with_the_websocket(live_server: LiveServer) -> None:
     tok = live_server.engine.tokenizer
     first = tok.encode("import os", add_special_tokens=False)
     second = tok.encode("\nprint(", add_special_tokens=False)
@@ -214,8 +217,8 @@ async def test_sessions_are_shared_with_the_websocket(live_server) -> None:  # t
 
 
 async def test_close_session_on_either_transport_cancels_generate_on_the_other(
-    live_server,
-) -> None:  # type: ignore[no-untyped-def]
+    live_server: LiveServer,
+) -> None:
     ids = live_server.engine.tokenizer.encode("while True:")
     async with (
         stub_for(live_server) as stub,

@@ -20,6 +20,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
+from tests.conftest import LiveServer
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +29,7 @@ SALIENCE = "salience.v1.Salience"
 EVERGREEN = "evergreen.v2.EvergreenService"
 
 
-def test_health_is_serving_for_the_server_and_each_service(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_health_is_serving_for_the_server_and_each_service(live_server: LiveServer) -> None:
     with grpc.insecure_channel(live_server.grpc_target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         for service in ("", SALIENCE, EVERGREEN):
@@ -38,7 +40,9 @@ def test_health_is_serving_for_the_server_and_each_service(live_server) -> None:
         watch.cancel()
 
 
-def test_reflection_lists_the_services_and_calls_one_without_generated_code(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_reflection_lists_the_services_and_calls_one_without_generated_code(
+    live_server: LiveServer,
+) -> None:
     with grpc.insecure_channel(live_server.grpc_target) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         listing = next(
@@ -73,7 +77,7 @@ def test_reflection_lists_the_services_and_calls_one_without_generated_code(live
         assert evergreen.client_streaming and evergreen.server_streaming
 
 
-def test_the_readme_example_runs(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_the_readme_example_runs(live_server: LiveServer) -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("### Native gRPC") :]
     code = re.search(r"```python\n(.*?)```", section, re.S)

@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
+from tests.conftest import LiveServer
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
 
 pytestmark = pytest.mark.e2e
@@ -146,7 +147,7 @@ def _in_shape(path: str, status: int, headers: dict[str, str], body: bytes) -> A
     return error
 
 
-def test_hostile_requests_are_answered_in_shape_on_one_connection(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_hostile_requests_are_answered_in_shape_on_one_connection(live_server: LiveServer) -> None:
     connection = Connection(live_server.base_url)
     try:
         for method, path, body, content_type, expected in HOSTILE:
@@ -167,7 +168,7 @@ def test_hostile_requests_are_answered_in_shape_on_one_connection(live_server) -
 ODD_VALUES: list[Any] = [{"a": [1]}, [None], -(2**64), 1e308, "\u0000"]
 
 
-def test_an_odd_value_in_every_field_is_answered_in_shape(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_an_odd_value_in_every_field_is_answered_in_shape(live_server: LiveServer) -> None:
     """Each field of the completions and chat bodies given each odd value in turn: a
     valid answer or a 4xx in shape, never a 5xx or a dropped connection."""
     from schemas.openai import ChatCompletionRequest, CompletionRequest

@@ -26,6 +26,7 @@ from schemathesis.specs.openapi.checks import (
 
 from app.config import Settings
 from app.main import create_app
+from tests.conftest import LiveServer
 from tests.fake_engine import FakeEngine
 
 pytestmark = pytest.mark.e2e
@@ -40,7 +41,7 @@ def _cases() -> list[tuple[str, str, GenerationMode]]:
     document (the live server serves the same one; this only names the test cases).
     Invalid input is generated for JSON bodies (any bytes are a GraphPipe body, any string
     a path parameter)."""
-    document = create_app(Settings(model="fake"), engine=FakeEngine()).openapi()  # type: ignore[arg-type]
+    document = create_app(Settings(model="fake"), engine=FakeEngine()).openapi()
     cases = []
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
@@ -57,7 +58,7 @@ def http() -> Iterator[requests.Session]:
 
 
 @pytest.fixture(scope="module")
-def api_schema(live_server):  # type: ignore[no-untyped-def]
+def api_schema(live_server: LiveServer) -> Any:
     schema = schemathesis.openapi.from_url(f"{live_server.base_url}/openapi.json")
     schema.config.update(base_url=live_server.base_url)
     return schema
@@ -84,8 +85,13 @@ def _bounded(body: Any, lora: str) -> Any:
 
 
 @pytest.mark.parametrize(("method", "path", "mode"), _cases())
-def test_every_answer_is_documented(  # type: ignore[no-untyped-def]
-    api_schema, live_server, http, method: str, path: str, mode: GenerationMode
+def test_every_answer_is_documented(
+    api_schema: Any,
+    live_server: LiveServer,
+    http: requests.Session,
+    method: str,
+    path: str,
+    mode: GenerationMode,
 ) -> None:
     operation = api_schema[path][method]
 
@@ -115,6 +121,6 @@ def test_every_answer_is_documented(  # type: ignore[no-untyped-def]
     answer()
 
 
-def test_the_engine_is_idle_afterwards(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_the_engine_is_idle_afterwards(live_server: LiveServer) -> None:
     assert live_server.wait_idle() == 0
     assert requests.get(f"{live_server.base_url}/health", timeout=30).status_code == 200

@@ -12,7 +12,6 @@ burst meets a full queue; the requests the burst gets admitted run on real vLLM.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,15 +22,18 @@ import httpx
 import numpy as np
 import pytest
 import websockets
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import json_format
 
 from app.admission import Admission, Ticket
 from schemas import evergreen_service_pb2 as service_pb
 from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as salience_pb
 from schemas import salience_pb2_grpc as salience_grpc
+from tests.evergreen_client import outcome as evergreen_outcome
+from tests.evergreen_frames import abort_status, turn
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
 from tests.grpc_retry import retry_after_s
+from tests.salience_client import open_and_generate
 
 pytestmark = pytest.mark.e2e
 
@@ -94,61 +96,9 @@ async def _graphpipe(client: httpx.AsyncClient, live: Any, i: int) -> tuple[str,
     return "graphpipe", 503, None
 
 
-def evergreen_turn(text: str, max_tokens: int) -> str:
-    """One GENERATE on a one-chunk prompt, as a JSON `SessionMessage`."""
-    message = {
-        "actions": [
-            {
-                "name": "GENERATE",
-                "configs": [
-                    {
-                        "@type": "type.googleapis.com/google.protobuf.Struct",
-                        "value": {"max_tokens": max_tokens, "temperature": 0},
-                    }
-                ],
-                "inputs": [{"name": "prompt", "id": "p"}],
-                "outputs": [{"name": "response", "id": "r"}],
-            }
-        ],
-        "nodeFragments": [
-            {
-                "id": "p",
-                "chunkFragment": {
-                    "metadata": {"mimetype": "text/plain"},
-                    "data": base64.b64encode(text.encode()).decode(),  # bytes, in JSON
-                },
-            }
-        ],
-    }
-    return json.dumps(message)
-
-
-async def evergreen_outcome(ws: Any) -> tuple[str, Any]:
-    """("text", the response) or ("abort", (status, close code)), reading to the end."""
-    fragments: list[bytes] = []
-    while True:
-        try:
-            frame = await asyncio.wait_for(ws.recv(), timeout=120)
-        except websockets.ConnectionClosed as closed:
-            return "closed", closed.rcvd.code if closed.rcvd else None
-        message = json_format.Parse(frame, service_pb.SessionMessage())
-        if message.actions:
-            assert message.actions[0].name == "ABORT"
-            status = struct_pb2.Struct()
-            assert message.actions[0].configs[0].Unpack(status)
-            with pytest.raises(websockets.ConnectionClosed) as closed:
-                await asyncio.wait_for(ws.recv(), timeout=30)
-            rcvd = closed.value.rcvd
-            return "abort", (json_format.MessageToDict(status), rcvd.code if rcvd else None)
-        for fragment in message.node_fragments:
-            fragments.append(fragment.chunk_fragment.data)
-            if not fragment.continued:
-                return "text", b"".join(fragments).decode()
-
-
 async def _evergreen(client: httpx.AsyncClient, live: Any, i: int) -> tuple[str, int, Any]:
     async with websockets.connect(f"{live.ws_url}/evergreen/ws") as ws:
-        await ws.send(evergreen_turn(f"burst {i}", 8))
+        await ws.send(json.dumps(turn(f"burst {i}", 8, temperature=0)))
         kind, outcome = await evergreen_outcome(ws)
     if kind == "text":
         return "evergreen", 200, outcome
@@ -157,17 +107,6 @@ async def _evergreen(client: httpx.AsyncClient, live: Any, i: int) -> tuple[str,
     assert status["code"] == "UNAVAILABLE" and status["retry_after_s"] >= 1
     assert "retry after" in status["message"] and code == 4014
     return "evergreen", 503, None
-
-
-async def salience_generate(
-    ws: Any, model: str, call_id: str, tokens: list[int], max_tokens: int
-) -> None:
-    opening = {"id": "o" + call_id, "method": "OpenSession", "request": {"model": model}}
-    await ws.send(json.dumps(opening))
-    opened = json.loads(await ws.recv())
-    session = opened["response"]["sessionId"]
-    request = {"sessionId": session, "appendTokens": tokens, "offset": 0, "maxTokens": max_tokens}
-    await ws.send(json.dumps({"id": call_id, "method": "Generate", "request": request}))
 
 
 async def salience_outcome(ws: Any, call_id: str) -> tuple[str, Any]:
@@ -184,7 +123,7 @@ async def salience_outcome(ws: Any, call_id: str) -> tuple[str, Any]:
 
 async def _salience(client: httpx.AsyncClient, live: Any, i: int) -> tuple[str, int, Any]:
     async with websockets.connect(f"{live.ws_url}/salience/ws") as ws:
-        await salience_generate(ws, live.model, "g", [5 + i, 6, 7], 8)
+        await open_and_generate(ws, live.model, "g", [5 + i, 6, 7], 8)
         kind, outcome = await salience_outcome(ws, "g")
     if kind == "done":
         return "salience", 200, outcome
@@ -265,18 +204,17 @@ async def _grpc_salience(channel: grpc.aio.Channel, live: Any, i: int) -> tuple[
 
 
 async def _grpc_evergreen(channel: grpc.aio.Channel, live: Any, i: int) -> tuple[str, int, Any]:
-    turn = json_format.Parse(evergreen_turn(f"burst {i}", 8), service_pb.SessionMessage())
-    call = evergreen_grpc.EvergreenServiceStub(channel).StartSession(iter([turn]), timeout=120)
+    message = json_format.ParseDict(
+        turn(f"burst {i}", 8, temperature=0), service_pb.SessionMessage()
+    )
+    call = evergreen_grpc.EvergreenServiceStub(channel).StartSession(iter([message]), timeout=120)
     replies = []
     try:
         async for reply in call:
             replies.append(reply)
     except grpc.aio.AioRpcError as error:
         retry = grpc_refusal(error)
-        status = struct_pb2.Struct()
-        assert replies[-1].actions[0].name == "ABORT"
-        assert replies[-1].actions[0].configs[0].Unpack(status)
-        fields = json_format.MessageToDict(status)
+        fields = abort_status(replies[-1])
         assert fields["code"] == "UNAVAILABLE" and fields["retry_after_s"] == retry
         return "evergreen", 503, None
     text = b"".join(f.chunk_fragment.data for r in replies for f in r.node_fragments)

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from vllm import SamplingParams
 
-from tests.conftest import LIVE_MODEL, free_port, tiny_model_path
+from tests.conftest import LIVE_MODEL, LiveServer, free_port, tiny_model_path
 
 pytestmark = pytest.mark.e2e
 
@@ -267,7 +267,7 @@ def _without_whitespace_bounds(node: Any) -> Any:
 
 
 @pytest.mark.parametrize("case", list(CHAT_BODIES))
-def test_chat_render_matches_vllm(live_server, vllm_render, case) -> None:  # type: ignore[no-untyped-def]
+def test_chat_render_matches_vllm(live_server: LiveServer, vllm_render: str, case: Any) -> None:
     ours, theirs = _both(
         live_server.base_url, vllm_render, "/v1/chat/completions/render", CHAT_BODIES[case]
     )
@@ -276,7 +276,9 @@ def test_chat_render_matches_vllm(live_server, vllm_render, case) -> None:  # ty
 
 
 @pytest.mark.parametrize("case", list(COMPLETION_BODIES))
-def test_completion_render_matches_vllm(live_server, vllm_render, case) -> None:  # type: ignore[no-untyped-def]
+def test_completion_render_matches_vllm(
+    live_server: LiveServer, vllm_render: str, case: Any
+) -> None:
     ours, theirs = _both(
         live_server.base_url, vllm_render, "/v1/completions/render", COMPLETION_BODIES[case]
     )

@@ -16,12 +16,13 @@ from google.protobuf import json_format
 from schemas import salience_pb2 as pb
 from schemas import salience_ws_pb2 as ws_pb
 from tests.aborts import CLOSE_TIMEOUT, AbortWatch, Workload
+from tests.conftest import LiveServer
 from tests.salience_client import JsonClient, tokens_of
 
 pytestmark = pytest.mark.e2e
 
 
-async def test_multi_turn_session_with_deltas(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_multi_turn_session_with_deltas(live_server: LiveServer) -> None:
     tok = live_server.engine.tokenizer
     async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
         client = JsonClient(ws)
@@ -65,7 +66,7 @@ async def test_multi_turn_session_with_deltas(live_server) -> None:  # type: ign
         await client.call("CloseSession", {"sessionId": session})
 
 
-async def test_scoring_matches_engine_prompt_logprobs(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_scoring_matches_engine_prompt_logprobs(live_server: LiveServer) -> None:
     tok = live_server.engine.tokenizer
     ids = tok.encode("import os\nprint(os.getcwd())")
     async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
@@ -104,7 +105,7 @@ async def test_scoring_matches_engine_prompt_logprobs(live_server) -> None:  # t
     assert events[-1]["done"].get("completionTokens", 0) == 0
 
 
-async def test_fork_diverges_and_errors(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_fork_diverges_and_errors(live_server: LiveServer) -> None:
     tok = live_server.engine.tokenizer
     ids = tok.encode("class Tree:\n    def __init__(self):")
     async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
@@ -156,7 +157,7 @@ async def test_fork_diverges_and_errors(live_server) -> None:  # type: ignore[no
         assert [int(t) for t in ok["response"]["tokens"]] == [*ids[:2], 7]
 
 
-async def test_binary_frames_with_readouts(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_binary_frames_with_readouts(live_server: LiveServer) -> None:
     tok = live_server.engine.tokenizer
     ids = tok.encode("def f(x): return x")
 
@@ -183,7 +184,7 @@ async def test_binary_frames_with_readouts(live_server) -> None:  # type: ignore
         await ws.send(ws_pb.ClientFrame(id="g", generate=request).SerializeToString())
         tokens = []
         while True:
-            frame = ws_pb.ServerFrame.FromString(await ws.recv())
+            frame = ws_pb.ServerFrame.FromString(await asyncio.wait_for(ws.recv(), 120))
             assert frame.id == "g" and frame.WhichOneof("reply") == "event"
             if frame.event.WhichOneof("event") == "done":
                 break
@@ -256,7 +257,9 @@ async def _close_sessions(ws: Any, sessions: list[str]) -> None:
         assert "response" in json.loads(await asyncio.wait_for(ws.recv(), timeout=60))
 
 
-async def test_cancel_aborts_engine_requests(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+async def test_cancel_aborts_engine_requests(
+    live_server: LiveServer, abort_workload: Workload
+) -> None:
     async with websockets.connect(f"{live_server.ws_url}/salience/ws") as ws:
         sessions, watch = await _start_workload(live_server, ws, abort_workload)
         for session in sessions:
@@ -276,7 +279,9 @@ async def test_cancel_aborts_engine_requests(live_server, abort_workload) -> Non
         await _close_sessions(ws, sessions)
 
 
-async def test_closing_the_socket_aborts_engine_requests(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+async def test_closing_the_socket_aborts_engine_requests(
+    live_server: LiveServer, abort_workload: Workload
+) -> None:
     ws = await websockets.connect(f"{live_server.ws_url}/salience/ws", close_timeout=CLOSE_TIMEOUT)
     sessions, watch = await _start_workload(live_server, ws, abort_workload)
     closing = asyncio.ensure_future(ws.close())
@@ -289,8 +294,8 @@ async def test_closing_the_socket_aborts_engine_requests(live_server, abort_work
         await _close_sessions(ws, sessions)
 
 
-async def test_closing_the_sessions_from_another_socket_aborts_engine_requests(  # type: ignore[no-untyped-def]
-    live_server, abort_workload
+async def test_closing_the_sessions_from_another_socket_aborts_engine_requests(
+    live_server: LiveServer, abort_workload: Workload
 ) -> None:
     url = f"{live_server.ws_url}/salience/ws"
     async with websockets.connect(url) as ws, websockets.connect(url) as other:
@@ -301,7 +306,7 @@ async def test_closing_the_sessions_from_another_socket_aborts_engine_requests( 
         assert {d["finishReason"] for d in dones.values()} == {"FINISH_REASON_CANCELLED"}
 
 
-async def test_full_context_scoring_and_an_instant_cancel(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_full_context_scoring_and_an_instant_cancel(live_server: LiveServer) -> None:
     tok = live_server.engine.tokenizer
     text = "for i in range(10):\n    print(i)\n"
     ids = (tok.encode(text, add_special_tokens=False) * 200)[:1023]
@@ -352,7 +357,7 @@ async def test_full_context_scoring_and_an_instant_cancel(live_server) -> None: 
             )
         )
         await ws.send(json.dumps({"id": "quick", "cancel": True}))
-        while "done" not in (reply := json.loads(await ws.recv()))["event"]:
+        while "done" not in (reply := json.loads(await asyncio.wait_for(ws.recv(), 120)))["event"]:
             assert reply["id"] == "quick"
         done = reply["event"]["done"]
         assert done["finishReason"] == "FINISH_REASON_CANCELLED"
@@ -370,7 +375,7 @@ def test_json_mapping_roundtrip() -> None:
     assert list(request.append_tokens) == [1, 2] and request.logprobs_ranges[0].end == 2
 
 
-async def test_a_client_offering_deflate_gets_plain_frames(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_a_client_offering_deflate_gets_plain_frames(live_server: LiveServer) -> None:
     """A token frame is tens of bytes: deflating each one costs more CPU than it saves, so
     the server declines permessage-deflate (--ws-per-message-deflate, off by default)."""
     url = f"{live_server.ws_url}/salience/ws"

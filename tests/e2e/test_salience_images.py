@@ -4,84 +4,23 @@ send it again, bad attachments are INVALID_ARGUMENT and leave nothing running.""
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import io
 from typing import Any
 
-import numpy as np
 import pytest
 import websockets
-from PIL import Image
 
 from schemas import salience_pb2 as pb
 from schemas import salience_ws_pb2 as ws_pb
-from tests.salience_client import JsonClient, tokens_of
+from tests.conftest import LiveServer
+from tests.images import Prompt, attachment, png
+from tests.salience_client import JsonClient, decoded, open_session, run, scored
 
 pytestmark = pytest.mark.e2e
 
-# A 64x48 image is resized to 56x56: 4x4 patches of 14, merged 2x2 into 4 features.
-N = 4
 
-
-def png(seed: int, width: int = 64, height: int = 48, fmt: str = "PNG") -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format=fmt)
-    return out.getvalue()
-
-
-def attachment(data: bytes, start: int, n: int = N, mime: str = "image/png") -> dict[str, Any]:
-    return {
-        "bytes": base64.b64encode(data).decode(),
-        "mime": mime,
-        "padRangeStart": start,
-        "padRangeEnd": start + n + 2,
-    }
-
-
-class Prompt:
-    """Text, one image block, text: what a client builds before attaching the image."""
-
-    def __init__(self, server: Any, n: int = N) -> None:
-        tok = server.engine.tokenizer
-        vision = server.engine.info.vision
-        self.head = tok.encode("Look at this:", add_special_tokens=False)
-        self.block = [vision.start_token_id, *[vision.pad_token_id] * n, vision.end_token_id]
-        self.tail = tok.encode(" it shows", add_special_tokens=False)
-        self.tokens = [*self.head, *self.block, *self.tail]
-        self.start = len(self.head)
-        self.end = self.start + len(self.block)
-
-
-async def open_session(client: JsonClient, model: str) -> str:
-    reply = await client.call("OpenSession", {"model": model})
-    return str(reply["response"]["sessionId"])
-
-
-async def run(
-    client: JsonClient, session: str, offset: int, append: list[int], images: list[Any], **kw: Any
-) -> list[dict[str, Any]]:
-    request = {
-        "sessionId": session,
-        "offset": offset,
-        "appendTokens": append,
-        "images": images,
-        "topK": 1,
-        **kw,
-    }
-    return await client.generate(request)
-
-
-def decoded(events: list[dict[str, Any]]) -> list[int]:
-    assert "error" not in events[0], events[0]
-    return [t.get("id", 0) for t in tokens_of(events) if not t.get("isPrefill")]
-
-
-def scored(events: list[dict[str, Any]]) -> list[float]:
-    return [t["sampledLogprob"] for t in tokens_of(events) if t.get("isPrefill")]
-
-
-async def test_the_image_reaches_the_model(vl_server) -> None:  # type: ignore[no-untyped-def]
+async def test_the_image_reaches_the_model(vl_server: LiveServer) -> None:
     prompt = Prompt(vl_server)
     after_image = [{"start": prompt.end, "end": len(prompt.tokens)}]
     results = []
@@ -112,7 +51,7 @@ async def test_the_image_reaches_the_model(vl_server) -> None:  # type: ignore[n
     assert vl_server.wait_idle() == 0
 
 
-async def test_binary_frames_carry_images_as_json_does(vl_server) -> None:  # type: ignore[no-untyped-def]
+async def test_binary_frames_carry_images_as_json_does(vl_server: LiveServer) -> None:
     prompt = Prompt(vl_server)
 
     async def call(ws: Any, frame: ws_pb.ClientFrame) -> ws_pb.ServerFrame:
@@ -147,7 +86,7 @@ async def test_binary_frames_carry_images_as_json_does(vl_server) -> None:  # ty
         await ws.send(ws_pb.ClientFrame(id="g", generate=request).SerializeToString())
         by_binary = []
         while True:
-            frame = ws_pb.ServerFrame.FromString(await ws.recv())
+            frame = ws_pb.ServerFrame.FromString(await asyncio.wait_for(ws.recv(), 120))
             assert frame.WhichOneof("reply") == "event", frame
             if frame.event.WhichOneof("event") == "done":
                 break
@@ -155,7 +94,7 @@ async def test_binary_frames_carry_images_as_json_does(vl_server) -> None:  # ty
     assert by_binary == by_json and len(by_json) == 5
 
 
-async def test_later_turns_and_forks_send_the_image_again(vl_server) -> None:  # type: ignore[no-untyped-def]
+async def test_later_turns_and_forks_send_the_image_again(vl_server: LiveServer) -> None:
     prompt = Prompt(vl_server)
     tok = vl_server.engine.tokenizer
     more = tok.encode(" and then", add_special_tokens=False)
@@ -208,7 +147,7 @@ async def test_later_turns_and_forks_send_the_image_again(vl_server) -> None:  #
     assert vl_server.wait_idle() == 0
 
 
-async def test_bad_attachments_are_invalid_argument_and_leak_nothing(vl_server) -> None:  # type: ignore[no-untyped-def]
+async def test_bad_attachments_are_invalid_argument_and_leak_nothing(vl_server: LiveServer) -> None:
     prompt = Prompt(vl_server)
     five = Prompt(vl_server, n=5)
     garbage = base64.b64encode(b"\x89PNG\r\n\x1a\n not really").decode()

@@ -12,13 +12,14 @@ import pytest
 
 from schemas import salience_pb2 as pb
 from schemas import salience_pb2_grpc as salience_grpc
-from tests.e2e.test_salience_images import Prompt, attachment, decoded, open_session, png, run
-from tests.salience_client import JsonClient
+from tests.conftest import LiveServer
+from tests.images import Prompt, attachment, png
+from tests.salience_client import JsonClient, decoded, open_session, run
 
 pytestmark = pytest.mark.e2e
 
 
-async def test_images_over_grpc_as_over_the_websocket(vl_server) -> None:  # type: ignore[no-untyped-def]
+async def test_images_over_grpc_as_over_the_websocket(vl_server: LiveServer) -> None:
     import websockets
 
     prompt = Prompt(vl_server)

@@ -9,11 +9,12 @@ import psutil
 import pytest
 
 from app.engine.cpu_host import engine_cpus
+from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.engine
 
 
-def test_the_frontend_runs_off_the_engine_cores(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_the_frontend_runs_off_the_engine_cores(live_server: LiveServer) -> None:
     machine = frozenset(range(os.cpu_count() or 1))
     bound = engine_cpus(machine)
     if not bound or bound == machine:
@@ -26,7 +27,7 @@ def test_the_frontend_runs_off_the_engine_cores(live_server) -> None:  # type: i
         assert not allowed & bound, f"thread {thread.id} may run on engine cores {bound}"
 
 
-def test_prompts_are_prefilled_whole(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_prompts_are_prefilled_whole(live_server: LiveServer) -> None:
     """No chunked prefill on a CPU build unless asked: a seeded prompt prefilled in parts
     kills vLLM's CPU worker (app.engine.cpu_host; the end-to-end case is
     tests/e2e/test_openai_http.py::test_seeded_long_prompts_in_one_batch)."""

@@ -16,7 +16,7 @@ import pytest
 from app.engine.base import GenerationRequest, SamplingOptions
 from app.engine.concepts import load_concepts
 from app.errors import InvalidRequest
-from tests.conftest import concepts_path, tiny_model_path
+from tests.conftest import LiveServer, concepts_path, tiny_model_path
 
 pytestmark = pytest.mark.engine
 
@@ -58,14 +58,14 @@ async def _collect(engine: Any, request: GenerationRequest) -> tuple[list[int], 
     return tokens, readouts
 
 
-def test_manifest(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_manifest(live_server: LiveServer) -> None:
     manifest = live_server.engine.info.readout
     concepts = load_concepts(concepts_path())
     assert manifest.concepts == concepts.names and manifest.layers == concepts.layers
     assert manifest.hidden_size == 128 and manifest.dtype == "float32"
 
 
-def test_readouts_match_transformers_for_concurrent_requests(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_readouts_match_transformers_for_concurrent_requests(live_server: LiveServer) -> None:
     engine = live_server.engine
     prompts = [
         engine.tokenizer.encode(text)
@@ -105,7 +105,7 @@ def test_readouts_match_transformers_for_concurrent_requests(live_server) -> Non
             np.testing.assert_allclose(mine, reference[position], rtol=1e-4, atol=1e-4)
 
 
-def test_prefill_only_readouts_cover_the_prompt(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_prefill_only_readouts_cover_the_prompt(live_server: LiveServer) -> None:
     engine = live_server.engine
     prompt = engine.tokenizer.encode("score this prompt")
     tokens, readouts = live_server.call(
@@ -122,7 +122,7 @@ def test_prefill_only_readouts_cover_the_prompt(live_server) -> None:  # type: i
     assert tokens == [] and sorted(readouts) == list(range(len(prompt)))
 
 
-def test_bad_readout_range(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_bad_readout_range(live_server: LiveServer) -> None:
     with pytest.raises(InvalidRequest):
         live_server.call(
             _collect(

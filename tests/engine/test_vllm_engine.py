@@ -11,6 +11,7 @@ import pytest
 from app.engine.base import GenerationRequest, SamplingOptions, TokenEvent
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from tests.aborts import AbortWatch, Workload
+from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.engine
 
@@ -23,7 +24,7 @@ def greedy(max_tokens: int, **kw: Any) -> SamplingOptions:
     return SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
 
 
-def test_events_are_deltas_with_one_final(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_events_are_deltas_with_one_final(live_server: LiveServer) -> None:
     engine = live_server.engine
     request = GenerationRequest("eng-delta", prompt_text="import json", sampling=greedy(6))
     events = live_server.call(_run(engine, request))
@@ -36,7 +37,7 @@ def test_events_are_deltas_with_one_final(live_server) -> None:  # type: ignore[
     assert "".join(e.text for e in events) == engine.tokenizer.decode(ids)
 
 
-def test_prompt_and_sampled_logprobs(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_prompt_and_sampled_logprobs(live_server: LiveServer) -> None:
     engine = live_server.engine
     prompt = engine.tokenizer.encode("def add(a, b):")
     request = GenerationRequest(
@@ -55,7 +56,7 @@ def test_prompt_and_sampled_logprobs(live_server) -> None:  # type: ignore[no-un
             assert next(iter(entry.top)) == token and len(entry.top) == 3
 
 
-def test_prefill_only_scores_without_output(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_prefill_only_scores_without_output(live_server: LiveServer) -> None:
     engine = live_server.engine
     prompt = engine.tokenizer.encode("return x + y")
     events = live_server.call(
@@ -73,7 +74,7 @@ def test_prefill_only_scores_without_output(live_server) -> None:  # type: ignor
     assert len(events[0].prompt_logprobs or []) == len(prompt)
 
 
-def test_prefix_cache_is_used(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_prefix_cache_is_used(live_server: LiveServer) -> None:
     engine = live_server.engine
     prompt = engine.tokenizer.encode("class Cache:\n    " * 40)
     for i in range(2):
@@ -95,7 +96,7 @@ def _workload(workload: Workload, tag: str) -> list[GenerationRequest]:
     ]
 
 
-def test_closing_the_iterators_aborts(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+def test_closing_the_iterators_aborts(live_server: LiveServer, abort_workload: Workload) -> None:
     engine = live_server.engine
 
     async def close_after_the_first_event() -> None:
@@ -110,7 +111,7 @@ def test_closing_the_iterators_aborts(live_server, abort_workload) -> None:  # t
     live_server.call(close_after_the_first_event())
 
 
-def test_cancelling_the_consumers_aborts(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+def test_cancelling_the_consumers_aborts(live_server: LiveServer, abort_workload: Workload) -> None:
     engine = live_server.engine
 
     async def cancel_midway() -> None:
@@ -128,7 +129,7 @@ def test_cancelling_the_consumers_aborts(live_server, abort_workload) -> None:  
     live_server.call(cancel_midway())
 
 
-def test_priority_and_lora_requests(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_priority_and_lora_requests(live_server: LiveServer) -> None:
     engine = live_server.engine
     base = live_server.call(
         _run(
@@ -159,15 +160,17 @@ def test_priority_and_lora_requests(live_server) -> None:  # type: ignore[no-unt
         ),
     ],
 )
-def test_bad_requests_raise_app_errors(live_server, request_, error) -> None:  # type: ignore[no-untyped-def]
+def test_bad_requests_raise_app_errors(
+    live_server: LiveServer, request_: GenerationRequest, error: type[Exception]
+) -> None:
     with pytest.raises(error):
         live_server.call(_run(live_server.engine, request_))
     assert live_server.running_requests() == 0
 
 
 def test_a_bug_of_ours_in_the_generate_loop_is_not_a_client_error(
-    live_server, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Only calls into vLLM are mapped: a built-in error in our own converter escapes as
     itself (the transport makes it an InternalError), never as InvalidRequest, and the
     request is aborted in the engine all the same."""
@@ -187,7 +190,7 @@ def test_a_bug_of_ours_in_the_generate_loop_is_not_a_client_error(
     assert live_server.call(unfinished()) == 0
 
 
-def test_a_prompt_over_the_context_is_ours_to_refuse_before_vllm(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_a_prompt_over_the_context_is_ours_to_refuse_before_vllm(live_server: LiveServer) -> None:
     """vLLM has no exception type for it, so the shared prompt-fit check answers it."""
     engine = live_server.engine
     limit = engine.info.max_model_len
@@ -199,7 +202,7 @@ def test_a_prompt_over_the_context_is_ours_to_refuse_before_vllm(live_server) ->
     assert live_server.running_requests() == 0
 
 
-def test_prompt_logprobs_beside_other_requests(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_prompt_logprobs_beside_other_requests(live_server: LiveServer) -> None:
     """With --enable-lora, vLLM's CPU LoRA logits path kills the engine core when a request
     asking for prompt logprobs shares a step with another request (app.engine.batch_gate);
     found by the fuzz suite. Here they are submitted together, base model and adapter."""

@@ -4,24 +4,17 @@ cache keys blocks on the image, and the model never samples its vision tokens.""
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from app.engine.base import GenerationRequest, PromptImage, SamplingOptions, TokenEvent
 from app.errors import InvalidRequest
+from tests.conftest import LiveServer
+from tests.images import png
 
 pytestmark = pytest.mark.engine
-
-
-def png(seed: int, width: int = 64, height: int = 48) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
 
 
 async def _run(engine: Any, request: GenerationRequest) -> list[TokenEvent]:
@@ -37,7 +30,7 @@ def with_image(
     return [*head, *block, *tail], PromptImage(len(head), len(head) + len(block), image)
 
 
-def test_the_engine_runs_exactly_the_expanded_tokens(vl_server) -> None:  # type: ignore[no-untyped-def]
+def test_the_engine_runs_exactly_the_expanded_tokens(vl_server: LiveServer) -> None:
     engine = vl_server.engine
     tok = engine.tokenizer
     ids, image = with_image(engine, tok.encode("a picture:"), 1, tok.encode(" of"))
@@ -53,7 +46,7 @@ def test_the_engine_runs_exactly_the_expanded_tokens(vl_server) -> None:  # type
     assert sum(len(e.token_ids) for e in events) == 3
 
 
-def test_blocks_that_do_not_match_their_images_are_refused(vl_server) -> None:  # type: ignore[no-untyped-def]
+def test_blocks_that_do_not_match_their_images_are_refused(vl_server: LiveServer) -> None:
     engine = vl_server.engine
     tok = engine.tokenizer
     ids, image = with_image(engine, tok.encode("x"), 1, tok.encode(" y"))
@@ -74,7 +67,7 @@ def test_blocks_that_do_not_match_their_images_are_refused(vl_server) -> None:  
     assert vl_server.running_requests() == 0
 
 
-def test_the_prefix_cache_is_shared_up_to_the_image(vl_server) -> None:  # type: ignore[no-untyped-def]
+def test_the_prefix_cache_is_shared_up_to_the_image(vl_server: LiveServer) -> None:
     engine = vl_server.engine
     block_size = engine._llm.vllm_config.cache_config.block_size
     tok = engine.tokenizer
@@ -98,7 +91,7 @@ def test_the_prefix_cache_is_shared_up_to_the_image(vl_server) -> None:  # type:
     assert cached(12, "img-cache-3") == block_size
 
 
-def test_the_model_never_samples_its_vision_tokens(vl_server) -> None:  # type: ignore[no-untyped-def]
+def test_the_model_never_samples_its_vision_tokens(vl_server: LiveServer) -> None:
     engine = vl_server.engine
     banned = engine.info.vision.token_ids
     # Find contexts where the model's own (raw) top choice is a vision token: the top-1

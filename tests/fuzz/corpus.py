@@ -13,18 +13,37 @@ back on the next run. Three kinds of mutators, independent of any protocol:
   numbers), nested messages included, or cut short.
 - `mutate_bytes`: bit flips, truncations, insertions and random bytes of any buffer (a
   flatbuffer, a protobuf, a body).
+
+The corpus of a protocol is its inputs 0..N-1: `INPUTS` (N) is 260 unless the environment
+sets `FUZZ_INPUTS`; a larger N extends the same corpus (its first 260 inputs are CI's).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import os
 import random
 from dataclasses import dataclass
 from typing import Any
 
-# Enough to find a problem, few enough that the suite stays well under its time budget.
-INPUTS_PER_PROTOCOL = 260
+# What CI runs: enough to find a problem, few enough that the suite stays well under its
+# time budget. The seeded-corpus checks hold this many to covering every route.
+DEFAULT_INPUTS = 260
+
+
+def inputs_per_protocol() -> int:
+    """N, the corpus size of each protocol: `FUZZ_INPUTS`, or DEFAULT_INPUTS."""
+    raw = os.environ.get("FUZZ_INPUTS", "").strip()
+    if not raw:
+        return DEFAULT_INPUTS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"FUZZ_INPUTS must be a positive number of inputs, not {raw!r}")
+    return int(raw)
+
+
+INPUTS = inputs_per_protocol()
 
 
 def rng(protocol: str, index: int) -> random.Random:
@@ -102,7 +121,15 @@ RETYPES: tuple[Any, ...] = (1, -1, 1.5, "1", "", True, None, [], {}, [1, 2], {"a
 
 
 def hostile(r: random.Random) -> Any:
-    return r.choice(HOSTILE)
+    """A hostile leaf, a copy: a later mutation of the document must not change HOSTILE
+    (it did: inputs then depended on the ones made before them, and a list appended to
+    itself made the generator recurse without end)."""
+    return copy.deepcopy(r.choice(HOSTILE))
+
+
+def retype(r: random.Random) -> Any:
+    """A value of another type, a copy (as for `hostile`)."""
+    return copy.deepcopy(r.choice(RETYPES))
 
 
 def dump(value: Any) -> str:
@@ -164,7 +191,7 @@ def _mutate_once(doc: Any, r: random.Random) -> Any:
     if op == "drop":
         _drop(doc, path)
     elif op == "retype":
-        _set(doc, path, r.choice(RETYPES))
+        _set(doc, path, retype(r))
     elif op == "swap":
         other = r.choice(paths)
         if other[: len(path)] != path and path[: len(other)] != other:
@@ -176,14 +203,14 @@ def _mutate_once(doc: Any, r: random.Random) -> Any:
     elif op == "add":
         target = _get(doc, path[:-1])
         if isinstance(target, dict):
-            target[r.choice(UNKNOWN_KEYS)] = r.choice((hostile(r), r.choice(RETYPES)))
+            target[r.choice(UNKNOWN_KEYS)] = r.choice((hostile(r), retype(r)))
         else:
-            target.append(r.choice((hostile(r), r.choice(RETYPES))))
+            target.append(r.choice((hostile(r), retype(r))))
     else:  # dup: the same key twice, with a different value the second time
         parent = _get(doc, path[:-1])
         if isinstance(parent, dict):
             items = list(parent.items())
-            items.append((path[-1], r.choice((hostile(r), r.choice(RETYPES)))))
+            items.append((path[-1], r.choice((hostile(r), retype(r)))))
             twice = Pairs(tuple(items))
             if len(path) == 1:
                 return twice

@@ -2,35 +2,40 @@
 
 `run_corpus` sends every input of a protocol, a few at a time (a busy server is part of
 what is tested), and collects the inputs whose answer left the protocol's shape. `verdict`
-then also asks that the server still answers `/health` and that the engine has no request
-left, and fails with the first offending inputs (seed index, input, answer).
+then also asks that the server still answers `/health`, that admission holds no ticket
+and that the engine has no request left, and fails with the first offending inputs (seed
+index, input, answer).
+
+For HTTP protocols whose bodies are JSON, `JsonRoutes` is the whole corpus (seeds per
+route, each route's weight) and `post_corpus` the whole run: a protocol module gives its
+seeds and a `judge` of one answer. `sse_events` reads a stream, named events included.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from google.protobuf import json_format, struct_pb2
 
-from schemas import evergreen_service_pb2 as service_pb
-from tests.fuzz.corpus import INPUTS_PER_PROTOCOL, Offence, describe
+from tests.fuzz.corpus import INPUTS, Offence, describe, json_input, rng
 
 CONCURRENCY = 6
+PROBE_TIMEOUT_S = 90
 
 # One input: its seed index in, None if its answer had the shape, else what went wrong.
 Probe = Callable[[int], Awaitable[Offence | None]]
 
 
-async def run_corpus(probe: Probe, total: int = INPUTS_PER_PROTOCOL) -> list[Offence]:
+async def run_corpus(probe: Probe, total: int = INPUTS) -> list[Offence]:
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(index: int) -> Offence | None:
         async with gate:
             try:
-                return await asyncio.wait_for(probe(index), timeout=90)
+                return await asyncio.wait_for(probe(index), timeout=PROBE_TIMEOUT_S)
             except Exception as exc:  # the harness must name the input, whatever happened
                 return Offence(index, "(see the seed index)", f"probe failed: {exc!r}")
 
@@ -38,7 +43,7 @@ async def run_corpus(probe: Probe, total: int = INPUTS_PER_PROTOCOL) -> list[Off
     return [r for r in results if r is not None]
 
 
-def verdict(live: Any, protocol: str, offences: list[Offence], total: int) -> None:
+def verdict(live: Any, protocol: str, offences: list[Offence], total: int = INPUTS) -> None:
     """Fail with the first offending inputs, or if the server is not left healthy and idle."""
     problems = []
     health = httpx.get(f"{live.base_url}/health", timeout=30)
@@ -47,18 +52,75 @@ def verdict(live: Any, protocol: str, offences: list[Offence], total: int) -> No
     left = live.wait_idle()
     if left:
         problems.append(f"{left} engine request(s) still running after the corpus")
+    tickets = live.app.state.admission.in_flight
+    if tickets:
+        problems.append(f"{tickets} admission ticket(s) still held after the corpus")
     if offences or problems:
         raise AssertionError("\n".join([describe(offences, protocol, total), *problems]))
 
 
-def evergreen_abort(message: service_pb.SessionMessage) -> tuple[str, str] | None:
-    """(code, message) of the Evergreen ABORT that `message` is, or None if it is not
-    one (over the websocket and gRPC alike)."""
-    if len(message.actions) != 1 or message.actions[0].name != "ABORT":
-        return None
-    status = struct_pb2.Struct()
-    if len(message.actions[0].configs) != 1 or not message.actions[0].configs[0].Unpack(status):
-        return None
-    fields = json_format.MessageToDict(status)
-    code, text = fields.get("code"), fields.get("message")
-    return (code, text) if isinstance(code, str) and isinstance(text, str) else None
+# -- HTTP protocols with JSON bodies ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JsonRoutes:
+    """An HTTP protocol's corpus: valid JSON bodies per route (`seeds`), and how often each
+    route is drawn (`weights`). Input `index` is (route, body): a seed of the route drawn,
+    as is, mutated or garbage (`corpus.json_input`), from `rng(protocol, index)`."""
+
+    protocol: str
+    seeds: Mapping[str, Sequence[Any]]
+    weights: Mapping[str, int]
+
+    def make_input(self, index: int) -> tuple[str, bytes]:
+        r = rng(self.protocol, index)
+        route = r.choices(list(self.weights), weights=list(self.weights.values()))[0]
+        return route, json_input(r.choice(self.seeds[route]), r)
+
+
+# Why an answer to a POST of `route` left the protocol's shape, or None.
+Judge = Callable[[str, httpx.Response], str | None]
+
+
+async def post_corpus(
+    live: Any, routes: JsonRoutes, judge: Judge, headers: Mapping[str, str] | None = None
+) -> list[Offence]:
+    """POST every input of `routes` to the live server; the answers `judge` refuses."""
+    sent = {"content-type": "application/json", **(headers or {})}
+    async with httpx.AsyncClient(base_url=live.base_url, timeout=60) as client:
+
+        async def probe(index: int) -> Offence | None:
+            route, body = routes.make_input(index)
+            try:
+                response = await client.post(route, content=body, headers=sent)
+            except httpx.TransportError as exc:  # reset, closed, timed out
+                return Offence(index, (route, body), f"transport error: {exc!r}")
+            reason = judge(route, response)
+            if reason is None:
+                return None
+            return Offence(index, (route, body), f"{reason}: {response.text[:300]!r}")
+
+        return await run_corpus(probe)
+
+
+def sse_events(text: str) -> list[tuple[str | None, str]]:
+    """(event name or None, data) of each event of a server-sent event stream; ValueError
+    on a line that is no SSE field."""
+    events: list[tuple[str | None, str]] = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        name: str | None = None
+        data: list[str] = []
+        for line in block.split("\n"):
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if not line or line.startswith(":") or field in ("id", "retry"):
+                continue
+            if field == "event":
+                name = value
+            elif field == "data":
+                data.append(value)
+            else:
+                raise ValueError(f"not a server-sent event line: {line[:100]!r}")
+        if name is not None or data:
+            events.append((name, "\n".join(data)))
+    return events

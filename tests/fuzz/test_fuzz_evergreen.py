@@ -18,48 +18,15 @@ from typing import Any
 
 import pytest
 import websockets
-from google.protobuf import json_format, text_format
+from google.protobuf import json_format
 
 from schemas import evergreen_service_pb2 as service_pb
-from tests.fuzz.corpus import (
-    INPUTS_PER_PROTOCOL,
-    Offence,
-    binary_input,
-    json_input,
-    rng,
-)
-from tests.fuzz.harness import evergreen_abort, run_corpus, verdict
+from tests.conftest import LiveServer
+from tests.fuzz.corpus import Offence, binary_input, json_input, rng
+from tests.fuzz.evergreen import SEEDS, evergreen_abort
+from tests.fuzz.harness import run_corpus, verdict
 
 pytestmark = pytest.mark.e2e
-
-CONFIG = (
-    "configs { [type.googleapis.com/google.protobuf.Struct] { "
-    'fields { key: "temperature" value { number_value: 0 } } '
-    'fields { key: "max_tokens" value { number_value: 4 } } } }'
-)
-SEEDS_TEXT = (
-    # The docs' example: a prompt node with one text child, and a GENERATE on it.
-    f"""actions {{ name: "GENERATE" inputs {{ name: "prompt" id: "p1" }}
-                  outputs {{ name: "response" id: "r1" }} {CONFIG} }}
-       node_fragments {{ id: "p1" child_ids: "q1" }}
-       node_fragments {{ id: "q1" chunk_fragment {{ metadata {{ mimetype: "text/plain" }}
-                                                    data: "Hello!" }} }}""",
-    # The same on the LoRA adapter, the text in two fragments.
-    f"""actions {{ name: "GENERATE" inputs {{ name: "prompt" id: "q1" }}
-                  outputs {{ name: "response" id: "r1" }} {CONFIG}
-                  target_spec {{ id: "tiny-lora" }} }}
-       node_fragments {{ id: "q1" continued: true
-                         chunk_fragment {{ metadata {{ mimetype: "text/plain" role: "user" }}
-                                           data: "def " }} }}
-       node_fragments {{ id: "q1" seq: 1 chunk_fragment {{ data: "f():" }} }}""",
-    # Nodes only: the session waits for more.
-    """node_fragments { id: "a" child_ids: "b" child_ids: "c" }
-       node_fragments { id: "b" chunk_fragment { metadata { mimetype: "text/plain" }
-                                                 data: "x" } }
-       node_fragments { id: "c" chunk_fragment { metadata { mimetype: "text/plain" }
-                                                 ref: "data:text/plain;base64,eQ==" } }""",
-)
-SEEDS = [text_format.Parse(t, service_pb.SessionMessage()) for t in SEEDS_TEXT]
 
 # gRPC status codes by name; these three are the server's own failure, never the client's.
 STATUS = {
@@ -133,7 +100,7 @@ async def session(url: str, binary: bool, frame: bytes | str) -> str | None:
     return None
 
 
-async def test_evergreen_corpus(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_evergreen_corpus(live_server: LiveServer) -> None:
     url = f"{live_server.ws_url}/evergreen/ws"
 
     async def probe(index: int) -> Offence | None:
@@ -145,7 +112,7 @@ async def test_evergreen_corpus(live_server) -> None:  # type: ignore[no-untyped
         return None if reason is None else Offence(index, frame, reason)
 
     offences = await run_corpus(probe)
-    verdict(live_server, "Evergreen", offences, INPUTS_PER_PROTOCOL)
+    verdict(live_server, "Evergreen", offences)
 
 
 def test_corpus_is_seeded_in_both_encodings() -> None:

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from fbs.graphpipe import graphpipe_generated as fb
+from tests.conftest import LiveServer
 from tests.fuzz.corpus import (
-    INPUTS_PER_PROTOCOL,
     Offence,
     dump,
     hostile,
@@ -208,7 +208,7 @@ def judge(response: httpx.Response) -> str | None:
     return None
 
 
-async def test_graphpipe_corpus(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_graphpipe_corpus(live_server: LiveServer) -> None:
     async with httpx.AsyncClient(base_url=live_server.base_url, timeout=60) as client:
 
         async def probe(index: int) -> Offence | None:
@@ -224,7 +224,7 @@ async def test_graphpipe_corpus(live_server) -> None:  # type: ignore[no-untyped
             return Offence(index, body, f"{reason}: {response.content[:300]!r}")
 
         offences = await run_corpus(probe)
-    verdict(live_server, "GraphPipe", offences, INPUTS_PER_PROTOCOL)
+    verdict(live_server, "GraphPipe", offences)
 
 
 def test_corpus_is_seeded() -> None:

@@ -40,9 +40,11 @@ from schemas import evergreen_service_pb2 as service_pb
 from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as pb
 from schemas import salience_pb2_grpc as salience_grpc
-from tests.fuzz.corpus import INPUTS_PER_PROTOCOL, Offence, binary_input, rng
-from tests.fuzz.harness import evergreen_abort, run_corpus, verdict
-from tests.fuzz.test_fuzz_evergreen import SEEDS as EVERGREEN_SEEDS
+from tests.conftest import LiveServer
+from tests.fuzz.corpus import DEFAULT_INPUTS, Offence, binary_input, rng
+from tests.fuzz.evergreen import SEEDS as EVERGREEN_SEEDS
+from tests.fuzz.evergreen import evergreen_abort
+from tests.fuzz.harness import run_corpus, verdict
 
 pytestmark = pytest.mark.e2e
 
@@ -85,6 +87,15 @@ BAD_SCALARS: dict[int, tuple[Any, ...]] = {
 }
 BAD_STRINGS = ("", "\x00", "a\x00b", "\u202e\ufeff", "x" * 100_000, "\u00e9" * 20_000, "s-0")
 BAD_BYTES = (b"", b"\x00", PNG_HEAD, PNG_HEAD + b"\xff" * 64, b"x" * 100_000)
+# What one "many" mutation may add: a repeated field extended with copies of an item
+# that already holds thousands reached 2 GB (10,000 inputs weighed 22 GB and the run
+# ran out of memory). Three mutations stay within 72 MiB, past the server's 64 MiB bound.
+MAX_EXTEND_BYTES = 24 * 1024 * 1024
+
+
+def _copies(wanted: int, size: int) -> int:
+    """How many copies of a `size`-byte item a "many" mutation adds, out of `wanted`."""
+    return max(1, min(wanted, MAX_EXTEND_BYTES // max(1, size)))
 
 
 def _bad_scalar(field: FieldDescriptor, r: random.Random) -> Any:
@@ -110,12 +121,14 @@ def _mutate_message(message: Message, r: random.Random, depth: int = 0) -> None:
         elif is_message:
             if op == "many" or depth >= 3:
                 template = value[0] if len(value) else field.message_type._concrete_class()
-                value.extend([template] * r.choice((2, 100, 5_000)))
+                value.extend([template] * _copies(r.choice((2, 100, 5_000)), template.ByteSize()))
             else:
                 item = value[r.randrange(len(value))] if len(value) else value.add()
                 _mutate_message(item, r, depth + 1)
         elif op == "many":
-            value.extend([_bad_scalar(field, r)] * r.choice((2, 1_000, 20_000)))
+            item = _bad_scalar(field, r)
+            size = len(item) if isinstance(item, str | bytes) else 8
+            value.extend([item] * _copies(r.choice((2, 1_000, 20_000)), size))
         else:
             value.append(_bad_scalar(field, r))
     elif is_message:
@@ -293,15 +306,15 @@ async def _still_serves(live: Any) -> None:
         assert await session.code() == grpc.StatusCode.OK
 
 
-async def test_salience_grpc_corpus(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_salience_grpc_corpus(live_server: LiveServer) -> None:
     async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
         stub = salience_grpc.SalienceStub(channel)
         offences = await run_corpus(lambda index: salience_probe(channel, stub, index))
     await _still_serves(live_server)
-    verdict(live_server, "Salience over gRPC", offences, INPUTS_PER_PROTOCOL)
+    verdict(live_server, "Salience over gRPC", offences)
 
 
-async def test_evergreen_grpc_corpus(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_evergreen_grpc_corpus(live_server: LiveServer) -> None:
     async with grpc.aio.insecure_channel(live_server.grpc_target) as channel:
 
         async def probe(index: int) -> Offence | None:
@@ -311,13 +324,13 @@ async def test_evergreen_grpc_corpus(live_server) -> None:  # type: ignore[no-un
 
         offences = await run_corpus(probe)
     await _still_serves(live_server)
-    verdict(live_server, "Evergreen over gRPC", offences, INPUTS_PER_PROTOCOL)
+    verdict(live_server, "Evergreen over gRPC", offences)
 
 
 def test_corpus_is_seeded_and_covers_every_rpc() -> None:
     assert salience_input(4, "s-1") == salience_input(4, "s-1")
     assert evergreen_input(5) == evergreen_input(5)
-    methods = {salience_input(i, "s-1")[0] for i in range(INPUTS_PER_PROTOCOL)}
+    methods = {salience_input(i, "s-1")[0] for i in range(DEFAULT_INPUTS)}
     assert methods == set(RESPONSES) | {"Generate"}
     # The even inputs are valid protos of their type; the odd ones mostly are not.
     for i in range(0, 40, 2):

@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fuzz.corpus import INPUTS_PER_PROTOCOL, Offence, json_input, rng
-from tests.fuzz.harness import run_corpus, verdict
+from tests.conftest import LiveServer
+from tests.fuzz.corpus import DEFAULT_INPUTS
+from tests.fuzz.harness import JsonRoutes, post_corpus, sse_events, verdict
 
 pytestmark = pytest.mark.e2e
 
@@ -99,10 +100,7 @@ ROUTE_WEIGHTS = {
 }
 
 
-def make_input(index: int) -> tuple[str, bytes]:
-    r = rng("openai", index)
-    route = r.choices(list(ROUTE_WEIGHTS), weights=list(ROUTE_WEIGHTS.values()))[0]
-    return route, json_input(r.choice(SEEDS[route]), r)
+ROUTES = JsonRoutes("openai", SEEDS, ROUTE_WEIGHTS)
 
 
 def error_shape(body: Any) -> str | None:
@@ -117,14 +115,6 @@ def error_shape(body: Any) -> str | None:
     return None
 
 
-def _events(text: str) -> list[str]:
-    return [
-        block.removeprefix("data: ")
-        for block in text.replace("\r\n", "\n").split("\n\n")
-        if block.strip()
-    ]
-
-
 def success_shape(route: str, response: httpx.Response) -> str | None:
     """Why a 200 answer is not the route's success shape, or None."""
     if route in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
@@ -132,7 +122,7 @@ def success_shape(route: str, response: httpx.Response) -> str | None:
     if response.headers.get("content-type", "").startswith("text/event-stream"):
         if route not in ("/v1/completions", "/v1/chat/completions"):
             return "a stream on a route that does not stream"
-        events = _events(response.text)
+        events = [data for _, data in sse_events(response.text)]
         if not events or events[-1] != "[DONE]":
             return "the stream does not end with data: [DONE]"
         kind = "text_completion" if route == "/v1/completions" else "chat.completion.chunk"
@@ -170,27 +160,13 @@ def judge(route: str, response: httpx.Response) -> str | None:
     return f"status {status}"
 
 
-async def test_openai_http_corpus(live_server) -> None:  # type: ignore[no-untyped-def]
-    async with httpx.AsyncClient(base_url=live_server.base_url, timeout=60) as client:
-
-        async def probe(index: int) -> Offence | None:
-            route, body = make_input(index)
-            headers = {"content-type": "application/json"}
-            try:
-                response = await client.post(route, content=body, headers=headers)
-            except httpx.TransportError as exc:  # reset, closed, timed out
-                return Offence(index, (route, body), f"transport error: {exc!r}")
-            reason = judge(route, response)
-            if reason is None:
-                return None
-            return Offence(index, (route, body), f"{reason}: {response.text[:300]!r}")
-
-        offences = await run_corpus(probe)
-    verdict(live_server, "OpenAI HTTP", offences, INPUTS_PER_PROTOCOL)
+async def test_openai_http_corpus(live_server: LiveServer) -> None:
+    offences = await post_corpus(live_server, ROUTES, judge)
+    verdict(live_server, "OpenAI HTTP", offences)
 
 
 def test_corpus_is_seeded_and_varied() -> None:
-    """The same index gives the same input; the corpus covers every route."""
-    assert make_input(17) == make_input(17)
-    routes = {make_input(i)[0] for i in range(INPUTS_PER_PROTOCOL)}
+    """The same index gives the same input; CI's corpus covers every route."""
+    assert ROUTES.make_input(17) == ROUTES.make_input(17)
+    routes = {ROUTES.make_input(i)[0] for i in range(DEFAULT_INPUTS)}
     assert routes == set(ROUTE_WEIGHTS)

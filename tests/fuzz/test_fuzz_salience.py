@@ -21,8 +21,8 @@ import websockets
 from google.protobuf import json_format
 
 from schemas import salience_ws_pb2 as ws_pb
+from tests.conftest import LiveServer
 from tests.fuzz.corpus import (
-    INPUTS_PER_PROTOCOL,
     Offence,
     binary_input,
     json_input,
@@ -196,7 +196,7 @@ async def socket_session(url: str, index: int) -> tuple[Any, str | None]:
     return frame, None
 
 
-async def test_salience_corpus(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_salience_corpus(live_server: LiveServer) -> None:
     url = f"{live_server.ws_url}/salience/ws"
 
     async def probe(index: int) -> Offence | None:
@@ -207,7 +207,7 @@ async def test_salience_corpus(live_server) -> None:  # type: ignore[no-untyped-
         return None if reason is None else Offence(index, frame, reason)
 
     offences = await run_corpus(probe)
-    verdict(live_server, "Salience", offences, INPUTS_PER_PROTOCOL)
+    verdict(live_server, "Salience", offences)
 
 
 def test_corpus_is_seeded_in_both_encodings() -> None:

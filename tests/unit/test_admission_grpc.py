@@ -12,16 +12,16 @@ from typing import Any
 import grpc
 import pytest
 from fastapi.testclient import TestClient
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import json_format
 
 from app.config import Settings
 from app.main import create_app
 from schemas import evergreen_service_pb2 as service_pb
 from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from tests.conftest import free_port
+from tests.evergreen_frames import abort_status, turn
 from tests.fake_engine import FakeEngine
 from tests.grpc_retry import retry_after_s
-from tests.unit.test_admission_sessions import _turn
 
 
 @contextmanager
@@ -36,23 +36,15 @@ def _session(
     channel: grpc.Channel, actions: bool = True
 ) -> tuple[list[service_pb.SessionMessage], grpc.RpcError]:
     stub = evergreen_grpc.EvergreenServiceStub(channel)
-    turn = _turn(4)
+    first = turn("ab", 4)
     if not actions:  # a node and nothing to do: the session alone is refused
-        del turn["actions"]
-    message = json_format.ParseDict(turn, service_pb.SessionMessage())
+        del first["actions"]
+    message = json_format.ParseDict(first, service_pb.SessionMessage())
     received = []
     with pytest.raises(grpc.RpcError) as ended:
         for reply in stub.StartSession(iter([message]), timeout=10):
             received.append(reply)
     return received, ended.value
-
-
-def _abort_status(message: service_pb.SessionMessage) -> dict[str, Any]:
-    [action] = message.actions
-    assert action.name == "ABORT"
-    status = struct_pb2.Struct()
-    assert action.configs[0].Unpack(status)
-    return json_format.MessageToDict(status)
 
 
 def test_a_refused_generate_ends_the_grpc_session_unavailable() -> None:
@@ -61,7 +53,7 @@ def test_a_refused_generate_ends_the_grpc_session_unavailable() -> None:
         received, error = _session(channel)
         client.portal.call(held.release)  # type: ignore[union-attr]
         assert app.state.admission.refused["evergreen"] == 1
-    status = _abort_status(received[-1])
+    status = abort_status(received[-1])
     assert status["code"] == "UNAVAILABLE" and status["retry_after_s"] >= 1
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "retry after" in error.details()
     assert retry_after_s(error) == status["retry_after_s"]
@@ -71,7 +63,7 @@ def test_a_draining_server_refuses_a_new_grpc_session() -> None:
     with served() as (app, client, channel):
         client.portal.call(app.state.drain.begin)  # type: ignore[union-attr]
         received, error = _session(channel, actions=False)
-    status = _abort_status(received[-1])
+    status = abort_status(received[-1])
     assert status["code"] == "UNAVAILABLE"
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in error.details()
     assert retry_after_s(error) == status["retry_after_s"]

@@ -22,6 +22,7 @@ from app.errors import EngineError, Overloaded
 from app.main import create_app
 from tests.fake_engine import FakeEngine
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
+from tests.waits import until
 
 
 def _app(engine: FakeEngine, **settings: Any) -> Any:
@@ -110,8 +111,7 @@ async def test_a_higher_priority_call_is_admitted_past_lower_priority_waiters() 
             return client.post("/v1/completions", json=body)
 
         low = [asyncio.create_task(call(5)) for _ in range(2)]
-        while app.state.admission.in_flight < 2:
-            await asyncio.sleep(0.01)
+        await until(lambda: app.state.admission.in_flight >= 2, "both calls admitted")
         assert (await call(5)).status_code == 503
         assert (await call(0)).status_code == 200  # lower value: runs first
         assert [(await t).status_code for t in low] == [200, 200]
@@ -142,8 +142,7 @@ async def test_the_token_bound_is_checked_before_tokenizing() -> None:
     async with _client(app) as client:
         long = {"prompt": "x" * 60, "max_tokens": 1}
         first = asyncio.create_task(client.post("/v1/completions", json=long))
-        while not app.state.admission.in_flight:
-            await asyncio.sleep(0.01)
+        await until(lambda: app.state.admission.in_flight > 0, "the first call admitted")
         assert (await client.post("/v1/completions", json=long)).status_code == 503
         assert (await first).status_code == 200
     _settled(app, engine)
@@ -165,9 +164,14 @@ async def test_ready_turns_503_when_saturated_or_draining_and_health_stays_200()
         assert (await client.get("/health")).status_code == 200
 
 
+# The drain test's clock: the fake's step, the drain's timeout, and the long requests'
+# tokens (20 s unaborted, 40 times the drain).
+STEP_S, DRAIN_S, LONG = 0.05, 0.5, 400
+
+
 async def test_the_drain_refuses_new_work_lets_streams_finish_then_cuts_the_rest() -> None:
-    engine = FakeEngine(step_delay=0.05)
-    app = _app(engine, drain_timeout_s=0.5)
+    engine = FakeEngine(step_delay=STEP_S)
+    app = _app(engine, drain_timeout_s=DRAIN_S)
     drain: Drain = app.state.drain
     said_goodbye: list[str] = []
 
@@ -177,14 +181,13 @@ async def test_the_drain_refuses_new_work_lets_streams_finish_then_cuts_the_rest
     drain.subscribe(goodbye)
     async with _client(app) as client:
         short = {"prompt": "ab", "max_tokens": 4, "stream": True}  # 0.2 s: finishes
-        long = {"prompt": "ab", "max_tokens": 200, "stream": True}  # 10 s: cut at 0.5 s
+        long = {"prompt": "ab", "max_tokens": LONG, "stream": True}  # cut at DRAIN_S
         streams = [
             asyncio.create_task(client.post("/v1/completions", json=body)) for body in (short, long)
         ]
-        call = Infer([_strings("ab")], config='{"max_tokens": 200}')
+        call = Infer([_strings("ab")], config=json.dumps({"max_tokens": LONG}))
         graphpipe = asyncio.create_task(client.post("/graphpipe", content=infer_request(call)))
-        while app.state.admission.in_flight < 3:
-            await asyncio.sleep(0.01)
+        await until(lambda: app.state.admission.in_flight >= 3, "the three calls admitted")
         drain.begin()
         refused = await client.post("/v1/completions", json=short)
         assert refused.status_code == 503 and "shutting down" in refused.text
@@ -192,9 +195,13 @@ async def test_the_drain_refuses_new_work_lets_streams_finish_then_cuts_the_rest
         started = asyncio.get_running_loop().time()
         await drain.run(engine.abort)
         took = asyncio.get_running_loop().time() - started
+        # What the drain cut has ended, its tickets given back, by the time it returns.
+        assert app.state.admission.in_flight == 0 and engine.running == set()
         finished, cut = [await s for s in streams]
         gp = await graphpipe
-    assert 0.4 < took < 2.0
+    # The drain gave the work in flight its whole timeout (the short stream ended in it),
+    # then cut the rest, long before the long requests could have ended by themselves.
+    assert DRAIN_S <= took < LONG * STEP_S / 3, took
     assert finished.text.endswith("data: [DONE]\n\n") and "error" not in finished.text
     events = [line[6:] for line in cut.text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"

@@ -6,12 +6,11 @@ import dataclasses
 import math
 
 import pytest
-from google.protobuf import struct_pb2, text_format
+from google.protobuf import text_format
 
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.protocols.evergreen.generate import (
     Chunk,
-    GeneratePlan,
     Turn,
     plan_action,
     prompt_token_ids,
@@ -19,8 +18,8 @@ from app.protocols.evergreen.generate import (
 )
 from app.protocols.evergreen.refs import FileRef, parse_ref
 from schemas import evergreen_pb2 as pb
+from tests.evergreen_frames import INFO, plan
 from tests.fake_engine import FakeTokenizer
-from tests.unit.test_evergreen_transcripts import INFO
 
 EOT = "application/x-protobuf; type=EndOfTurn"
 
@@ -28,19 +27,6 @@ EOT = "application/x-protobuf; type=EndOfTurn"
 def chunk(data: str | bytes, mimetype: str = "text/plain", role: str = "") -> Chunk:
     raw = data.encode() if isinstance(data, str) else data
     return Chunk("n", pb.ChunkMetadata(mimetype=mimetype, role=role), raw)
-
-
-def plan(configs: dict[str, object] | None = None, target: str = "") -> GeneratePlan:
-    action = text_format.Parse(
-        'name: "GENERATE" inputs { name: "prompt" id: "p" } outputs { name: "response" id: "r" }',
-        pb.Action(),
-    )
-    if configs is not None:
-        struct = struct_pb2.Struct()
-        struct.update(configs)
-        action.configs.add().Pack(struct)
-    action.target_spec.id = target
-    return plan_action(action, INFO, lambda name: name == "tiny-lora")
 
 
 def test_roles_and_end_of_turn_make_turns() -> None:

@@ -35,7 +35,7 @@ from app.protocols.evergreen.lifecycle import (
 )
 from app.protocols.evergreen.session import Limits, NodeState, Session
 from schemas import evergreen_service_pb2 as service_pb
-from tests.unit.test_evergreen_transcripts import INFO, plan_action
+from tests.evergreen_frames import planner
 
 P, C = Phase, Cause
 FIRST = InvalidRequest("the first failure")
@@ -54,9 +54,7 @@ LEAF = (
 
 
 def new_lifecycle() -> Lifecycle[GeneratePlan]:
-    session: Session[GeneratePlan] = Session(
-        Limits(), lambda action: plan_action(action, INFO, lambda name: False)
-    )
+    session: Session[GeneratePlan] = Session(Limits(), planner())
     lifecycle = Lifecycle(session)
     lifecycle.receive(text_format.Parse(LEAF, service_pb.SessionMessage()))
     assert session.state_of("n") is NodeState.OPEN

@@ -7,21 +7,16 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from google.protobuf import text_format
 
 from app.errors import ResourceExhausted
 from app.protocols.evergreen.generate import GeneratePlan
 from app.protocols.evergreen.session import Limits, Session
 from schemas import evergreen_service_pb2 as service_pb
-from tests.unit.test_evergreen_transcripts import INFO, plan_action
+from tests.evergreen_frames import message, planner
 
 
 def new_session(**limits: int) -> Session[GeneratePlan]:
-    return Session(Limits(**limits), lambda action: plan_action(action, INFO, lambda name: False))
-
-
-def message(text: str) -> service_pb.SessionMessage:
-    return text_format.Parse(text, service_pb.SessionMessage())
+    return Session(Limits(**limits), planner())
 
 
 def test_the_session_keeps_its_own_copy_of_metadata() -> None:

@@ -1,20 +1,19 @@
 """The Evergreen websocket over the fake engine: both encodings, aborts with their final
-message and close code, auth, file refs, and no engine request outliving its session."""
+message and close code, auth, file refs, and no engine request outliving its session
+(a GENERATE that would run 500 s must be gone within 5 s of its session's end)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
-import time
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf import json_format, struct_pb2, text_format
+from google.protobuf import json_format
 from starlette.testclient import TestClient
-from starlette.websockets import WebSocketDisconnect
 
 from app.admission import Admission
 from app.config import Settings
@@ -25,30 +24,10 @@ from app.protocols.evergreen.lifecycle import abort_message, close_code
 from app.protocols.evergreen.session import Limits
 from app.sessions.evergreen import EvergreenRun
 from schemas import evergreen_service_pb2 as service_pb
+from tests.asgi_wire import Wire
+from tests.evergreen_client import TestClientSocket
+from tests.evergreen_frames import TEXT, generate, leaf, message
 from tests.fake_engine import FakeEngine
-
-TEXT = 'metadata { mimetype: "text/plain" }'
-
-
-def message(text: str) -> service_pb.SessionMessage:
-    return text_format.Parse(text, service_pb.SessionMessage())
-
-
-def generate(prompt: str, response: str, max_tokens: int = 4, config: str = "") -> str:
-    configs = (
-        "configs { [type.googleapis.com/google.protobuf.Struct] { fields { "
-        f'key: "max_tokens" value {{ number_value: {max_tokens} }} }} {config} }} }}'
-    )
-    return (
-        f'actions {{ name: "GENERATE" inputs {{ name: "prompt" id: "{prompt}" }} '
-        f'outputs {{ name: "response" id: "{response}" }} {configs} }}'
-    )
-
-
-def leaf(node_id: str, data: str, extra: str = "") -> str:
-    return (
-        f'node_fragments {{ id: "{node_id}" chunk_fragment {{ {TEXT} data: "{data}" }} {extra} }}'
-    )
 
 
 @pytest.fixture
@@ -66,57 +45,12 @@ def client(engine: FakeEngine) -> Iterator[TestClient]:
         yield c
 
 
-class Socket:
-    """A websocket that speaks SessionMessages in JSON or in binary frames."""
-
-    def __init__(self, ws: Any, binary: bool) -> None:
-        self.ws, self.binary = ws, binary
-
-    def send(self, text: str) -> None:
-        msg = message(text)
-        if self.binary:
-            self.ws.send_bytes(msg.SerializeToString())
-        else:
-            self.ws.send_text(json_format.MessageToJson(msg))
-
-    def receive(self) -> service_pb.SessionMessage:
-        frame = self.ws.receive()
-        if frame["type"] == "websocket.close":
-            raise WebSocketDisconnect(frame["code"], frame.get("reason"))
-        if self.binary:
-            assert frame.get("bytes") is not None, frame
-            return service_pb.SessionMessage.FromString(frame["bytes"])
-        assert frame.get("text") is not None, frame
-        return json_format.Parse(frame["text"], service_pb.SessionMessage())
-
-    def node(self, node_id: str) -> tuple[str, list[Any]]:
-        """Read fragments until node_id's final one: (its text, the fragments)."""
-        fragments = []
-        while True:
-            for fragment in self.receive().node_fragments:
-                assert fragment.id == node_id
-                fragments.append(fragment)
-                if not fragment.continued:
-                    return b"".join(f.chunk_fragment.data for f in fragments).decode(), fragments
-
-    def aborted(self) -> tuple[dict[str, Any], int, str]:
-        """The ABORT message's status, then the close code and reason."""
-        final = self.receive()
-        (action,) = final.actions
-        assert action.name == "ABORT" and not final.node_fragments
-        status = struct_pb2.Struct()
-        assert action.configs[0].Unpack(status)
-        with pytest.raises(WebSocketDisconnect) as closed:
-            self.receive()
-        return json_format.MessageToDict(status), closed.value.code, closed.value.reason
-
-
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_two_turns_reuse_the_first_response(
     client: TestClient, engine: FakeEngine, binary: bool
 ) -> None:
     with client.websocket_connect("/evergreen/ws") as ws:
-        sock = Socket(ws, binary)
+        sock = TestClientSocket(ws, binary)
         sock.send(generate("p1", "r1") + leaf("p1", "hi"))
         text, fragments = sock.node("r1")
         # The fake continues "[user]hi\n[assistant]" with the code points after "]".
@@ -193,7 +127,7 @@ def test_a_malformed_frame_aborts(
             ws.send_bytes(frame)
         else:
             ws.send_text(frame)
-        status, code, reason = Socket(ws, binary).aborted()
+        status, code, reason = TestClientSocket(ws, binary).aborted()
     assert status["code"] == "INVALID_ARGUMENT" and match in status["message"]
     assert code == 4003 and reason == status["message"][:123]
 
@@ -207,42 +141,53 @@ def test_a_config_number_out_of_range_is_invalid_argument(client: TestClient) ->
     )
     with client.websocket_connect("/evergreen/ws") as ws:
         ws.send_text(frame)
-        status, code, _ = Socket(ws, binary=False).aborted()
+        status, code, _ = TestClientSocket(ws, binary=False).aborted()
     assert status["code"] == "INVALID_ARGUMENT" and "finite" in status["message"]
     assert code == 4003
 
 
-def test_an_abort_mid_generation_aborts_the_engine_request(engine: FakeEngine) -> None:
-    engine.step_delay = 0.01
-    with client_for(engine) as client, client.websocket_connect("/evergreen/ws") as ws:
-        sock = Socket(ws, binary=True)
-        sock.send(generate("p", "r", max_tokens=400) + leaf("p", "hi"))
-        assert sock.receive().node_fragments[0].id == "r"
-        assert engine.num_running_requests() == 1
-        sock.send(leaf("r", "spoof"))
-        while True:  # fragments already on their way, then the abort
-            final = sock.receive()
-            if final.actions:
-                break
+# A GENERATE that no test could wait out (500 s unaborted), and how soon after its session
+# ends (a broken rule, the client gone) it must be gone from the engine.
+LONG_TOKENS, STEP_S = 50_000, 0.01
+BOUND_S = 5.0
+
+
+def long_generation() -> tuple[FakeEngine, Wire]:
+    """An Evergreen socket to a fresh app whose one GENERATE runs LONG_TOKENS tokens."""
+    engine = FakeEngine(max_model_len=LONG_TOKENS + 64, step_delay=STEP_S)
+    wire = Wire(create_app(Settings(model="fake"), engine=engine), "/evergreen/ws")
+    return engine, wire
+
+
+def _parse(frame: str | bytes | int) -> service_pb.SessionMessage:
+    assert isinstance(frame, bytes), frame
+    return service_pb.SessionMessage.FromString(frame)
+
+
+async def test_an_abort_mid_generation_aborts_the_engine_request() -> None:
+    engine, wire = long_generation()
+    turn = message(generate("p", "r", max_tokens=LONG_TOKENS) + leaf("p", "hi"))
+    wire.send_bytes(turn.SerializeToString())
+    assert _parse(await wire.frame()).node_fragments[0].id == "r"
+    assert engine.num_running_requests() == 1
+    wire.send_bytes(message(leaf("r", "spoof")).SerializeToString())  # a broken rule
+    async with asyncio.timeout(BOUND_S):
+        while not (final := _parse(await wire.frame())).actions:
+            pass  # fragments already on their way, then the abort
         assert final.actions[0].name == "ABORT"
-        with pytest.raises(WebSocketDisconnect) as closed:
-            sock.receive()
-        assert closed.value.code == 4003
-        assert engine.num_running_requests() == 0
+        assert await wire.frame() == 4003
+        await wire.ended()
+    assert engine.num_running_requests() == 0
 
 
-def test_a_client_that_leaves_ends_its_engine_requests(engine: FakeEngine) -> None:
-    engine.step_delay = 0.01
-    with client_for(engine) as client:
-        with client.websocket_connect("/evergreen/ws") as ws:
-            sock = Socket(ws, binary=False)
-            sock.send(generate("p", "r", max_tokens=400) + leaf("p", "hi"))
-            sock.receive()
-            assert engine.num_running_requests() == 1
-        deadline = time.monotonic() + 5
-        while engine.num_running_requests() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert engine.num_running_requests() == 0
+async def test_a_client_that_leaves_ends_its_engine_requests() -> None:
+    engine, wire = long_generation()
+    turn = message(generate("p", "r", max_tokens=LONG_TOKENS) + leaf("p", "hi"))
+    wire.send(json_format.MessageToDict(turn))
+    await wire.frame()
+    assert engine.num_running_requests() == 1
+    await wire.disconnect()  # the route returns within Wire's TIMEOUT_S, its request ended
+    assert engine.num_running_requests() == 0
 
 
 def test_an_engine_failure_aborts_with_internal(engine: FakeEngine) -> None:
@@ -252,7 +197,7 @@ def test_an_engine_failure_aborts_with_internal(engine: FakeEngine) -> None:
 
     engine.generate = failing  # type: ignore[method-assign]
     with client_for(engine) as client, client.websocket_connect("/evergreen/ws") as ws:
-        sock = Socket(ws, binary=False)
+        sock = TestClientSocket(ws, binary=False)
         sock.send(generate("p", "r") + leaf("p", "hi"))
         assert sock.receive().node_fragments[0].chunk_fragment.data == b"a"
         status, code, _ = sock.aborted()
@@ -264,7 +209,7 @@ def test_an_unknown_target_is_not_found(client: TestClient) -> None:
     action = 'actions { name: "GENERATE" inputs { name: "prompt" id: "p" } '
     action += 'target_spec { id: "nope" } }'
     with client.websocket_connect("/evergreen/ws") as ws:
-        sock = Socket(ws, binary=False)
+        sock = TestClientSocket(ws, binary=False)
         sock.send(action)
         status, code, _ = sock.aborted()
     assert status["code"] == "NOT_FOUND" and code == 4005
@@ -273,15 +218,15 @@ def test_an_unknown_target_is_not_found(client: TestClient) -> None:
 def test_auth(engine: FakeEngine) -> None:
     with client_for(engine, api_key="sesame") as client:
         with client.websocket_connect("/evergreen/ws") as ws:
-            status, code, _ = Socket(ws, binary=False).aborted()
+            status, code, _ = TestClientSocket(ws, binary=False).aborted()
         assert status["code"] == "UNAUTHENTICATED" and code == 4016
         with client.websocket_connect("/evergreen/ws?token=sesame") as ws:
-            sock = Socket(ws, binary=False)
+            sock = TestClientSocket(ws, binary=False)
             sock.send(generate("p", "r", max_tokens=1) + leaf("p", "hi"))
             assert sock.node("r")[0] == "^"
         headers = {"Authorization": "Bearer sesame"}
         with client.websocket_connect("/evergreen/ws", headers=headers) as ws:
-            sock = Socket(ws, binary=True)
+            sock = TestClientSocket(ws, binary=True)
             sock.send(generate("p", "r", max_tokens=1) + leaf("p", "hi"))
             assert sock.node("r")[0] == "^"
 
@@ -295,7 +240,7 @@ def test_file_refs_read_under_the_root_only(engine: FakeEngine, tmp_path: Path) 
     ref = 'node_fragments {{ id: "p" chunk_fragment {{ {} ref: "{}" }} }}'
     with client_for(engine, evergreen_file_root=root) as client:
         with client.websocket_connect("/evergreen/ws") as ws:
-            sock = Socket(ws, binary=False)
+            sock = TestClientSocket(ws, binary=False)
             sock.send(generate("p", "r", max_tokens=1) + ref.format(TEXT, "file://notes/a.txt"))
             assert sock.node("r")[0] == "^"
         assert engine.tokenizer.decode(engine.requests[-1].prompt_token_ids or []).startswith(
@@ -310,7 +255,7 @@ def test_file_refs_read_under_the_root_only(engine: FakeEngine, tmp_path: Path) 
             ("file://notes/" + "x" * 300, "File name too long"),
         ]:
             with client.websocket_connect("/evergreen/ws") as ws:
-                sock = Socket(ws, binary=False)
+                sock = TestClientSocket(ws, binary=False)
                 sock.send(generate("p", "r") + ref.format(TEXT, uri))
                 status, code, _ = sock.aborted()
             assert match in status["message"] and code == 4003

@@ -23,7 +23,7 @@ from app.protocols.evergreen.session import (
 )
 from schemas import evergreen_pb2 as pb
 from schemas import evergreen_service_pb2 as service_pb
-from tests.unit.test_evergreen_transcripts import INFO, plan_action
+from tests.evergreen_frames import planner
 
 TEXT = 'metadata { mimetype: "text/plain" }'
 S, E = NodeState, Event
@@ -69,7 +69,7 @@ SCENARIOS: dict[tuple[NodeState, Event], tuple[list[str], str]] = {
 
 
 def new_session() -> Session[GeneratePlan]:
-    return Session(Limits(), lambda action: plan_action(action, INFO, lambda name: False))
+    return Session(Limits(), planner())
 
 
 def fragment(text: str) -> service_pb.SessionMessage:

@@ -30,23 +30,15 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from app.engine.base import EngineInfo, SamplingOptions
+from app.engine.base import SamplingOptions
 from app.errors import SwitchboardError
-from app.protocols.evergreen.generate import OUTPUT_METADATA, GeneratePlan, plan_action
+from app.protocols.evergreen.generate import OUTPUT_METADATA, GeneratePlan
 from app.protocols.evergreen.refs import FileRef
 from app.protocols.evergreen.session import Leaf, Limits, Ready, Session
 from schemas import evergreen_service_pb2 as service_pb
+from tests.evergreen_frames import planner
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "evergreen"
-INFO = EngineInfo(
-    model_name="tiny",
-    model_path="/nonexistent",
-    max_model_len=1024,
-    vocab_size=2048,
-    eos_token_ids=(2,),
-    has_chat_template=True,
-    max_loras=1,
-)
 
 
 def _render_leaf(leaf: Leaf) -> str:
@@ -79,9 +71,7 @@ def _render_plan(plan: GeneratePlan) -> str:
 
 class Runner:
     def __init__(self, limits: Limits) -> None:
-        self.session: Session[GeneratePlan] = Session(
-            limits, lambda action: plan_action(action, INFO, lambda name: name == "tiny-lora")
-        )
+        self.session: Session[GeneratePlan] = Session(limits, planner(loras=("tiny-lora",)))
         self.plans: dict[int, GeneratePlan] = {}
 
     def _ready(self, ready: list[Ready[GeneratePlan]]) -> list[str]:

@@ -131,7 +131,7 @@ async def test_fastapi_validation_errors_are_in_the_routers_shape() -> None:
     # Every shipped route parses its body by hand; a typed parameter added later must
     # still fail in shape, in the shape of the API whose router it joins (nothing picks
     # the shape by path): one route on OpenAI's renderer, one on GraphPipe's.
-    app = create_app(Settings(model="fake"), engine=FakeEngine())  # type: ignore[arg-type]
+    app = create_app(Settings(model="fake"), engine=FakeEngine())
     openai_routes = api_router(openai_error)
     graphpipe_routes = api_router(graphpipe_error)
 
@@ -230,7 +230,7 @@ def buggy_server() -> Iterator[int]:
     """uvicorn over the buggy fake engine, on a real socket (keep-alive is the point)."""
     import uvicorn
 
-    app = create_app(Settings(model="fake"), engine=BuggyEngine())  # type: ignore[arg-type]
+    app = create_app(Settings(model="fake"), engine=BuggyEngine())
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])

@@ -11,8 +11,8 @@ import pytest
 from app.engine.constraints import Constraint
 from app.errors import InvalidRequest
 from app.protocols.graphpipe.config import parse_config
+from tests.evergreen_frames import INFO, plan
 from tests.fake_engine import FakeEngine
-from tests.unit import test_evergreen_generate as evergreen
 
 FAKE = FakeEngine().info
 
@@ -37,17 +37,15 @@ def test_graphpipe_bad_constraints_name_the_field(constraint: object, param: str
     assert caught.value.param == param
 
 
-def test_evergreen_config_carries_a_constraint(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        evergreen, "INFO", replace(evergreen.INFO, check_constraint=FAKE.check_constraint)
-    )
-    plan = evergreen.plan({"maxTokens": 5, "constraint": {"regex": "[0-9]+"}})
-    assert plan.sampling.constraint == Constraint("regex", "[0-9]+", "constraint.regex")
+def test_evergreen_config_carries_a_constraint() -> None:
+    info = replace(INFO, check_constraint=FAKE.check_constraint)
+    planned = plan({"maxTokens": 5, "constraint": {"regex": "[0-9]+"}}, info=info)
+    assert planned.sampling.constraint == Constraint("regex", "[0-9]+", "constraint.regex")
     with pytest.raises(InvalidRequest) as caught:
-        evergreen.plan({"constraint": {"regex": "UNCOMPILABLE"}})
+        plan({"constraint": {"regex": "UNCOMPILABLE"}}, info=info)
     assert caught.value.param == "constraint.regex"
 
 
 def test_evergreen_refuses_constraints_where_the_engine_has_none() -> None:
     with pytest.raises(InvalidRequest):
-        evergreen.plan({"constraint": {"choice": ["a"]}})
+        plan({"constraint": {"choice": ["a"]}})

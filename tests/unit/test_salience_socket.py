@@ -1,15 +1,13 @@
 """The Salience websocket over the fake engine: concurrent calls on one socket, cancel,
 busy sessions, disconnects, failed calls rolled back, binary Generate streams.
 
-Some tests drive the ASGI app directly through `Wire`, whose inbox can hold several
-frames at once: the route then reads them back to back without yielding to the event
-loop, as it does when a burst arrives in one TCP read.
+Some tests drive the ASGI app directly through `tests.asgi_wire.Wire`, whose inbox can
+hold several frames at once: the route then reads them back to back without yielding to
+the event loop, as it does when a burst arrives in one TCP read.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -21,61 +19,16 @@ from app.errors import EngineError
 from app.main import create_app
 from schemas import salience_pb2 as pb
 from schemas import salience_ws_pb2 as ws_pb
+from tests.asgi_wire import Wire
 from tests.fake_engine import FakeEngine
+from tests.salience_client import dump, gen
 
-
-class Wire:
-    """One websocket connection to the ASGI app, with a queue on each side."""
-
-    def __init__(self, app: Any) -> None:
-        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.inbox.put_nowait({"type": "websocket.connect"})
-        scope = {
-            "type": "websocket",
-            "path": "/salience/ws",
-            "raw_path": b"/salience/ws",
-            "query_string": b"",
-            "headers": [],
-            "scheme": "ws",
-            "server": ("test", 80),
-            "client": ("test", 1234),
-            "root_path": "",
-            "subprotocols": [],
-            "app": app,
-        }
-        self.task = asyncio.create_task(app(scope, self.inbox.get, self.outbox.put))
-
-    def send(self, *frames: dict[str, Any]) -> None:
-        for frame in frames:
-            self.inbox.put_nowait({"type": "websocket.receive", "text": json.dumps(frame)})
-
-    async def recv(self) -> dict[str, Any]:
-        while True:
-            message = await asyncio.wait_for(self.outbox.get(), 5)
-            if message["type"] == "websocket.send":
-                return dict(json.loads(message["text"]))
-
-    async def disconnect(self) -> None:
-        self.inbox.put_nowait({"type": "websocket.disconnect", "code": 1001})
-        await asyncio.wait_for(self.task, 5)
-
-    async def open_session(self) -> str:
-        self.send({"id": "open", "method": "OpenSession", "request": {"model": "fake"}})
-        return str((await self.recv())["response"]["sessionId"])
-
-
-def gen(call_id: str, **request: Any) -> dict[str, Any]:
-    return {"id": call_id, "method": "Generate", "request": request}
-
-
-def dump(call_id: str, session: str) -> dict[str, Any]:
-    return {"id": call_id, "method": "DumpSession", "request": {"sessionId": session}}
+WS = "/salience/ws"
 
 
 async def test_cancel_in_the_same_burst_as_its_generate_still_ends_the_call() -> None:
     engine = FakeEngine(step_delay=0.01)
-    wire = Wire(create_app(Settings(model="fake"), engine=engine))
+    wire = Wire(create_app(Settings(model="fake"), engine=engine), WS)
     sid = await wire.open_session()
     wire.send(
         gen("g", sessionId=sid, appendTokens=[65, 66], maxTokens=50),
@@ -96,14 +49,14 @@ async def test_cancel_in_the_same_burst_as_its_generate_still_ends_the_call() ->
 async def test_disconnect_aborts_the_generate_and_keeps_the_session() -> None:
     engine = FakeEngine(step_delay=0.01)
     app = create_app(Settings(model="fake"), engine=engine)
-    wire = Wire(app)
+    wire = Wire(app, WS)
     sid = await wire.open_session()
     wire.send(gen("g", sessionId=sid, appendTokens=[1, 2, 3], maxTokens=400))
     for _ in range(3):
         assert "token" in (await wire.recv())["event"]
     await wire.disconnect()
     assert engine.running == set()  # the handler returned only after the abort
-    again = Wire(app)
+    again = Wire(app, WS)
     again.send(dump("d", sid))
     tokens = (await again.recv())["response"]["tokens"]
     assert tokens[:3] == [1, 2, 3] and 6 <= len(tokens) < 403
@@ -115,7 +68,7 @@ async def test_disconnect_aborts_the_generate_and_keeps_the_session() -> None:
 
 async def test_close_session_cancels_its_generate_and_is_idempotent() -> None:
     engine = FakeEngine(step_delay=0.01)
-    wire = Wire(create_app(Settings(model="fake"), engine=engine))
+    wire = Wire(create_app(Settings(model="fake"), engine=engine), WS)
     sid = await wire.open_session()
     wire.send(gen("g", sessionId=sid, appendTokens=[1], maxTokens=400))
     assert "token" in (await wire.recv())["event"]
@@ -139,7 +92,7 @@ async def test_close_session_cancels_its_generate_and_is_idempotent() -> None:
 
 async def test_concurrent_generates_on_one_socket() -> None:
     engine = FakeEngine(step_delay=0.005)
-    wire = Wire(create_app(Settings(model="fake"), engine=engine))
+    wire = Wire(create_app(Settings(model="fake"), engine=engine), WS)
     a, b = await wire.open_session(), await wire.open_session()
     wire.send(
         gen("a", sessionId=a, appendTokens=[10], maxTokens=5),
@@ -186,7 +139,7 @@ async def until(wire: Wire, key: str) -> list[dict[str, Any]]:
 
 async def test_a_generate_failing_before_its_first_token_is_rolled_back() -> None:
     engine = FailingEngine()
-    wire = Wire(create_app(Settings(model="fake"), engine=engine))
+    wire = Wire(create_app(Settings(model="fake"), engine=engine), WS)
     sid = await wire.open_session()
     wire.send(gen("g0", sessionId=sid, appendTokens=[1, 2, 3], maxTokens=2))
     await until(wire, "done")
@@ -205,7 +158,7 @@ async def test_a_generate_failing_before_its_first_token_is_rolled_back() -> Non
 async def test_tokens_streamed_before_a_failure_stay_in_the_session() -> None:
     engine = FailingEngine()
     engine.fail_after = 2
-    wire = Wire(create_app(Settings(model="fake"), engine=engine))
+    wire = Wire(create_app(Settings(model="fake"), engine=engine), WS)
     sid = await wire.open_session()
     wire.send(gen("g", sessionId=sid, appendTokens=[1, 2], maxTokens=5))
     replies = await until(wire, "error")
@@ -316,7 +269,7 @@ def test_a_request_that_is_not_an_object_is_invalid_and_the_socket_survives() ->
 async def test_closing_a_session_from_another_socket_aborts_its_generate() -> None:
     engine = FakeEngine(step_delay=0.01)
     app = create_app(Settings(model="fake"), engine=engine)
-    first, second = Wire(app), Wire(app)
+    first, second = Wire(app, WS), Wire(app, WS)
     sid = await first.open_session()
     first.send(gen("g", sessionId=sid, appendTokens=[1], maxTokens=400))
     assert "token" in (await first.recv())["event"]

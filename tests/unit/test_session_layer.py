@@ -11,7 +11,6 @@ import threading
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
-from google.protobuf import text_format
 from starlette.testclient import TestClient
 
 from app.admission import Admission
@@ -24,9 +23,12 @@ from app.sessions.evergreen import EvergreenRun
 from app.sessions.salience import SalienceRunner
 from schemas import evergreen_service_pb2 as service_pb
 from schemas import salience_pb2 as pb
+from tests.asgi_wire import Wire
+from tests.evergreen_client import TestClientSocket
+from tests.evergreen_frames import generate, leaf, message
 from tests.fake_engine import FakeEngine
-from tests.unit.test_evergreen_socket import Socket, generate, leaf
-from tests.unit.test_salience_socket import Wire, dump, gen
+from tests.salience_client import dump, gen
+from tests.waits import until
 
 START, END, PAD = 5, 6, 7
 
@@ -59,7 +61,7 @@ async def test_a_slow_image_decode_blocks_neither_the_loop_nor_other_calls() -> 
     vision = VisionInfo(START, PAD, END, max_images=4, read_image=decoder)
     engine._info = dataclasses.replace(engine.info, vision=vision)
     app = create_app(Settings(model="fake"), engine=engine)
-    first, second = Wire(app), Wire(app)
+    first, second = Wire(app, "/salience/ws"), Wire(app, "/salience/ws")
     sid = await first.open_session()
     image = {"bytes": "aW1n", "mime": "image/png", "padRangeStart": 1, "padRangeEnd": 5}
     first.send(
@@ -68,8 +70,7 @@ async def test_a_slow_image_decode_blocks_neither_the_loop_nor_other_calls() -> 
         ),
         dump("d", sid),
     )
-    while not decoder.started.is_set():
-        await asyncio.sleep(0.01)
+    await until(decoder.started.is_set, "the image decode to start")
     # While the image decodes, another socket is served: the loop is free.
     other = await second.open_session()
     assert other and not decoder.finished.is_set()
@@ -95,8 +96,7 @@ async def test_cancel_and_close_session_from_another_connection_as_grpc_would() 
     request = pb.GenerateRequest(session_id=sid, append_tokens=[1], max_tokens=400)
     generation = await runner.start_generate(request)
     stream = asyncio.create_task(runner.run_generate(generation, emit))
-    while not events:
-        await asyncio.sleep(0.01)
+    await until(lambda: bool(events), "the first event")
     # CloseSession from elsewhere (another socket, a gRPC call) ends the stream cleanly.
     runner.unary("CloseSession", pb.CloseSessionRequest(session_id=sid))
     await asyncio.wait_for(stream, 5)
@@ -115,8 +115,7 @@ async def test_a_transport_that_cancels_its_call_aborts_the_engine_request() -> 
 
     request = pb.GenerateRequest(session_id=sid, append_tokens=[1, 2], max_tokens=400)
     stream = asyncio.create_task(runner.run_generate(await runner.start_generate(request), emit))
-    while len(events) < 3:
-        await asyncio.sleep(0.01)
+    await until(lambda: len(events) >= 3, "three events")
     stream.cancel()  # a gRPC deadline, a dropped connection
     with pytest.raises(asyncio.CancelledError):
         await stream
@@ -124,10 +123,6 @@ async def test_a_transport_that_cancels_its_call_aborts_the_engine_request() -> 
     session = runner.service.store.get(sid)
     assert not session.busy and 5 <= len(session.tokens) < 402  # what was decoded stays
     assert runner.service.running(sid) is None
-
-
-def message(text: str) -> service_pb.SessionMessage:
-    return text_format.Parse(text, service_pb.SessionMessage())
 
 
 async def test_evergreen_half_close_drains_then_ends_cleanly() -> None:
@@ -197,7 +192,7 @@ def test_a_bug_aborts_evergreen_sessions_with_an_error_id() -> None:
     engine.generate = broken  # type: ignore[method-assign]
     app = create_app(Settings(model="fake"), engine=engine)
     with TestClient(app) as client, client.websocket_connect("/evergreen/ws") as ws:
-        sock = Socket(ws, binary=True)
+        sock = TestClientSocket(ws, binary=True)
         sock.send(generate("p", "r") + leaf("p", "hi"))
         status, code, reason = sock.aborted()
     assert status["code"] == "INTERNAL" and code == 4013

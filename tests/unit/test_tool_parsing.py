@@ -166,7 +166,7 @@ def switchboard(tokenizer: Any, model_config: Any) -> Any:
     from app.engine.vllm.tools import VllmToolSupport
 
     llm = types.SimpleNamespace(get_tokenizer=lambda: tokenizer, model_config=model_config)
-    return replace(FakeEngine().info, tools=VllmToolSupport(llm, "hermes", True, "auto"))  # type: ignore[arg-type]
+    return replace(FakeEngine().info, tools=VllmToolSupport(llm, "hermes", True, "auto"))
 
 
 @pytest.fixture(scope="module")
