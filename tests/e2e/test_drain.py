@@ -250,9 +250,11 @@ async def _after_sigterm(server: Server, client: httpx.AsyncClient) -> dict[str,
         health(), refused(), evergreen(), grpc_unary(), return_exceptions=True
     )
     seen["health"], seen["refused"], seen["evergreen_refused"], unary = probes
-    seen.update(unary if isinstance(unary, dict) else {
-        "grpc_OpenSession": unary, "grpc_GetReadoutManifest": unary
-    })
+    seen.update(
+        unary
+        if isinstance(unary, dict)
+        else {"grpc_OpenSession": unary, "grpc_GetReadoutManifest": unary}
+    )
     seen["probed_after_s"] = time.monotonic() - started
     return seen
 
