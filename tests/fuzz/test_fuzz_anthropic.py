@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fuzz.corpus import INPUTS_PER_PROTOCOL, Offence, json_input, rng
-from tests.fuzz.harness import run_corpus, verdict
+from tests.conftest import LiveServer
+from tests.fuzz.corpus import DEFAULT_INPUTS
+from tests.fuzz.harness import JsonRoutes, post_corpus, verdict
 
 pytestmark = pytest.mark.e2e
 
@@ -130,10 +131,7 @@ KINDS = (
 )
 
 
-def make_input(index: int) -> tuple[str, bytes]:
-    r = rng("anthropic", index)
-    route = r.choices(list(ROUTE_WEIGHTS), weights=list(ROUTE_WEIGHTS.values()))[0]
-    return route, json_input(r.choice(SEEDS[route]), r)
+ROUTES = JsonRoutes("anthropic", SEEDS, ROUTE_WEIGHTS)
 
 
 def error_shape(body: Any) -> str | None:
@@ -201,26 +199,13 @@ def judge(route: str, response: httpx.Response) -> str | None:
     return f"status {status}"
 
 
-async def test_anthropic_http_corpus(live_server) -> None:  # type: ignore[no-untyped-def]
-    async with httpx.AsyncClient(base_url=live_server.base_url, timeout=60) as client:
-
-        async def probe(index: int) -> Offence | None:
-            route, body = make_input(index)
-            headers = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
-            try:
-                response = await client.post(route, content=body, headers=headers)
-            except httpx.TransportError as exc:
-                return Offence(index, (route, body), f"transport error: {exc!r}")
-            reason = judge(route, response)
-            if reason is None:
-                return None
-            return Offence(index, (route, body), f"{reason}: {response.text[:300]!r}")
-
-        offences = await run_corpus(probe)
-    verdict(live_server, "Anthropic HTTP", offences, INPUTS_PER_PROTOCOL)
+async def test_anthropic_http_corpus(live_server: LiveServer) -> None:
+    headers = {"anthropic-version": "2023-06-01"}
+    offences = await post_corpus(live_server, ROUTES, judge, headers)
+    verdict(live_server, "Anthropic HTTP", offences)
 
 
 def test_corpus_is_seeded_and_varied() -> None:
     """The same index gives the same input; the corpus covers every route."""
-    assert make_input(17) == make_input(17)
-    assert {make_input(i)[0] for i in range(INPUTS_PER_PROTOCOL)} == set(ROUTE_WEIGHTS)
+    assert ROUTES.make_input(17) == ROUTES.make_input(17)
+    assert {ROUTES.make_input(i)[0] for i in range(DEFAULT_INPUTS)} == set(ROUTE_WEIGHTS)

@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fuzz.corpus import INPUTS_PER_PROTOCOL, Offence, json_input, rng
+from tests.conftest import LiveServer
+from tests.fuzz.corpus import DEFAULT_INPUTS, Offence, json_input, rng
 from tests.fuzz.harness import run_corpus, verdict
 
 pytestmark = pytest.mark.e2e
@@ -166,7 +167,7 @@ def judge(method: str, path: str, response: httpx.Response) -> str | None:
     return f"status {status}"
 
 
-async def test_responses_corpus(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_responses_corpus(live_server: LiveServer) -> None:
     async with httpx.AsyncClient(base_url=live_server.base_url, timeout=60) as client:
 
         async def probe(index: int) -> Offence | None:
@@ -182,11 +183,11 @@ async def test_responses_corpus(live_server) -> None:  # type: ignore[no-untyped
             return Offence(index, (method, path, body), f"{reason}: {response.text[:300]!r}")
 
         offences = await run_corpus(probe)
-    verdict(live_server, "Responses", offences, INPUTS_PER_PROTOCOL)
+    verdict(live_server, "Responses", offences)
 
 
 def test_corpus_is_seeded_and_varied() -> None:
     assert make_input(17) == make_input(17)
-    kinds = {make_input(i)[:2] for i in range(INPUTS_PER_PROTOCOL)}
+    kinds = {make_input(i)[:2] for i in range(DEFAULT_INPUTS)}
     assert ("POST", "/v1/responses") in kinds
     assert len({method for method, _ in kinds}) == 3
