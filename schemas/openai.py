@@ -24,11 +24,10 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False
 
 
-class SamplingFields(_Body):
-    """Parameters shared by completions and chat."""
+class VllmSampling(_Body):
+    """The sampling fields of every OpenAI API served here (completions, chat, responses):
+    OpenAI's and the extras `vllm serve` takes."""
 
-    model: str | None = None
-    n: Annotated[int, Field(ge=1, le=128)] = 1
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -43,11 +42,18 @@ class SamplingFields(_Body):
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
+    priority: int = 0
+    logit_bias: dict[str, float] | None = None
+
+
+class SamplingFields(VllmSampling):
+    """Parameters shared by completions and chat."""
+
+    model: str | None = None
+    n: Annotated[int, Field(ge=1, le=128)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    priority: int = 0
-    logit_bias: dict[str, float] | None = None
     best_of: int | None = None
     # Structured outputs: OpenAI's field, and vLLM's extra (json, regex, choice,
     # grammar, json_object); shapes are checked in app.protocols.openai.structured.

@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from schemas.openai import VllmSampling
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -121,16 +123,15 @@ class ResponsesTextConfig(_Body):
     verbosity: str | None = None
 
 
-class ResponsesRequest(_Body):
-    """POST /v1/responses."""
+class ResponsesRequest(VllmSampling):
+    """POST /v1/responses: the sampling fields (with `vllm serve`'s extras) as every
+    OpenAI API here takes them, and the Responses API's own."""
 
     model: str | None = None
     input: str | list[InputItem] | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
     tools: list[ToolParam] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -148,21 +149,6 @@ class ResponsesRequest(_Body):
     # Refused when set: this server has no stored prompts and no conversations API.
     prompt: dict[str, Any] | None = None
     conversation: str | dict[str, Any] | None = None
-    # vllm serve's sampling extras
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
-    logit_bias: dict[str, float] | None = None
-    priority: int = 0
     chat_template_kwargs: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
 

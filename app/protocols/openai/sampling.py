@@ -12,7 +12,7 @@ from app.engine.base import EngineInfo, SamplingOptions
 from app.engine.constraints import Constraint
 from app.engine.validation import Fields, validate_sampling
 from app.errors import InvalidRequest
-from schemas.openai import SamplingFields
+from schemas.openai import SamplingFields, VllmSampling
 
 
 def reject_unsupported(body: SamplingFields) -> None:
@@ -37,7 +37,7 @@ def _default(value: float | None, default: float) -> float:
 
 
 def sampling_fields(
-    body: SamplingFields,
+    body: VllmSampling,
     *,
     max_tokens: int,
     logprobs: int | None,

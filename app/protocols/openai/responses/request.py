@@ -34,6 +34,7 @@ from app.errors import InvalidRequest
 from app.protocols.conversation.plan import Conversation
 from app.protocols.openai.responses.items import Item, messages
 from app.protocols.openai.responses.tools import tool_choice, tool_specs
+from app.protocols.openai.sampling import sampling_fields
 from schemas.openai_responses import ResponsesRequest
 
 LOGPROBS = "message.output_text.logprobs"
@@ -108,34 +109,18 @@ def constraint(body: ResponsesRequest) -> Constraint | None:
     return None
 
 
-def _default(value: float | None, default: float) -> float:
-    return value if value is not None else default
-
-
 def sampling(body: ResponsesRequest) -> SamplingOptions:
-    """The body's sampling with OpenAI's defaults (checked later, by the plan)."""
+    """The body's sampling with OpenAI's defaults, as every OpenAI API here reads it
+    (checked later, by the plan)."""
     logprobs = None
     if LOGPROBS in (body.include or ()):
         logprobs = body.top_logprobs or 0
     elif body.top_logprobs:
         raise InvalidRequest(f"top_logprobs needs include: [{LOGPROBS!r}]", param="top_logprobs")
-    stop = body.stop
-    return SamplingOptions(
-        temperature=_default(body.temperature, 1.0),
-        top_p=_default(body.top_p, 1.0),
-        top_k=body.top_k if body.top_k is not None else 0,
-        min_p=_default(body.min_p, 0.0),
-        seed=body.seed,
-        presence_penalty=_default(body.presence_penalty, 0.0),
-        frequency_penalty=_default(body.frequency_penalty, 0.0),
-        repetition_penalty=_default(body.repetition_penalty, 1.0),
-        stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
-        stop_token_ids=tuple(body.stop_token_ids or ()),
-        include_stop_str_in_output=body.include_stop_str_in_output,
-        ignore_eos=body.ignore_eos,
-        min_tokens=body.min_tokens,
+    return sampling_fields(
+        body,
+        max_tokens=0,  # the plan sets it: max_output_tokens, else the rest of the context
         logprobs=logprobs,
-        skip_special_tokens=body.skip_special_tokens,
         logit_bias=logit_bias_pairs(body.logit_bias or {}, "logit_bias"),
     )
 
