@@ -8,7 +8,9 @@ index, input, answer).
 
 For HTTP protocols whose bodies are JSON, `JsonRoutes` is the whole corpus (seeds per
 route, each route's weight) and `post_corpus` the whole run: a protocol module gives its
-seeds and a `judge` of one answer. `sse_events` reads a stream, named events included.
+seeds and a `judge` of one answer (`judge_status`: a 200 to the success shape, an error
+status to the API's error body; `openai_error_shape` is every OpenAI API's). `sse_events`
+reads a stream, named events included.
 """
 
 from __future__ import annotations
@@ -101,6 +103,40 @@ async def post_corpus(
             return Offence(index, (route, body), f"{reason}: {response.text[:300]!r}")
 
         return await run_corpus(probe)
+
+
+def openai_error_shape(body: Any) -> str | None:
+    """Why `body` is not an OpenAI error body (`{"error": {"message", "type", "param",
+    "code"}}`), or None: the error shape of every OpenAI API (completions, chat,
+    responses)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return "not {'error': {...}}"
+    if not isinstance(error.get("message"), str) or not isinstance(error.get("type"), str):
+        return "error.message or error.type is not a string"
+    if "param" not in error or "code" not in error:
+        return "error.param or error.code missing"
+    return None
+
+
+def judge_status(
+    response: httpx.Response,
+    success: Callable[[], str | None],
+    error_shape: Callable[[Any], str | None],
+    error_statuses: Sequence[int] = (503,),
+) -> str | None:
+    """Why an answer left its API's shape, or None: a 200 is judged by `success`, a 4xx
+    or one of `error_statuses` must be `error_shape`'s body, any other status is wrong."""
+    status = response.status_code
+    try:
+        if status == 200:
+            return success()
+        if 400 <= status < 500 or status in error_statuses:
+            reason = error_shape(response.json())
+            return f"{status} {reason}" if reason else None
+    except ValueError as exc:  # not JSON where JSON was due
+        return f"{status}, body does not parse: {exc}"
+    return f"status {status}"
 
 
 def sse_events(text: str) -> list[tuple[str | None, str]]:

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.fuzz.corpus import DEFAULT_INPUTS
-from tests.fuzz.harness import JsonRoutes, post_corpus, verdict
+from tests.fuzz.harness import JsonRoutes, judge_status, post_corpus, verdict
 
 pytestmark = pytest.mark.e2e
 
@@ -187,16 +187,7 @@ def success_shape(route: str, response: httpx.Response) -> str | None:
 
 
 def judge(route: str, response: httpx.Response) -> str | None:
-    status = response.status_code
-    try:
-        if status == 200:
-            return success_shape(route, response)
-        if 400 <= status < 500 or status in (503, 529):
-            reason = error_shape(response.json())
-            return f"{status} {reason}" if reason else None
-    except ValueError as exc:
-        return f"{status}, body does not parse: {exc}"
-    return f"status {status}"
+    return judge_status(response, lambda: success_shape(route, response), error_shape, (503, 529))
 
 
 async def test_anthropic_http_corpus(live_server: LiveServer) -> None:

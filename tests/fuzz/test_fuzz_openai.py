@@ -19,7 +19,14 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.fuzz.corpus import DEFAULT_INPUTS
-from tests.fuzz.harness import JsonRoutes, post_corpus, sse_events, verdict
+from tests.fuzz.harness import (
+    JsonRoutes,
+    judge_status,
+    openai_error_shape,
+    post_corpus,
+    sse_events,
+    verdict,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -103,18 +110,6 @@ ROUTE_WEIGHTS = {
 ROUTES = JsonRoutes("openai", SEEDS, ROUTE_WEIGHTS)
 
 
-def error_shape(body: Any) -> str | None:
-    """Why `body` is not an OpenAI error body, or None."""
-    error = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(error, dict):
-        return "not {'error': {...}}"
-    if not isinstance(error.get("message"), str) or not isinstance(error.get("type"), str):
-        return "error.message or error.type is not a string"
-    if "param" not in error or "code" not in error:
-        return "error.param or error.code missing"
-    return None
-
-
 def success_shape(route: str, response: httpx.Response) -> str | None:
     """Why a 200 answer is not the route's success shape, or None."""
     if route in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
@@ -129,7 +124,7 @@ def success_shape(route: str, response: httpx.Response) -> str | None:
         for event in events[:-1]:
             chunk = json.loads(event)
             if "error" in chunk:
-                if reason := error_shape(chunk):
+                if reason := openai_error_shape(chunk):
                     return f"an error chunk: {reason}"
             elif chunk.get("object") != kind:
                 return f"a chunk that is not a {kind}"
@@ -148,16 +143,7 @@ def success_shape(route: str, response: httpx.Response) -> str | None:
 
 
 def judge(route: str, response: httpx.Response) -> str | None:
-    status = response.status_code
-    try:
-        if status == 200:
-            return success_shape(route, response)
-        if 400 <= status < 500 or status == 503:
-            reason = error_shape(response.json())
-            return f"{status} {reason}" if reason else None
-    except ValueError as exc:  # not JSON where JSON was due
-        return f"{status}, body does not parse: {exc}"
-    return f"status {status}"
+    return judge_status(response, lambda: success_shape(route, response), openai_error_shape)
 
 
 async def test_openai_http_corpus(live_server: LiveServer) -> None:

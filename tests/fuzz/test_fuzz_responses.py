@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.fuzz.corpus import DEFAULT_INPUTS, Offence, json_input, rng
-from tests.fuzz.harness import run_corpus, verdict
+from tests.fuzz.harness import judge_status, openai_error_shape, run_corpus, verdict
 
 pytestmark = pytest.mark.e2e
 
@@ -102,17 +102,6 @@ def make_input(index: int) -> tuple[str, str, bytes | None]:
     return method, path.replace("{id}", response_id), None
 
 
-def error_shape(body: Any) -> str | None:
-    error = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(error, dict):
-        return "not {'error': {...}}"
-    if not isinstance(error.get("message"), str) or not isinstance(error.get("type"), str):
-        return "error.message or error.type is not a string"
-    if "param" not in error or "code" not in error:
-        return "error.param or error.code missing"
-    return None
-
-
 def stream_shape(text: str, first: int) -> str | None:
     """Why `text` is not a Responses stream numbered from `first`, or None."""
     events = [block for block in text.replace("\r\n", "\n").split("\n\n") if block.strip()]
@@ -155,16 +144,7 @@ def success_shape(method: str, path: str, response: httpx.Response) -> str | Non
 
 
 def judge(method: str, path: str, response: httpx.Response) -> str | None:
-    status = response.status_code
-    try:
-        if status == 200:
-            return success_shape(method, path, response)
-        if 400 <= status < 500 or status == 503:
-            reason = error_shape(response.json())
-            return f"{status} {reason}" if reason else None
-    except ValueError as exc:
-        return f"{status}, body does not parse: {exc}"
-    return f"status {status}"
+    return judge_status(response, lambda: success_shape(method, path, response), openai_error_shape)
 
 
 async def test_responses_corpus(live_server: LiveServer) -> None:
