@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -149,30 +149,37 @@ async def chat_sse(server: Server, prompts: Sequence[Prompt], max_tokens: int) -
     return Run(ttfts, outputs, tokens)
 
 
+async def named_events(
+    http: aiohttp.ClientSession, path: str, body: dict[str, Any], headers: dict[str, str]
+) -> AsyncIterator[dict[str, Any]]:
+    """POST `body` to `path` and yield the JSON data of each event of its SSE answer (the
+    Responses API and Messages name their events and repeat the name as `type`)."""
+    data = json.dumps(body).encode()
+    async with http.post(path, data=data, headers=headers) as response:
+        response.raise_for_status()
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if line.startswith("data: {"):
+                yield json.loads(line[6:])
+
+
 async def responses_stream(
     http: aiohttp.ClientSession, body: dict[str, Any]
 ) -> tuple[str, float, int]:
     """POST a streamed Responses API request (`stream` is added): (output text, seconds to
     its first text, output tokens from the terminal event's usage)."""
-    data = json.dumps({**body, "stream": True}).encode()
     start = time.perf_counter()
     ttft, pieces, tokens = 0.0, [], 0
     headers = {"content-type": "application/json"}
-    async with http.post("/v1/responses", data=data, headers=headers) as response:
-        response.raise_for_status()
-        async for raw in response.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line[6:])
-            kind = event["type"]
-            if kind == "response.output_text.delta":
-                ttft = ttft or time.perf_counter() - start
-                pieces.append(event["delta"])
-            elif kind in ("response.completed", "response.incomplete"):
-                tokens = event["response"]["usage"]["output_tokens"]
-            elif kind in ("error", "response.failed"):
-                raise RuntimeError(f"/v1/responses failed in its stream: {event}")
+    async for event in named_events(http, "/v1/responses", {**body, "stream": True}, headers):
+        kind = event["type"]
+        if kind == "response.output_text.delta":
+            ttft = ttft or time.perf_counter() - start
+            pieces.append(event["delta"])
+        elif kind in ("response.completed", "response.incomplete"):
+            tokens = event["response"]["usage"]["output_tokens"]
+        elif kind in ("error", "response.failed"):
+            raise RuntimeError(f"/v1/responses failed in its stream: {event}")
     return "".join(pieces), ttft, tokens
 
 
@@ -192,6 +199,36 @@ def responses_sse(store: bool) -> Client:
         return Run(ttfts, outputs, tokens)
 
     return run
+
+
+async def messages_sse(server: Server, prompts: Sequence[Prompt], max_tokens: int) -> Run:
+    """Anthropic Messages, streamed: greedy, the text of the text deltas, the output
+    tokens of the final message_delta (Messages has no `ignore_eos`: callers check)."""
+    ttfts, outputs, tokens = [], [], 0
+    headers = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
+    async with http_client(server) as http:
+        for text, _ in prompts:
+            body = {
+                "model": server.model,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "messages": [{"role": "user", "content": text}],
+            }
+            start = time.perf_counter()
+            ttft, pieces = 0.0, []
+            async for event in named_events(http, "/v1/messages", body, headers):
+                kind = event["type"]
+                if kind == "content_block_delta" and event["delta"]["type"] == "text_delta":
+                    ttft = ttft or time.perf_counter() - start
+                    pieces.append(event["delta"]["text"])
+                elif kind == "message_delta":
+                    tokens += event["usage"]["output_tokens"]
+                elif kind == "error":
+                    raise RuntimeError(f"/v1/messages failed in its stream: {event}")
+            ttfts.append(ttft)
+            outputs.append("".join(pieces))
+    return Run(ttfts, outputs, tokens)
 
 
 # -- GraphPipe --------------------------------------------------------------------------

@@ -20,60 +20,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from clients import Client, Prompt, Run, Server, chat_sse, http_client
-from common import cpu_seconds, markdown_table, publish, start_server, stop_server
+import protocols_cpu
+from clients import Client, Prompt, Server, chat_sse, messages_sse
+from common import markdown_table, publish, start_server, stop_server
 from openai_vs_vllm import MODEL, server_command
 from protocols_cpu import OUTPUT_TOKENS, PROMPT
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 Metrics = dict[str, float]
-
-
-async def messages_sse(server: Server, prompts: Sequence[Prompt], max_tokens: int) -> Run:
-    """Anthropic Messages, streamed: greedy, the text of the text deltas, the output
-    tokens of the final message_delta."""
-    ttfts, outputs, tokens = [], [], 0
-    async with http_client(server) as http:
-        for text, _ in prompts:
-            body = {
-                "model": server.model,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "stream": True,
-                "messages": [{"role": "user", "content": text}],
-            }
-            data = json.dumps(body).encode()
-            headers = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
-            start = time.perf_counter()
-            ttft, pieces = 0.0, []
-            async with http.post("/v1/messages", data=data, headers=headers) as response:
-                response.raise_for_status()
-                async for raw in response.content:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: {"):
-                        continue
-                    event = json.loads(line[6:])
-                    kind = event["type"]
-                    if kind == "content_block_delta" and event["delta"]["type"] == "text_delta":
-                        ttft = ttft or time.perf_counter() - start
-                        pieces.append(event["delta"]["text"])
-                    elif kind == "message_delta":
-                        tokens += event["usage"]["output_tokens"]
-                    elif kind == "error":
-                        raise RuntimeError(f"/v1/messages failed in its stream: {event}")
-            ttfts.append(ttft)
-            outputs.append("".join(pieces))
-    return Run(ttfts, outputs, tokens)
 
 
 APIS: dict[str, Client] = {"Messages SSE": messages_sse, "chat SSE": chat_sse}
@@ -83,22 +44,12 @@ TARGETS = ("switchboard", "vllm serve")
 async def measure(
     client: Client, server: Server, prompt: Prompt, clients: int, requests: int, pid: int
 ) -> Metrics:
-    cpu = cpu_seconds(pid)
-    start = time.perf_counter()
-    runs = await asyncio.gather(
-        *(client(server, [prompt] * requests, OUTPUT_TOKENS) for _ in range(clients))
-    )
-    wall = time.perf_counter() - start
-    cpu = cpu_seconds(pid) - cpu
+    metrics, runs = await protocols_cpu.measure(client, server, prompt, clients, requests, pid)
     expected = clients * requests * OUTPUT_TOKENS
     got = sum(run.tokens for run in runs)
     if got != expected:
         raise AssertionError(f"{got} output tokens where {expected} were due (an EOS?)")
-    return {
-        "output_tok_s": expected / wall,
-        "ttft_p50_ms": statistics.median(t for run in runs for t in run.ttfts) * 1000,
-        "frontend_cpu_us_per_tok": cpu / expected * 1e6,
-    }
+    return metrics
 
 
 async def serve_round(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 from clients import Client, Server, chat_sse, responses_sse
 from common import markdown_table, publish, start_server, stop_server
 from openai_vs_vllm import server_command
-from protocols_cpu import OUTPUT_TOKENS, PROMPT, Metrics, measure
+from protocols_cpu import OUTPUT_TOKENS, PROMPT, Metrics, measure, median_of
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -92,20 +91,6 @@ def ratios(round_: dict[str, dict[str, dict[int, Metrics]]]) -> None:
                 peer = round_["vllm serve"]["Responses SSE"][c]
                 m["cpu_vs_vllm_responses"] = m[CPU] / peer[CPU]
                 m["tok_s_vs_vllm_responses"] = m["output_tok_s"] / peer["output_tok_s"]
-
-
-def median_of(rounds: list[dict[str, dict[str, dict[int, Metrics]]]]) -> dict[str, Any]:
-    first = rounds[0]
-    return {
-        target: {
-            name: {
-                c: {k: statistics.median(r[target][name][c][k] for r in rounds) for k in m}
-                for c, m in by_c.items()
-            }
-            for name, by_c in rows.items()
-        }
-        for target, rows in first.items()
-    }
 
 
 def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
