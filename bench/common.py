@@ -47,9 +47,37 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def write_table(name: str, table: str, document: Path = ROOT / "README.md") -> None:
-    """Replace what stands between the `bench:NAME` markers of `document` with `table`."""
-    pattern = re.compile(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench:{name} -->)", re.S)
+def documents() -> list[Path]:
+    """Where benchmark tables may live: the README and every page under docs/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _markers(name: str) -> re.Pattern[str]:
+    return re.compile(
+        rf"^(<!-- bench:{re.escape(name)} -->\n).*?(\n<!-- /bench:{re.escape(name)} -->)$",
+        re.S | re.M,
+    )
+
+
+def marked_document(name: str) -> Path:
+    """The one document (README.md or docs/*.md) holding the `bench:NAME` markers: tables
+    move between pages as the docs grow, and a script should not have to follow them."""
+    holders = [path for path in documents() if _markers(name).search(path.read_text())]
+    if len(holders) != 1:
+        found = ", ".join(str(path.relative_to(ROOT)) for path in holders) or "none"
+        raise ValueError(
+            f"bench:{name} markers must be in exactly one of README.md and docs/*.md "
+            f"(found in: {found})"
+        )
+    return holders[0]
+
+
+def write_table(name: str, table: str, document: Path | None = None) -> None:
+    """Replace what stands between the `bench:NAME` markers with `table`, in `document` or
+    else in the one document that holds them (`marked_document`)."""
+    if document is None:
+        document = marked_document(name)
+    pattern = _markers(name)
     text = document.read_text()
     if not pattern.search(text):
         raise ValueError(f"{document} has no bench:{name} markers")
@@ -58,7 +86,8 @@ def write_table(name: str, table: str, document: Path = ROOT / "README.md") -> N
 
 def publish(name: str, results: str, figures: dict[str, Any], table: str) -> None:
     """A run's end: its figures, with the date and the machine, to bench/results/RESULTS
-    (JSON), its table into the README between the `bench:NAME` markers and to stdout."""
+    (JSON), its table between its `bench:NAME` markers (docs/benchmarks.md for most) and
+    to stdout."""
     path = ROOT / "bench" / "results" / results
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), **figures}

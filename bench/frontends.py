@@ -38,7 +38,7 @@ Switchboard its one process. The bare engine: its own process (os.times).
 
 Rounds alternate the order of the targets; each figure is the median over rounds, with
 its spread (min-max). Writes bench/results/frontends.json (every round, the machine, the
-load average) and the README table between the `bench:frontends` markers.
+load average) and the table in docs/benchmarks.md between the `bench:frontends` markers.
 
     .venv/bin/python bench/frontends.py [--rounds 5] [--targets ...]
 """

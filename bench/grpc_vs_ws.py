@@ -15,7 +15,8 @@ frontend: the engine core is a child process and excluded). Medians over the rou
 Salience counts tokens from Done; Evergreen reports none, so its "tokens" are output
 fragments (one per engine step that produced text: about one a token).
 
-Writes bench/results/grpc.json and the README table between the `bench:grpc` markers.
+Writes bench/results/grpc.json and the table in docs/benchmarks.md between the
+`bench:grpc` markers.
 
     .venv/bin/python bench/grpc_vs_ws.py [--rounds 5] [--clients 1 8]
 """

@@ -14,7 +14,7 @@ far steadier than tok/s on a shared 2-core machine.
 Two CPU engines alive at once slow each other, so exactly one runs at a time, and the
 targets alternate A, B, C, A, B, C, ... over several rounds; the figures are medians over
 rounds and the comparison is by ratios within the run. Writes bench/results/openai.json
-and the README table between the `bench:openai` markers.
+and the table in docs/benchmarks.md between the `bench:openai` markers.
 
     .venv/bin/python bench/openai_vs_vllm.py [--rounds 3]
 """

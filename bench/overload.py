@@ -20,7 +20,7 @@ a streamed request that way once it has rendered its prompt); other 5xx (goal 0)
 connection errors (refused, reset or timed out), other failures, the peak RSS of the
 server's process tree (frontend + engine core), sampled every 0.5 s, and the frontend's
 CPU seconds over the burst. One server alive at a time. Writes bench/results/overload.json
-and the README table between the `bench:overload` markers.
+and the table in docs/benchmarks.md between the `bench:overload` markers.
 
     .venv/bin/python bench/overload.py [--duration 60] [--factor 10] [--bound 64]
 """
@@ -311,7 +311,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, help="arrivals/s (default: factor x capacity)")
     parser.add_argument("--capacity-s", type=float, default=20.0, help="capacity run length")
     parser.add_argument("--port", type=int, default=8124)
-    parser.add_argument("--no-readme", action="store_true", help="leave README.md alone")
+    parser.add_argument("--no-readme", action="store_true", help="leave docs/benchmarks.md alone")
     args = parser.parse_args()
     if not (MODEL / "config.json").is_file():
         subprocess.run([PY, "-m", "app.cli", "make-tiny-model", str(MODEL)], check=True)

@@ -22,8 +22,8 @@ cheapest Switchboard protocol and to `vllm serve`'s completions SSE are taken wi
 round, then their median over rounds is reported (the other figures are medians too).
 
 One server alive at a time; rounds alternate which server goes first, and rotate the order
-of the protocols within a server. Writes bench/results/protocols.json and the README table
-between the `bench:protocols` markers.
+of the protocols within a server. Writes bench/results/protocols.json and the table in
+docs/benchmarks.md between the `bench:protocols` markers.
 
     .venv/bin/python bench/protocols_cpu.py [--rounds 3] [--concurrency 1 16] [--requests 96]
 """

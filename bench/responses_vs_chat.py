@@ -14,7 +14,8 @@ Per row: output tok/s, TTFT p50 and the frontend's CPU per output token (the ser
 process's own user+sys; the engine core excluded), with the ratio of each row's CPU per
 token to the same server's chat within each round, and of Switchboard's Responses to
 `vllm serve`'s Responses. One server alive at a time; rounds alternate which goes first.
-Writes bench/results/responses.json and the README table between `bench:responses`.
+Writes bench/results/responses.json and the table in docs/benchmarks.md between
+`bench:responses`.
 
     .venv/bin/python bench/responses_vs_chat.py [--rounds 3] [--concurrency 1 16]
 """

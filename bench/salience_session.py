@@ -5,8 +5,8 @@ One server (one engine) with a tiny model of 8,192 positions. Each turn appends 
 the completions client the whole token list so far (as a chat client without sessions
 must). Measured per turn: bytes the client sent, and time to the first decoded token.
 Both sides hit vLLM's prefix cache equally; what differs is what crosses the wire and
-what the server must parse. Writes bench/results/salience_session.json and the README
-table between the `bench:salience` markers.
+what the server must parse. Writes bench/results/salience_session.json and the
+table in docs/benchmarks.md between the `bench:salience` markers.
 
     .venv/bin/python bench/salience_session.py [--turns 36]
 """

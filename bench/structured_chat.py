@@ -10,8 +10,9 @@ TTFT p50/p99, and frontend CPU per output token (the server process's own user+s
 engine-core child excluded).
 
 One CPU engine at a time; targets alternate over rounds and the figures are medians over
-rounds. Writes bench/results/structured.json and the README table between the
-`bench:structured` markers (only with --write-readme).
+rounds. Writes bench/results/structured.json and the table in docs/benchmarks.md
+between the `bench:structured` markers (only with --write-readme, a name kept from when
+the table was the README's).
 
     .venv/bin/python bench/structured_chat.py [--rounds 3] [--requests 64] [--concurrency 8]
 """

@@ -25,8 +25,8 @@ gRPC's over the websocket's bounds how close Salience or Evergreen over gRPC can
 the same protocol over the websocket; the SSE floor plus the bare engine's output path
 (bench/openai_vs_vllm.py) bounds Switchboard's OpenAI CPU per token from below.
 
-Writes bench/results/transport_floor.json and the README table between the
-`bench:floor` markers.
+Writes bench/results/transport_floor.json and the table in docs/benchmarks.md between
+the `bench:floor` markers.
 
     .venv/bin/python bench/transport_floor.py [--rounds 3] [--messages 6000]
 """

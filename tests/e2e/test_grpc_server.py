@@ -1,6 +1,6 @@
 """The live server's gRPC port as standard gRPC tooling sees it (real vLLM): the health
 service over the engine, reflection complete enough to list the services and call one
-with no generated code (what grpcurl does), and the README's client example as written."""
+with no generated code (what grpcurl does), and docs/grpc.md's client example as written."""
 
 from __future__ import annotations
 
@@ -77,9 +77,9 @@ def test_reflection_lists_the_services_and_calls_one_without_generated_code(
         assert evergreen.client_streaming and evergreen.server_streaming
 
 
-def test_the_readme_example_runs(live_server: LiveServer) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Native gRPC") :]
+def test_the_documented_example_runs(live_server: LiveServer) -> None:
+    doc = (ROOT / "docs" / "grpc.md").read_text()
+    section = doc[doc.index("# Native gRPC") :]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     program = code.group(1).replace("http://127.0.0.1:8000", live_server.base_url)

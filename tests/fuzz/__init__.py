@@ -4,7 +4,7 @@ Each corpus is the inputs 0..N-1 of its protocol, each a pure function of (proto
 index), so a failure names an index that reproduces it alone. N is 260 (what CI runs)
 unless the environment sets `FUZZ_INPUTS`:
 
-    FUZZ_INPUTS=10000 scripts/test tests/fuzz    # README: the figures at 10,000
+    FUZZ_INPUTS=10000 scripts/test tests/fuzz    # docs/testing.md: the figures at 10,000
 
 - corpus.py: the mutators, protocol-independent (JSON trees, protobuf wire format, bytes)
   and `INPUTS` (N); harness.py: `run_corpus` (a few inputs at a time, each under a

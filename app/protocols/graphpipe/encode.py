@@ -1,7 +1,7 @@
 """numpy arrays, errors and metadata -> GraphPipe flatbuffers.
 
 Server side: `encode_infer_response`, `encode_errors`, `encode_metadata`. Client side
-(tests, benchmarks, the README's example): `encode_infer_request`,
+(tests, benchmarks, docs/graphpipe.md's example): `encode_infer_request`,
 `encode_metadata_request`. Field slots follow fbs/graphpipe.fbs; unit tests read every
 message back with the flatc-generated classes, not with this package's decoder.
 
