@@ -59,6 +59,7 @@ async def serve_round(
     names = list(APIS) if round_ % 2 == 0 else list(reversed(APIS))
     for name in names:  # warm each path; the first request of a fresh engine pays its warm-up
         await measure(APIS[name], server, prompt, 1, 1, pid)
+    await protocols_cpu.warm_batches(APIS[names[0]], server, prompt, args.concurrency, pid)
     out: dict[str, dict[int, Metrics]] = {name: {} for name in APIS}
     for c in args.concurrency:
         for name in names:

@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -149,6 +150,17 @@ async def measure(
     return metrics, runs
 
 
+async def warm_batches(
+    client: Client, server: Server, prompt: Prompt, concurrency: Sequence[int], pid: int
+) -> None:
+    """One request per client at every concurrency measured: a fresh CPU engine's first
+    batch of a size costs it 2-3x the next one's time (a 16-wide batch's first run read
+    1,000-1,500 tok/s where the same server then gave 4,500-5,700), and whichever path a
+    round measured first at that size took the blame."""
+    for c in concurrency:
+        await measure(client, server, prompt, c, 1, pid)
+
+
 async def serve_round(
     target: str,
     server: Server,
@@ -164,6 +176,7 @@ async def serve_round(
     for name in protocols:
         _, runs = await measure(TARGETS[target][name], server, prompt, 1, 1, pid)
         check(name, runs, 1)
+    await warm_batches(TARGETS[target][protocols[0]], server, prompt, args.concurrency, pid)
     shift = round_ % len(protocols)
     order = protocols[shift:] + protocols[:shift]
     out: dict[str, dict[int, Metrics]] = {name: {} for name in protocols}

@@ -32,7 +32,7 @@ from typing import Any
 from clients import Client, Server, chat_sse, responses_sse
 from common import markdown_table, publish, start_server, stop_server
 from openai_vs_vllm import server_command
-from protocols_cpu import OUTPUT_TOKENS, PROMPT, Metrics, measure, median_of
+from protocols_cpu import OUTPUT_TOKENS, PROMPT, Metrics, measure, median_of, warm_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -61,6 +61,7 @@ async def serve_round(
     for name, client in rows.items():  # warm each path, and check the workload
         _, runs = await measure(client, server, prompt, 1, 1, pid)
         _check(name, runs[0].tokens, 1)
+    await warm_batches(rows["chat SSE"], server, prompt, args.concurrency, pid)
     order = list(rows)[round_ % len(rows) :] + list(rows)[: round_ % len(rows)]
     out: dict[str, dict[int, Metrics]] = {name: {} for name in rows}
     for c in args.concurrency:
