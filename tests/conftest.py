@@ -25,9 +25,12 @@ from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
+
+if TYPE_CHECKING:  # app modules load lazily here; see the fixtures
+    from tests.aborts import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SWITCHBOARD_TEST_CACHE", ROOT / ".cache"))
@@ -246,7 +249,7 @@ def vl_server() -> Iterator[LiveServer]:
 
 
 @pytest.fixture(scope="session")
-def abort_workload(live_server: LiveServer) -> Any:
+def abort_workload(live_server: LiveServer) -> Workload:
     """The long workload every abort test aborts, measured once (tests/aborts.py)."""
     from tests.aborts import measure_workload
 

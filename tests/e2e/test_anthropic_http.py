@@ -21,7 +21,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.aborts import WORKERS, AbortWatch
+from tests.aborts import WORKERS, AbortWatch, Workload
 from tests.conftest import LiveServer, free_port
 
 pytestmark = pytest.mark.e2e
@@ -213,8 +213,8 @@ def test_a_bug_is_an_api_error(live_server: LiveServer, monkeypatch: pytest.Monk
         assert client.messages.create(**request).content
 
 
-def test_a_drain_cut_ends_a_stream_with_an_error_event(  # type: ignore[no-untyped-def]
-    live_server: LiveServer, abort_workload
+def test_a_drain_cut_ends_a_stream_with_an_error_event(
+    live_server: LiveServer, abort_workload: Workload
 ) -> None:
     """A stream still running when the drain's timeout runs out: its engine request is
     aborted and the stream's last event is `error` (overloaded_error), after the deltas
@@ -249,8 +249,8 @@ def test_a_drain_cut_ends_a_stream_with_an_error_event(  # type: ignore[no-untyp
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-async def test_clients_that_go_away_abort_their_requests(  # type: ignore[no-untyped-def]
-    live_server, abort_workload, stream: bool
+async def test_clients_that_go_away_abort_their_requests(
+    live_server: LiveServer, abort_workload: Workload, stream: bool
 ) -> None:
     """The abort workload as one Messages call per prompt (the same user messages, so the
     same chat-templated prompts, greedy, so as long: tests/aborts.py); the clients go away

@@ -22,6 +22,8 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
+from tests.conftest import LiveServer
+
 pytestmark = pytest.mark.e2e
 
 WEATHER = {
@@ -52,13 +54,13 @@ GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def client(live_server) -> Iterator[anthropic.Anthropic]:  # type: ignore[no-untyped-def]
+def client(live_server: LiveServer) -> Iterator[anthropic.Anthropic]:
     with anthropic.Anthropic(base_url=live_server.base_url, api_key="unused", max_retries=0) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
-def openai_client(live_server) -> Iterator[OpenAI]:  # type: ignore[no-untyped-def]
+def openai_client(live_server: LiveServer) -> Iterator[OpenAI]:
     with OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused") as c:
         yield c
 
@@ -87,7 +89,7 @@ def _same_message(streamed: anthropic.types.Message, whole: anthropic.types.Mess
     assert a == b
 
 
-def test_create(client: anthropic.Anthropic, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_create(client: anthropic.Anthropic, live_server: LiveServer) -> None:
     message = client.messages.create(
         model=live_server.model, max_tokens=8, messages=USER, metadata={"user_id": "u1"}
     )
@@ -102,7 +104,7 @@ def test_create(client: anthropic.Anthropic, live_server) -> None:  # type: igno
     assert message.usage.cache_creation_input_tokens == 0
 
 
-def test_stream_equals_create(client: anthropic.Anthropic, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_stream_equals_create(client: anthropic.Anthropic, live_server: LiveServer) -> None:
     """Every event type reaches the SDK, and its final message is the non-streamed one."""
     request = {"model": live_server.model, "max_tokens": 24, "messages": USER, "extra_body": GREEDY}
     kinds, streamed = _streamed(client, **request)
@@ -116,8 +118,8 @@ def test_stream_equals_create(client: anthropic.Anthropic, live_server) -> None:
 
 
 def test_the_same_conversation_as_chat(
-    client: anthropic.Anthropic, openai_client: OpenAI, live_server
-) -> None:  # type: ignore[no-untyped-def]
+    client: anthropic.Anthropic, openai_client: OpenAI, live_server: LiveServer
+) -> None:
     """System blocks, a multi-turn history and the reply: the tokens OpenAI Chat gives for
     the same conversation (greedy), and count_tokens is the prompt the reply was made of."""
     system = [
@@ -152,8 +154,8 @@ def test_the_same_conversation_as_chat(
 
 
 def test_a_final_assistant_message_is_continued(
-    client: anthropic.Anthropic, openai_client: OpenAI, live_server
-) -> None:  # type: ignore[no-untyped-def]
+    client: anthropic.Anthropic, openai_client: OpenAI, live_server: LiveServer
+) -> None:
     """Anthropic's prefill: the reply continues the last assistant message, as Chat's
     `continue_final_message` does."""
     messages: list[Any] = [
@@ -173,7 +175,7 @@ def test_a_final_assistant_message_is_continued(
     assert message.content[0].text == chat.choices[0].message.content
 
 
-def test_stop_sequences(client: anthropic.Anthropic, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_stop_sequences(client: anthropic.Anthropic, live_server: LiveServer) -> None:
     request: dict[str, Any] = {
         "model": live_server.model,
         "max_tokens": 32,
@@ -192,7 +194,7 @@ def test_stop_sequences(client: anthropic.Anthropic, live_server) -> None:  # ty
     _same_message(streamed, message)
 
 
-def test_count_tokens_is_the_usage(client: anthropic.Anthropic, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_count_tokens_is_the_usage(client: anthropic.Anthropic, live_server: LiveServer) -> None:
     """count_tokens == input_tokens on a fresh prompt; with a prompt the prefix cache
     already holds, == input_tokens + cache_read_input_tokens (Anthropic's total)."""
     text = "A fresh prompt: " + "import os, sys, json; " * 60  # > one 128-token cache block
@@ -215,8 +217,8 @@ def test_count_tokens_is_the_usage(client: anthropic.Anthropic, live_server) -> 
 @pytest.mark.parametrize(
     "choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}], ids=["any", "tool"]
 )
-def test_forced_tool_use_validates(  # type: ignore[no-untyped-def]
-    client: anthropic.Anthropic, live_server, choice: dict[str, Any], stream: bool
+def test_forced_tool_use_validates(
+    client: anthropic.Anthropic, live_server: LiveServer, choice: dict[str, Any], stream: bool
 ) -> None:
     """`any` and a named tool: one tool_use block whose input is an object matching the
     tool's input_schema (forced by constrained decoding), stop_reason tool_use; streamed,
@@ -257,8 +259,8 @@ def test_forced_tool_use_validates(  # type: ignore[no-untyped-def]
 
 
 def test_tool_result_round_trip(
-    client: anthropic.Anthropic, live_server, openai_client: OpenAI
-) -> None:  # type: ignore[no-untyped-def]
+    client: anthropic.Anthropic, live_server: LiveServer, openai_client: OpenAI
+) -> None:
     """A tool_use from the model, sent back with its tool_result (a string, then blocks
     with is_error): the server takes the history, and renders it as Chat renders the same
     calls and tool answers (count_tokens == /tokenize of the Chat conversation)."""
@@ -341,7 +343,7 @@ def _png(color: tuple[int, int, int]) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def test_images_on_the_vision_model(vl_server) -> None:  # type: ignore[no-untyped-def]
+def test_images_on_the_vision_model(vl_server: LiveServer) -> None:
     """A base64 image and a data: URL image are the same image to the model (same
     prompt, same greedy reply); a URL elsewhere is refused, not fetched."""
     data = _png((200, 30, 30))
@@ -385,7 +387,7 @@ def test_images_on_the_vision_model(vl_server) -> None:  # type: ignore[no-untyp
         assert "does not fetch" in refused.value.message
 
 
-def test_errors_are_anthropic_errors(client: anthropic.Anthropic, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_errors_are_anthropic_errors(client: anthropic.Anthropic, live_server: LiveServer) -> None:
     """Each mistake reaches the SDK as its exception class, with Anthropic's body."""
     cases: list[tuple[type[anthropic.APIStatusError], str, dict[str, Any]]] = [
         (anthropic.NotFoundError, "not_found_error", {"model": "no-such-model"}),

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.aborts import WORKERS, AbortWatch, Workload
+from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.e2e
 
@@ -22,7 +23,7 @@ def _metric(text: str, name: str) -> float:
     return float(match.group(1))
 
 
-def test_sse_framing(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_sse_framing(live_server: LiveServer) -> None:
     body = {
         "model": live_server.model,
         "prompt": "def f():",
@@ -64,8 +65,8 @@ def _long_call(live: Any, workload: Workload, chat: bool, stream: bool) -> tuple
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
-async def test_a_client_that_disconnects_aborts_its_requests(  # type: ignore[no-untyped-def]
-    live_server, abort_workload, chat: bool, stream: bool
+async def test_a_client_that_disconnects_aborts_its_requests(
+    live_server: LiveServer, abort_workload: Workload, chat: bool, stream: bool
 ) -> None:
     path, body = _long_call(live_server, abort_workload, chat, stream)
     async with httpx.AsyncClient(base_url=live_server.base_url, timeout=120) as client:
@@ -87,7 +88,7 @@ async def test_a_client_that_disconnects_aborts_its_requests(  # type: ignore[no
     await watch.idle()
 
 
-def test_metrics_for_the_endpoint_picker(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_metrics_for_the_endpoint_picker(live_server: LiveServer) -> None:
     httpx.post(
         f"{live_server.base_url}/v1/completions",
         json={"model": live_server.model, "prompt": "a", "max_tokens": 2},
@@ -108,7 +109,7 @@ def test_metrics_for_the_endpoint_picker(live_server) -> None:  # type: ignore[n
     assert "http_requests_total" in text or "http_request_duration" in text
 
 
-def test_lora_shows_in_running_adapters(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_lora_shows_in_running_adapters(live_server: LiveServer) -> None:
     body = {
         "model": live_server.lora,
         "prompt": "x",
@@ -129,7 +130,7 @@ def test_lora_shows_in_running_adapters(live_server) -> None:  # type: ignore[no
     assert live_server.wait_idle() == 0
 
 
-def test_error_shapes(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_error_shapes(live_server: LiveServer) -> None:
     url = f"{live_server.base_url}/v1/completions"
     response = httpx.post(url, json={"model": live_server.model, "max_tokens": 2})
     assert response.status_code == 400
@@ -148,7 +149,7 @@ def test_error_shapes(live_server) -> None:  # type: ignore[no-untyped-def]
     assert response.json()["error"]["code"] == "context_length_exceeded"
 
 
-def test_small_routes(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_small_routes(live_server: LiveServer) -> None:
     base = live_server.base_url
     assert httpx.get(f"{base}/health").status_code == 200
     version = httpx.get(f"{base}/version").json()
@@ -167,7 +168,7 @@ def test_small_routes(live_server) -> None:  # type: ignore[no-untyped-def]
     assert bad.status_code == 400
 
 
-def test_seeded_long_prompts_in_one_batch(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_seeded_long_prompts_in_one_batch(live_server: LiveServer) -> None:
     """Seeded requests whose prompts fill more than one engine step all complete and the
     engine lives on. With chunked prefill, a step's last prompt was prefilled in part and
     vLLM's CPU worker died rewinding its seeded generator (this killed the engine of a CI

@@ -4,8 +4,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import httpx
 import pytest
+
+from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.e2e
 
@@ -13,13 +18,13 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer(tiny_model_dir):  # type: ignore[no-untyped-def]
+def hf_tokenizer(tiny_model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tiny_model_dir))
 
 
-def test_chat_render_is_the_templated_prompt(live_server, hf_tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_chat_render_is_the_templated_prompt(live_server: LiveServer, hf_tokenizer: Any) -> None:
     body = {"model": live_server.model, "messages": MESSAGES, "max_tokens": 7, "seed": 3}
     response = httpx.post(f"{live_server.base_url}/v1/chat/completions/render", json=body)
     assert response.status_code == 200, response.text
@@ -35,7 +40,9 @@ def test_chat_render_is_the_templated_prompt(live_server, hf_tokenizer) -> None:
     assert done["usage"]["prompt_tokens"] == len(rendered["token_ids"])
 
 
-def test_completion_render_lists_one_request_per_prompt(live_server, hf_tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_completion_render_lists_one_request_per_prompt(
+    live_server: LiveServer, hf_tokenizer: Any
+) -> None:
     body = {"model": live_server.model, "prompt": ["def main():", "import os"], "n": 2}
     response = httpx.post(f"{live_server.base_url}/v1/completions/render", json=body)
     assert response.status_code == 200, response.text
@@ -57,7 +64,9 @@ def test_completion_render_lists_one_request_per_prompt(live_server, hf_tokenize
         ("/v1/chat/completions/render", {"messages": MESSAGES, "model": "nope"}, "model"),
     ],
 )
-def test_render_errors_are_openai_errors(live_server, path, body, param) -> None:  # type: ignore[no-untyped-def]
+def test_render_errors_are_openai_errors(
+    live_server: LiveServer, path: str, body: dict[str, Any], param: str
+) -> None:
     response = httpx.post(f"{live_server.base_url}{path}", json=body)
     assert response.status_code in (400, 404), response.text
     assert response.json()["error"]["param"] == param

@@ -6,22 +6,24 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import LiveServer
+
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def client(live_server):  # type: ignore[no-untyped-def]
+def client(live_server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")
-def aclient(live_server):  # type: ignore[no-untyped-def]
+def aclient(live_server: LiveServer) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
         base_url=f"{live_server.base_url}/v1", api_key="unused", max_retries=0
     )
 
 
-def test_completion_usage_and_length(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_completion_usage_and_length(client: openai.OpenAI, live_server: LiveServer) -> None:
     result = client.completions.create(
         model=live_server.model,
         prompt="def main():",
@@ -40,7 +42,9 @@ def test_completion_usage_and_length(client, live_server) -> None:  # type: igno
     assert choice.text
 
 
-def test_greedy_is_deterministic_and_n_choices(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_greedy_is_deterministic_and_n_choices(
+    client: openai.OpenAI, live_server: LiveServer
+) -> None:
     kwargs = dict(model=live_server.model, prompt="import os\n", max_tokens=12, temperature=0)
     first = client.completions.create(**kwargs).choices[0].text
     second = client.completions.create(**kwargs).choices[0].text
@@ -68,7 +72,7 @@ def test_greedy_is_deterministic_and_n_choices(client, live_server) -> None:  # 
     assert [c.text for c in many.choices] == [c.text for c in again.choices]
 
 
-def test_completion_logprobs_and_echo(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_completion_logprobs_and_echo(client: openai.OpenAI, live_server: LiveServer) -> None:
     prompt = "class Foo:"
     result = client.completions.create(
         model=live_server.model,
@@ -95,7 +99,7 @@ def test_completion_logprobs_and_echo(client, live_server) -> None:  # type: ign
         assert max(top, key=top.get) == token  # type: ignore[arg-type]
 
 
-def test_echo_scoring_with_zero_max_tokens(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_echo_scoring_with_zero_max_tokens(client: openai.OpenAI, live_server: LiveServer) -> None:
     result = client.completions.create(
         model=live_server.model, prompt="return None", max_tokens=0, echo=True, logprobs=0
     )
@@ -105,7 +109,7 @@ def test_echo_scoring_with_zero_max_tokens(client, live_server) -> None:  # type
     assert len(choice.logprobs.tokens) == result.usage.prompt_tokens
 
 
-def test_chat_and_max_completion_tokens(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_chat_and_max_completion_tokens(client: openai.OpenAI, live_server: LiveServer) -> None:
     result = client.chat.completions.create(
         model=live_server.model,
         messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
@@ -126,7 +130,7 @@ def test_chat_and_max_completion_tokens(client, live_server) -> None:  # type: i
     assert "".join(item.token for item in content) == choice.message.content
 
 
-def test_chat_stream_with_usage(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_chat_stream_with_usage(client: openai.OpenAI, live_server: LiveServer) -> None:
     stream = client.chat.completions.create(
         model=live_server.model,
         messages=[{"role": "user", "content": "count"}],
@@ -153,7 +157,7 @@ def test_chat_stream_with_usage(client, live_server) -> None:  # type: ignore[no
     assert text == whole.choices[0].message.content
 
 
-def test_stop_string(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_stop_string(client: openai.OpenAI, live_server: LiveServer) -> None:
     free = (
         client.completions.create(
             model=live_server.model,
@@ -179,7 +183,7 @@ def test_stop_string(client, live_server) -> None:  # type: ignore[no-untyped-de
     assert stopped.text == free[: free.index(stop)]
 
 
-async def test_async_concurrent(aclient, live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_async_concurrent(aclient: openai.AsyncOpenAI, live_server: LiveServer) -> None:
     import asyncio
 
     results = await asyncio.gather(
@@ -196,7 +200,7 @@ async def test_async_concurrent(aclient, live_server) -> None:  # type: ignore[n
     assert all(r.usage.completion_tokens == 4 for r in results)
 
 
-def test_lora_by_model_name(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_lora_by_model_name(client: openai.OpenAI, live_server: LiveServer) -> None:
     ids = [m.id for m in client.models.list().data]
     assert ids[0] == live_server.model and live_server.lora in ids
     kwargs = dict(
@@ -208,7 +212,7 @@ def test_lora_by_model_name(client, live_server) -> None:  # type: ignore[no-unt
     assert lora.choices[0].text != base
 
 
-def test_runtime_lora_load_and_unload(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_runtime_lora_load_and_unload(client: openai.OpenAI, live_server: LiveServer) -> None:
     from tests.conftest import tiny_lora_path
 
     path = tiny_lora_path("tiny-lora-2", seed=2)
@@ -224,7 +228,7 @@ def test_runtime_lora_load_and_unload(client, live_server) -> None:  # type: ign
         client.completions.create(model="extra", prompt="a", max_tokens=2)
 
 
-def test_errors(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_errors(client: openai.OpenAI, live_server: LiveServer) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="no-such-model", prompt="a", max_tokens=2)
     assert missing.value.body["param"] == "model"  # type: ignore[index]

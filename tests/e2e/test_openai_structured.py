@@ -14,6 +14,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from tests.conftest import LiveServer
+
 pytestmark = pytest.mark.e2e
 
 # Every string and number is bounded, so a random model finishes inside max_tokens.
@@ -51,7 +53,7 @@ class Thing(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def client(live_server):  # type: ignore[no-untyped-def]
+def client(live_server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused", max_retries=0)
 
 
@@ -62,7 +64,9 @@ def _format() -> dict[str, object]:
     }
 
 
-def test_parse_returns_a_parsed_pydantic_object(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_parse_returns_a_parsed_pydantic_object(
+    client: openai.OpenAI, live_server: LiveServer
+) -> None:
     result = client.chat.completions.parse(
         model=live_server.model,
         messages=MESSAGES,
@@ -76,7 +80,9 @@ def test_parse_returns_a_parsed_pydantic_object(client, live_server) -> None:  #
     assert isinstance(choice.message.parsed, Thing)
 
 
-def test_json_schema_on_every_sample_of_chat(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_json_schema_on_every_sample_of_chat(
+    client: openai.OpenAI, live_server: LiveServer
+) -> None:
     result = client.chat.completions.create(
         model=live_server.model,
         messages=MESSAGES,
@@ -92,7 +98,7 @@ def test_json_schema_on_every_sample_of_chat(client, live_server) -> None:  # ty
         jsonschema.validate(json.loads(choice.message.content or ""), SCHEMA)
 
 
-def test_json_schema_streamed(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_json_schema_streamed(client: openai.OpenAI, live_server: LiveServer) -> None:
     stream = client.chat.completions.create(
         model=live_server.model,
         messages=MESSAGES,
@@ -106,7 +112,9 @@ def test_json_schema_streamed(client, live_server) -> None:  # type: ignore[no-u
     jsonschema.validate(json.loads(text), SCHEMA)
 
 
-def test_json_schema_and_json_object_on_completions(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_json_schema_and_json_object_on_completions(
+    client: openai.OpenAI, live_server: LiveServer
+) -> None:
     result = client.completions.create(
         model=live_server.model,
         prompt="JSON:",
@@ -130,7 +138,9 @@ def test_json_schema_and_json_object_on_completions(client, live_server) -> None
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_choice_and_regex_on_completions(client, live_server, stream: bool) -> None:  # type: ignore[no-untyped-def]
+def test_choice_and_regex_on_completions(
+    client: openai.OpenAI, live_server: LiveServer, stream: bool
+) -> None:
     choices = ["alpha", "beta", "gamma delta"]
     pattern = r"[a-c]{3}-[0-9]{1,3}"
     for extra, check in (
@@ -153,7 +163,7 @@ def test_choice_and_regex_on_completions(client, live_server, stream: bool) -> N
             assert check(text), (extra, text)
 
 
-def test_grammar_on_chat(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_grammar_on_chat(client: openai.OpenAI, live_server: LiveServer) -> None:
     grammar = 'root ::= ("yes" | "no") " " [0-9]'
     result = client.chat.completions.create(
         model=live_server.model,
@@ -164,7 +174,7 @@ def test_grammar_on_chat(client, live_server) -> None:  # type: ignore[no-untype
     assert re.fullmatch(r"(yes|no) [0-9]", result.choices[0].message.content or "")
 
 
-def test_logit_bias_is_honoured(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_logit_bias_is_honoured(client: openai.OpenAI, live_server: LiveServer) -> None:
     token = httpx.post(f"{live_server.base_url}/tokenize", json={"prompt": "zebra"}).json()[
         "tokens"
     ][0]
@@ -211,8 +221,8 @@ def test_logit_bias_is_honoured(client, live_server) -> None:  # type: ignore[no
     ],
 )
 def test_invalid_constraints_are_400_naming_the_field(
-    live_server, extra: dict[str, object], param: str
-) -> None:  # type: ignore[no-untyped-def]
+    live_server: LiveServer, extra: dict[str, object], param: str
+) -> None:
     for path, body in (
         ("/v1/completions", {"prompt": "a", "max_tokens": 3}),
         ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 3}),
@@ -235,7 +245,7 @@ def test_invalid_constraints_are_400_naming_the_field(
     assert live_server.wait_idle() == 0
 
 
-def test_graphpipe_config_constraint_is_enforced(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_graphpipe_config_constraint_is_enforced(live_server: LiveServer) -> None:
     import numpy as np
 
     from tests.graphpipe_client import Infer, infer_request, read_infer_response

@@ -6,11 +6,17 @@ structured decoding, so each call's arguments are validated against the tool's s
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageToolCallUnion
+
+from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.e2e
 
@@ -43,12 +49,12 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def client(live_server):  # type: ignore[no-untyped-def]
+def client(live_server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")
-def compact(tiny_model_dir):  # type: ignore[no-untyped-def]
+def compact(tiny_model_dir: Path) -> dict[str, int]:
     """logit_bias against whitespace-only tokens. vLLM's structural tags for tool calls
     let JSON whitespace run freely (the server's disable_any_whitespace does not reach
     them), and a random model rarely stops writing it; a bias is no ban, so whitespace
@@ -60,7 +66,10 @@ def compact(tiny_model_dir):  # type: ignore[no-untyped-def]
     return {str(i): -100 for i in ids}
 
 
-def _check_calls(calls, names=tuple(SCHEMAS)) -> None:  # type: ignore[no-untyped-def]
+def _check_calls(
+    calls: Sequence[ChatCompletionMessageToolCallUnion] | None,
+    names: tuple[str, ...] = tuple(SCHEMAS),
+) -> None:
     assert calls
     for call in calls:
         assert call.type == "function" and call.id
@@ -76,8 +85,13 @@ def _check_calls(calls, names=tuple(SCHEMAS)) -> None:  # type: ignore[no-untype
     ],
 )
 def test_forced_calls_validate_non_streamed(
-    client, live_server, compact, tool_choice, names, finish
-) -> None:  # type: ignore[no-untyped-def]
+    client: openai.OpenAI,
+    live_server: LiveServer,
+    compact: dict[str, int],
+    tool_choice: str | dict[str, Any],
+    names: tuple[str, ...],
+    finish: str,
+) -> None:
     for seed in range(3):
         result = client.chat.completions.create(
             model=live_server.model,
@@ -103,8 +117,12 @@ def test_forced_calls_validate_non_streamed(
     ],
 )
 def test_forced_calls_validate_streamed_through_the_sdk_helpers(
-    client, live_server, compact, tool_choice, names
-) -> None:  # type: ignore[no-untyped-def]
+    client: openai.OpenAI,
+    live_server: LiveServer,
+    compact: dict[str, int],
+    tool_choice: str | dict[str, Any],
+    names: tuple[str, ...],
+) -> None:
     with client.chat.completions.stream(
         model=live_server.model,
         messages=MESSAGES,
@@ -141,7 +159,7 @@ def _literal(text: str) -> str:
     return "".join("\\" + c if c in ".{}[]()*+?|^$\\" else c for c in text)
 
 
-def test_auto_reads_the_models_own_text_with_the_hermes_parser(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_auto_reads_the_models_own_text_with_the_hermes_parser(live_server: LiveServer) -> None:
     # A random model will not write a call by itself: a regex makes it write crafted
     # hermes text, and the parser reads that as the model's own.
     call = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}'
@@ -188,7 +206,9 @@ def test_auto_reads_the_models_own_text_with_the_hermes_parser(live_server) -> N
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
-def test_auto_parallel_calls_through_the_sdk(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_auto_parallel_calls_through_the_sdk(
+    client: openai.OpenAI, live_server: LiveServer
+) -> None:
     """Two crafted calls after some text, read by the SDK unchanged, streamed (its stream
     helper's accumulator) and not. (`parallel_tool_calls: false` cannot be crafted so:
     vLLM then lets the grammar choose a forced call over the regex; tests/unit/
@@ -221,7 +241,9 @@ def test_auto_parallel_calls_through_the_sdk(client, live_server) -> None:  # ty
     assert live_server.wait_idle() == 0
 
 
-def test_round_trip_with_a_tool_message_in_the_history(client, live_server, compact) -> None:  # type: ignore[no-untyped-def]
+def test_round_trip_with_a_tool_message_in_the_history(
+    client: openai.OpenAI, live_server: LiveServer, compact: dict[str, int]
+) -> None:
     first = client.chat.completions.create(
         model=live_server.model,
         messages=MESSAGES,
@@ -289,7 +311,9 @@ def test_round_trip_with_a_tool_message_in_the_history(client, live_server, comp
         ),
     ],
 )
-def test_bad_tool_requests_are_400_with_param(live_server, extra, param) -> None:  # type: ignore[no-untyped-def]
+def test_bad_tool_requests_are_400_with_param(
+    live_server: LiveServer, extra: dict[str, Any], param: str
+) -> None:
     for stream in (False, True):
         body = {
             "model": live_server.model,

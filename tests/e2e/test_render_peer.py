@@ -300,7 +300,9 @@ TOKENIZE_BODIES = {
 
 
 @pytest.mark.parametrize("case", list(TOKENIZE_BODIES))
-def test_tokenize_renders_tools_and_template_kwargs_as_vllm(live_server, vllm_render, case) -> None:  # type: ignore[no-untyped-def]
+def test_tokenize_renders_tools_and_template_kwargs_as_vllm(
+    live_server: LiveServer, vllm_render: str, case: str
+) -> None:
     ours, theirs = _both(live_server.base_url, vllm_render, "/tokenize", TOKENIZE_BODIES[case])
     assert ours["tokens"] == theirs["tokens"]
     assert ours["count"] == theirs["count"]

@@ -16,6 +16,7 @@ tool's output does not reach the second turn (its stored input items).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import httpx
@@ -34,6 +35,8 @@ from agents import (
 from agents.models.openai_responses import OpenAIResponsesModel
 from pydantic import BaseModel
 
+from tests.conftest import LiveServer
+
 pytestmark = pytest.mark.e2e
 
 
@@ -42,7 +45,7 @@ class Forecast(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def no_new_calls(tiny_model_dir):  # type: ignore[no-untyped-def]
+def no_new_calls(tiny_model_dir: Path) -> dict[str, int]:
     from transformers import AutoTokenizer
 
     (angle,) = AutoTokenizer.from_pretrained(str(tiny_model_dir)).encode(
@@ -52,8 +55,8 @@ def no_new_calls(tiny_model_dir):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
-async def test_an_agent_with_a_function_tool_runs_to_completion(  # type: ignore[no-untyped-def]
-    live_server, no_new_calls, streamed
+async def test_an_agent_with_a_function_tool_runs_to_completion(
+    live_server: LiveServer, no_new_calls: dict[str, int], streamed: bool
 ) -> None:
     set_tracing_disabled(True)  # the SDK would export traces to OpenAI
     asked: list[str] = []

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.aborts import AbortWatch, Workload
+from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.e2e
 
@@ -46,8 +47,8 @@ async def _until_ended(client: httpx.AsyncClient, response_id: str) -> dict[str,
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-async def test_a_client_that_disconnects_aborts_its_responses(  # type: ignore[no-untyped-def]
-    live_server, abort_workload, stream: bool
+async def test_a_client_that_disconnects_aborts_its_responses(
+    live_server: LiveServer, abort_workload: Workload, stream: bool
 ) -> None:
     limits = httpx.Limits(max_connections=len(abort_workload.texts))
     async with httpx.AsyncClient(
@@ -75,7 +76,9 @@ async def test_a_client_that_disconnects_aborts_its_responses(  # type: ignore[n
     await watch.idle()
 
 
-async def test_cancel_aborts_background_responses(live_server, abort_workload) -> None:  # type: ignore[no-untyped-def]
+async def test_cancel_aborts_background_responses(
+    live_server: LiveServer, abort_workload: Workload
+) -> None:
     limits = httpx.Limits(max_connections=32)
     async with httpx.AsyncClient(
         base_url=live_server.base_url, timeout=120, limits=limits
@@ -105,7 +108,7 @@ async def test_cancel_aborts_background_responses(live_server, abort_workload) -
         assert again.json()["status"] == "cancelled"
 
 
-async def test_a_background_response_outlives_its_connection(live_server) -> None:  # type: ignore[no-untyped-def]
+async def test_a_background_response_outlives_its_connection(live_server: LiveServer) -> None:
     """Streamed, then left after its first event: it still runs to its end (fails if the
     disconnect cancelled it: `cancelled`, fewer tokens); a second reader follows it live
     from a sequence number and sees the rest."""

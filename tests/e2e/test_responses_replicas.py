@@ -130,7 +130,9 @@ def _tokens(base: str, messages: list[dict[str, Any]]) -> int:
     return int(answer.json()["count"])
 
 
-def test_a_conversation_continues_on_another_replica(live_server, redis_url, replica_b) -> None:  # type: ignore[no-untyped-def]
+def test_a_conversation_continues_on_another_replica(
+    live_server: LiveServer, redis_url: str, replica_b: str
+) -> None:
     with app_on_live_engine(live_server, responses_store=redis_url) as replica_a:
         first = httpx.post(
             f"{replica_a}/v1/responses",
@@ -165,7 +167,9 @@ def test_a_conversation_continues_on_another_replica(live_server, redis_url, rep
         assert httpx.get(f"{replica_b}/v1/responses/{second_id}").status_code == 404
 
 
-def test_cancel_on_one_replica_aborts_the_run_on_another(live_server, redis_url, replica_b) -> None:  # type: ignore[no-untyped-def]
+def test_cancel_on_one_replica_aborts_the_run_on_another(
+    live_server: LiveServer, redis_url: str, replica_b: str
+) -> None:
     runs = 24  # x LONG tokens: several seconds of B's engine
     body = {
         "model": "tiny",
@@ -209,7 +213,7 @@ def _engine_requests(base: str) -> float:
     return total
 
 
-def test_a_store_that_is_down_fails_only_the_calls_that_need_it(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_a_store_that_is_down_fails_only_the_calls_that_need_it(live_server: LiveServer) -> None:
     down = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     with app_on_live_engine(live_server, responses_store=down) as replica:
         base = {"model": "tiny", "input": "x", "max_output_tokens": 3}
@@ -237,7 +241,7 @@ def test_a_store_that_is_down_fails_only_the_calls_that_need_it(live_server) -> 
     assert live_server.wait_idle() == 0
 
 
-def test_sqlite_keeps_responses_across_a_restart(live_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_sqlite_keeps_responses_across_a_restart(live_server: LiveServer, tmp_path: Path) -> None:
     store = str(tmp_path / "state" / "responses.sqlite3")
     with app_on_live_engine(live_server, responses_store=store) as before:
         first = httpx.post(

@@ -13,6 +13,8 @@ the arguments with their schemas.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -20,6 +22,8 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
+
+from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.e2e
 
@@ -64,12 +68,12 @@ class Thing(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def client(live_server):  # type: ignore[no-untyped-def]
+def client(live_server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")
-def compact(tiny_model_dir):  # type: ignore[no-untyped-def]
+def compact(tiny_model_dir: Path) -> dict[str, int]:
     """logit_bias against whitespace-only tokens: vLLM's structural tags for tool calls
     let JSON whitespace run freely, and a random model rarely stops writing it."""
     from transformers import AutoTokenizer
@@ -79,13 +83,17 @@ def compact(tiny_model_dir):  # type: ignore[no-untyped-def]
     return {str(i): -100 for i in ids}
 
 
-def _chat_prompt_tokens(live_server, messages: list[dict[str, Any]], **extra: Any) -> int:  # type: ignore[no-untyped-def]
+def _chat_prompt_tokens(
+    live_server: LiveServer, messages: list[dict[str, Any]], **extra: Any
+) -> int:
     body = {"model": live_server.model, "messages": messages, **extra}
     answer = httpx.post(f"{live_server.base_url}/tokenize", json=body, timeout=60)
     return int(answer.json()["count"])
 
 
-def test_create_is_the_chat_answer_for_the_same_conversation(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_create_is_the_chat_answer_for_the_same_conversation(
+    client: openai.OpenAI, live_server: LiveServer
+) -> None:
     """Greedy: the same prompt the chat route renders, and the same text."""
     response = client.responses.create(
         model=live_server.model,
@@ -117,7 +125,9 @@ def test_create_is_the_chat_answer_for_the_same_conversation(client, live_server
     assert usage.input_tokens_details.cached_tokens >= 0
 
 
-def test_stream_sends_every_event_and_adds_up(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_stream_sends_every_event_and_adds_up(
+    client: openai.OpenAI, live_server: LiveServer
+) -> None:
     with client.responses.stream(
         model=live_server.model,
         input=[{"role": "user", "content": [{"type": "input_text", "text": "count"}]}],
@@ -152,7 +162,9 @@ def test_stream_sends_every_event_and_adds_up(client, live_server) -> None:  # t
     assert whole.output_text == text
 
 
-def test_a_completed_stream_ends_with_response_completed(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_a_completed_stream_ends_with_response_completed(
+    client: openai.OpenAI, live_server: LiveServer
+) -> None:
     with client.responses.stream(
         model=live_server.model,
         input="hi",
@@ -173,7 +185,9 @@ def test_a_completed_stream_ends_with_response_completed(client, live_server) ->
     Thing.model_validate_json(final.output_text)
 
 
-def test_parse_returns_a_parsed_pydantic_object(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_parse_returns_a_parsed_pydantic_object(
+    client: openai.OpenAI, live_server: LiveServer
+) -> None:
     for seed in range(3):
         parsed = client.responses.parse(
             model=live_server.model,
@@ -189,7 +203,13 @@ def test_parse_returns_a_parsed_pydantic_object(client, live_server) -> None:  #
     ("tool_choice", "names"),
     [("required", tuple(SCHEMAS)), ({"type": "function", "name": "get_time"}, ("get_time",))],
 )
-def test_forced_strict_tools_validate(client, live_server, compact, tool_choice, names) -> None:  # type: ignore[no-untyped-def]
+def test_forced_strict_tools_validate(
+    client: openai.OpenAI,
+    live_server: LiveServer,
+    compact: dict[str, int],
+    tool_choice: str | dict[str, Any],
+    names: tuple[str, ...],
+) -> None:
     for seed in range(3):
         response = client.responses.create(
             model=live_server.model,
@@ -207,7 +227,9 @@ def test_forced_strict_tools_validate(client, live_server, compact, tool_choice,
         assert response.status == "completed"
 
 
-def test_a_streamed_call_adds_up_through_the_sdk_helpers(client, live_server, compact) -> None:  # type: ignore[no-untyped-def]
+def test_a_streamed_call_adds_up_through_the_sdk_helpers(
+    client: openai.OpenAI, live_server: LiveServer, compact: dict[str, int]
+) -> None:
     with client.responses.stream(
         model=live_server.model,
         input="Weather?",
@@ -230,7 +252,9 @@ def test_a_streamed_call_adds_up_through_the_sdk_helpers(client, live_server, co
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
 
 
-def test_auto_reads_a_hermes_call_as_a_function_call_item(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_auto_reads_a_hermes_call_as_a_function_call_item(
+    client: openai.OpenAI, live_server: LiveServer
+) -> None:
     """The model's own `<tool_call>` text becomes a function_call item, never output_text
     (vllm serve leaks it into the text). A regex steers the random model to write it."""
     call = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}'
@@ -257,7 +281,9 @@ def test_auto_reads_a_hermes_call_as_a_function_call_item(client, live_server) -
     assert streamed.output[1].arguments == response.output[1].arguments
 
 
-def test_function_call_output_round_trip(client, live_server, compact) -> None:  # type: ignore[no-untyped-def]
+def test_function_call_output_round_trip(
+    client: openai.OpenAI, live_server: LiveServer, compact: dict[str, int]
+) -> None:
     first = client.responses.create(
         model=live_server.model,
         input="What is the weather in Paris?",
@@ -327,7 +353,9 @@ def test_function_call_output_round_trip(client, live_server, compact) -> None: 
     assert [item.type for item in items.data] == ["function_call_output"]
 
 
-def test_previous_response_id_continues_the_conversation(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_previous_response_id_continues_the_conversation(
+    client: openai.OpenAI, live_server: LiveServer
+) -> None:
     first = client.responses.create(
         model=live_server.model,
         instructions="not carried over",
@@ -364,7 +392,9 @@ def test_previous_response_id_continues_the_conversation(client, live_server) ->
     assert third.usage.input_tokens == _chat_prompt_tokens(live_server, messages)
 
 
-def test_retrieve_replay_input_items_and_delete(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_retrieve_replay_input_items_and_delete(
+    client: openai.OpenAI, live_server: LiveServer
+) -> None:
     created = client.responses.create(
         model=live_server.model,
         input=[
@@ -403,7 +433,7 @@ def test_retrieve_replay_input_items_and_delete(client, live_server) -> None:  #
         client.responses.delete(created.id)
 
 
-def test_unstored_responses_are_not_kept(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_unstored_responses_are_not_kept(client: openai.OpenAI, live_server: LiveServer) -> None:
     response = client.responses.create(
         model=live_server.model, input="x", max_output_tokens=2, store=False
     )
@@ -412,7 +442,7 @@ def test_unstored_responses_are_not_kept(client, live_server) -> None:  # type: 
         client.responses.retrieve(response.id)
 
 
-def test_logprobs_are_included_when_asked(client, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_logprobs_are_included_when_asked(client: openai.OpenAI, live_server: LiveServer) -> None:
     response = client.responses.create(
         model=live_server.model,
         input="x",
@@ -441,7 +471,12 @@ def test_logprobs_are_included_when_asked(client, live_server) -> None:  # type:
         (lambda c, m: c.responses.cancel("resp_nope"), "response_id"),
     ],
 )
-def test_unknown_models_and_ids_are_404(client, live_server, call, param) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_models_and_ids_are_404(
+    client: openai.OpenAI,
+    live_server: LiveServer,
+    call: Callable[[openai.OpenAI, str], object],
+    param: str,
+) -> None:
     with pytest.raises(openai.NotFoundError) as raised:
         call(client, live_server.model)
     assert raised.value.body["param"] == param  # type: ignore[index]
@@ -462,7 +497,9 @@ def test_unknown_models_and_ids_are_404(client, live_server, call, param) -> Non
         ({"include": ["everything"]}, "include"),
     ],
 )
-def test_bad_requests_are_400_naming_the_field(live_server, extra, param) -> None:  # type: ignore[no-untyped-def]
+def test_bad_requests_are_400_naming_the_field(
+    live_server: LiveServer, extra: dict[str, Any], param: str
+) -> None:
     body = {"model": live_server.model, "input": "x", "max_output_tokens": 4, **extra}
     answer = httpx.post(f"{live_server.base_url}/v1/responses", json=body, timeout=60)
     assert answer.status_code == 400, answer.text
