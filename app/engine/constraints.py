@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.errors import InvalidRequest
+from app.text import load_json
 
 ConstraintKind = Literal["json", "json_object", "regex", "choice", "grammar", "structural_tag"]
 KINDS: tuple[ConstraintKind, ...] = (
@@ -57,7 +58,7 @@ def json_constraint(schema: object, param: str) -> Constraint:
     """A `json` constraint from a schema given as a JSON object (or its JSON text)."""
     if isinstance(schema, str):
         try:
-            schema = json.loads(schema)
+            schema = load_json(schema)
         except ValueError as exc:
             raise InvalidRequest(f"{param} is not valid JSON: {exc}", param=param) from exc
     if not isinstance(schema, dict):
@@ -90,7 +91,7 @@ def check_shape(constraint: Constraint) -> None:
         raise InvalidRequest(f"{param} must not be empty", param=param)
     if constraint.kind == "json":
         try:
-            schema = json.loads(spec)
+            schema = load_json(spec)
         except ValueError as exc:
             raise InvalidRequest(f"{param} is not valid JSON: {exc}", param=param) from exc
         if not isinstance(schema, dict):

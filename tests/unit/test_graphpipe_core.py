@@ -178,6 +178,8 @@ def test_an_invalid_config_names_the_field(config: dict[str, Any], field: str) -
         (b"\xff\xfe", "config is not valid JSON"),
         (b'{"temperature": NaN}', "config.temperature must be a number; got NaN"),
         (b"[1, 2]", "config must be a JSON object of sampling parameters"),
+        # Deeper than the stdlib parser's stack: a RecursionError, once a 500 (fuzz #5701).
+        (b'{"max_tokens": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "config is not valid JSON"),
     ],
 )
 def test_a_config_that_is_not_a_json_object_is_refused(raw: bytes, message: str) -> None:

@@ -38,7 +38,6 @@ The per-token path builds two small dicts per text delta and nothing else (no mo
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
@@ -49,6 +48,7 @@ from app.protocols.anthropic.messages import conversation
 from app.protocols.conversation.output import ChoiceOutput
 from app.protocols.conversation.plan import plan_conversation
 from app.protocols.core import Event
+from app.text import load_json
 from schemas.anthropic import AnthropicMessagesRequest
 
 _PING: Event = ("ping", {"type": "ping"})
@@ -57,7 +57,7 @@ _STOP: Event = ("message_stop", {"type": "message_stop"})
 
 def _input(arguments: str) -> Any:
     try:
-        return json.loads(arguments or "{}")
+        return load_json(arguments or "{}")
     except ValueError:
         return {}
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from app.engine.constraints import Constraint, parse_constraint
 from app.errors import InvalidRequest
+from app.text import load_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +55,11 @@ NAMES = {name: f"config.{name}" for name in FIELDS}
 
 
 def _invalid(field: str, expected: str, value: object) -> InvalidRequest:
-    return InvalidRequest(
-        f"config.{field} must be {expected}; got {json.dumps(value)}", param=f"config.{field}"
-    )
+    try:
+        got = json.dumps(value)
+    except RecursionError:  # as deep as load_json allows, deeper than dumps' stack
+        got = f"a {type(value).__name__} nested too deeply"
+    return InvalidRequest(f"config.{field} must be {expected}; got {got}", param=f"config.{field}")
 
 
 def parse_config(raw: bytes) -> InferConfig:
@@ -64,7 +67,7 @@ def parse_config(raw: bytes) -> InferConfig:
     if not raw.strip():
         return InferConfig()
     try:
-        data = json.loads(raw)
+        data = load_json(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise InvalidRequest(f"config is not valid JSON: {exc}", param="config") from None
     if not isinstance(data, dict):

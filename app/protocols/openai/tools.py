@@ -16,6 +16,7 @@ from typing import Any
 
 from app.engine.tools import NamedTool, ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from app.errors import InvalidRequest
+from app.text import load_json
 
 _CHOICES = ("none", "auto", "required")
 
@@ -86,7 +87,7 @@ def history_calls(index: int, calls: Sequence[Any]) -> tuple[ToolCall, ...]:
         arguments = function.get("arguments", "{}")
         if isinstance(arguments, str):
             try:
-                json.loads(arguments or "{}")
+                load_json(arguments or "{}")
             except ValueError as exc:
                 raise InvalidRequest(
                     f"{param}.function.arguments is not JSON", param=param

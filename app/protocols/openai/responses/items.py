@@ -25,7 +25,6 @@ blocking: call it where the conversation is planned, off the event loop.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +33,7 @@ from app.engine.base import ChatMessage, EngineInfo, ImagePart, TextPart
 from app.engine.tools import ToolCall
 from app.errors import InvalidRequest
 from app.protocols.conversation.images import read_image_url
+from app.text import load_json
 
 Item = dict[str, Any]
 ROLES = ("user", "assistant", "system", "developer")
@@ -98,7 +98,7 @@ def _content(value: Any, where: str, role: str) -> list[Item]:
 def _arguments(item: Item, where: str) -> str:
     arguments = _string(item, "arguments", where)
     try:
-        json.loads(arguments or "{}")
+        load_json(arguments or "{}")
     except ValueError as exc:
         raise _fail(f"{where}.arguments", "is not JSON text") from exc
     return arguments
