@@ -93,6 +93,13 @@ class _Run:
         self.done = True
         self._changed.set()
 
+    def cancel(self) -> asyncio.Task[None] | None:
+        """A client's cancel (the record will say `cancelled`): the task, to wait for."""
+        if self.task is not None:
+            self.cancelled = True
+            self.task.cancel()
+        return self.task
+
     async def follow(self, starting_after: int | None) -> AsyncIterator[Event]:
         seen = 0
         while True:
@@ -100,11 +107,15 @@ class _Run:
             while seen < len(self.events):
                 event = self.events[seen]
                 seen += 1
-                if starting_after is None or event[1]["sequence_number"] > starting_after:
+                if _after(event, starting_after):
                     yield event
             if self.done:
                 return
             await changed.wait()
+
+
+def _after(event: Event, starting_after: int | None) -> bool:
+    return starting_after is None or event[1]["sequence_number"] > starting_after
 
 
 def not_found(response_id: str) -> NotFound:
@@ -249,17 +260,13 @@ class ResponsesRunner:
                 flagged = await self.store.cancel_requested(run.core.id)
             except SwitchboardError:
                 continue  # the store is down: the owner still cancels what it is asked here
-            if flagged and run.task is not None:
-                run.cancelled = True
-                run.task.cancel()
+            if flagged and run.cancel() is not None:
                 return
 
     async def cancel(self, response_id: str) -> dict[str, Any]:
         run = self._runs.get(response_id)
-        if run is not None and run.task is not None:
-            run.cancelled = True
-            run.task.cancel()
-            await asyncio.wait([run.task])
+        if run is not None and (task := run.cancel()) is not None:
+            await asyncio.wait([task])
             return (await self._load(response_id, "response_id")).response
         record = await self._load(response_id, "response_id")
         if not record.response.get("background"):
@@ -267,11 +274,7 @@ class ResponsesRunner:
         if record.status in TERMINAL:
             return record.response
         await self.store.request_cancel(response_id)
-        deadline = time.monotonic() + CANCEL_WAIT_S
-        while record.status not in TERMINAL and time.monotonic() < deadline:
-            await asyncio.sleep(CANCEL_POLL_S)
-            record = await self._load(response_id, "response_id")
-        return record.response
+        return (await self._until_ended(record, CANCEL_WAIT_S, CANCEL_POLL_S)).response
 
     # -- the store -------------------------------------------------------------------
 
@@ -285,11 +288,10 @@ class ResponsesRunner:
         once it has ended (waiting up to `FOLLOW_LIMIT_S` for another replica's run)."""
         run = self._runs.get(response_id)
         record = await self._load(response_id, "response_id")
-        return self._replay(response_id, run, record, starting_after)
+        return self._replay(run, record, starting_after)
 
     async def _replay(
         self,
-        response_id: str,
         run: _Run | None,
         record: StoredResponse,
         starting_after: int | None,
@@ -298,20 +300,15 @@ class ResponsesRunner:
             async for event in run.follow(starting_after):
                 yield event
             return
-        deadline = time.monotonic() + FOLLOW_LIMIT_S
-        while record.status not in TERMINAL and time.monotonic() < deadline:
-            await asyncio.sleep(FOLLOW_POLL_S)
-            record = await self._load(response_id, "response_id")
+        record = await self._until_ended(record, FOLLOW_LIMIT_S, FOLLOW_POLL_S)
         for event in replay(record.response):
-            if starting_after is None or event[1]["sequence_number"] > starting_after:
+            if _after(event, starting_after):
                 yield event
 
     async def delete(self, response_id: str) -> dict[str, Any]:
         run = self._runs.get(response_id)
-        if run is not None and run.task is not None:
-            run.cancelled = True
-            run.task.cancel()
-            await asyncio.wait([run.task])
+        if run is not None and (task := run.cancel()) is not None:
+            await asyncio.wait([task])
         if not await self.store.delete(response_id):
             raise not_found(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
@@ -336,6 +333,17 @@ class ResponsesRunner:
             "last_id": page[-1]["id"] if page else None,
             "has_more": start + limit < len(items),
         }
+
+    async def _until_ended(
+        self, record: StoredResponse, limit_s: float, poll_s: float
+    ) -> StoredResponse:
+        """`record`, read again every `poll_s` until another replica's run has ended it
+        or `limit_s` have passed."""
+        deadline = time.monotonic() + limit_s
+        while record.status not in TERMINAL and time.monotonic() < deadline:
+            await asyncio.sleep(poll_s)
+            record = await self._load(record.id, "response_id")
+        return record
 
     async def _load(self, response_id: str, param: str) -> StoredResponse:
         data = await self.store.get(response_id)
