@@ -132,6 +132,30 @@ class LiveServer:
         """vLLM's own count of the requests it holds (running or waiting)."""
         return int(self.engine.engine_requests())
 
+    @contextmanager
+    def another_app(self, settings: Any, start_s: float = 60) -> Iterator[Any]:
+        """`create_app(settings)` on this server's engine, served by uvicorn on its loop
+        (the port and gRPC port `settings` name), for tests that need settings of their
+        own (a key, a queue bound, session limits, a replica's store); yields the app."""
+        import uvicorn
+
+        from app.cli import uvicorn_config
+        from app.main import create_app
+
+        app = create_app(settings, engine=self.engine)
+        server = uvicorn.Server(uvicorn_config(app, settings))
+        serving = asyncio.run_coroutine_threadsafe(server.serve(), self.loop)
+        deadline = time.monotonic() + start_s
+        while not server.started:
+            assert not serving.done(), f"the other app failed: {serving.exception()!r}"
+            assert time.monotonic() < deadline, f"the other app did not start in {start_s} s"
+            time.sleep(0.05)
+        try:
+            yield app
+        finally:
+            server.should_exit = True
+            serving.result(timeout=start_s)
+
     def wait_idle(self, timeout: float = 10) -> int:
         """Poll until neither our wrapper nor vLLM itself holds a request; return the
         larger count last seen."""

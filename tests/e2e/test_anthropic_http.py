@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -83,27 +82,11 @@ def test_the_stream_on_the_wire(live_server: LiveServer) -> None:
 @contextmanager
 def small_server(live: LiveServer, **settings: Any) -> Iterator[tuple[str, Any]]:
     """(base URL, app) of an app with `settings` on the live engine, on its loop."""
-    import uvicorn
-
-    from app.cli import uvicorn_config
-    from app.main import create_app
-
     config = live.app.state.settings.model_copy(
         update={"port": free_port(), "grpc_port": 0, **settings}
     )
-    app = create_app(config, engine=live.engine)
-    server = uvicorn.Server(uvicorn_config(app, config))
-    serving = asyncio.run_coroutine_threadsafe(server.serve(), live.loop)
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert not serving.done(), f"the small server failed: {serving.exception()!r}"
-        assert time.monotonic() < deadline, "the small server did not start in 60 s"
-        time.sleep(0.05)
-    try:
+    with live.another_app(config) as app:
         yield f"http://127.0.0.1:{config.port}", app
-    finally:
-        server.should_exit = True
-        serving.result(timeout=60)
 
 
 def _client(base_url: str, **kwargs: Any) -> anthropic.Anthropic:

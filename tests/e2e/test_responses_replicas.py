@@ -50,11 +50,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def app_on_live_engine(live: LiveServer, **settings: Any) -> Iterator[str]:
     """A second app (a replica, as far as the store can tell) on the live server's
     engine, served on its own port on the engine's loop; yields its base URL."""
-    import uvicorn
-
-    from app.cli import uvicorn_config
     from app.config import Settings
-    from app.main import create_app
 
     port = free_port()
     config = Settings(
@@ -66,18 +62,8 @@ def app_on_live_engine(live: LiveServer, **settings: Any) -> Iterator[str]:
         log_level="warning",
         **settings,
     )
-    server = uvicorn.Server(uvicorn_config(create_app(config, engine=live.engine), config))
-    done = asyncio.run_coroutine_threadsafe(server.serve(), live.loop)
-    deadline = time.monotonic() + DEADLINE_S
-    while not server.started:
-        assert not done.done(), f"the replica did not start: {done.exception()!r}"
-        assert time.monotonic() < deadline, "the replica did not start in time"
-        time.sleep(0.05)
-    try:
+    with live.another_app(config, start_s=DEADLINE_S):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        done.result(timeout=DEADLINE_S)
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,7 @@ its DumpSession NOT_FOUND, or leaves the abandoned session alive; without the co
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -56,32 +54,16 @@ class Small:
 @contextmanager
 def small_server(live: LiveServer, **limits: Any) -> Iterator[Small]:
     """An app with `limits` on the live engine, served on the live server's loop."""
-    import uvicorn
-
-    from app.cli import uvicorn_config
-    from app.main import create_app
-
     settings = live.app.state.settings.model_copy(
         update={"port": free_port(), "grpc_port": free_port(), **limits}
     )
-    app = create_app(settings, engine=live.engine)
-    server = uvicorn.Server(uvicorn_config(app, settings))
-    serving = asyncio.run_coroutine_threadsafe(server.serve(), live.loop)
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert not serving.done(), f"the small server failed: {serving.exception()!r}"
-        assert time.monotonic() < deadline, "the small server did not start in 60 s"
-        time.sleep(0.05)
-    try:
+    with live.another_app(settings):
         yield Small(
             f"http://127.0.0.1:{settings.port}",
             f"ws://127.0.0.1:{settings.port}",
             f"127.0.0.1:{settings.grpc_port}",
             live.model,
         )
-    finally:
-        server.should_exit = True
-        serving.result(timeout=60)
 
 
 @asynccontextmanager
