@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,6 +141,15 @@ class AbortWatch:
             f"the engine held {seen} of the workload's {WORKERS} requests "
             f"{self.aborted - self.started:.1f} s after its submission"
         )
+
+    async def leave(self, calls: Sequence[asyncio.Task[Any]]) -> None:
+        """Once vLLM holds all of the workload (and none of `calls`, its clients' calls,
+        has ended by itself), cancel them: every client goes away at once."""
+        await self.all_in_engine()
+        assert not any(call.done() for call in calls)
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
 
     async def idle(self) -> None:
         deadline = self.aborted + self.workload.bound
