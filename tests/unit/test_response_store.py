@@ -163,6 +163,44 @@ async def test_concurrent_writers_keep_the_bound_exact(make: Factory, closing: l
     assert 0 < total <= 5_000
 
 
+async def test_sqlite_commits_a_burst_of_puts_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Puts that arrive together (streams ending on one engine step) are one transaction:
+    fails if a burst of 16 takes more than two, or if the group breaks the rules of one
+    put each (the bound, the kept total, a key written twice keeping its last data, the
+    oldest evicted first); a group that fails fails every put in it."""
+    store = SqliteStore(tmp_path / "r.sqlite3", ttl_s=60, max_bytes=1_800, clock=Clock())
+    groups: list[int] = []
+    put_all = store._put_all
+
+    def counted(db: sqlite3.Connection, records: list[tuple[str, bytes]], now: float) -> None:
+        groups.append(len(records))
+        put_all(db, records=records, now=now)
+
+    monkeypatch.setattr(store, "_put_all", counted)
+    try:
+        await store.put("old", b"o" * 300)
+        burst = [store.put(f"r{i}", bytes([65 + i]) * 100) for i in range(16)]
+        await asyncio.gather(*burst, store.put("r3", b"x" * 50))
+        assert len(groups) <= 3 and sum(groups) == 18
+        assert stored_ids(store) == {f"r{i}" for i in range(16)}  # "old" evicted
+        assert await store.get("r3") == b"x" * 50
+        assert bookkeeping(store) == (1_550, 1_550)
+    finally:
+        await store.close()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    down = SqliteStore(blocker / "r.sqlite3", ttl_s=60, max_bytes=1000)
+    try:
+        results = await asyncio.gather(
+            *(down.put(f"r{i}", b"y") for i in range(4)), return_exceptions=True
+        )
+        assert all(isinstance(r, Unavailable) for r in results), results
+    finally:
+        await down.close()
+
+
 async def test_cancel_flag(make: Factory, closing: list[Any]) -> None:
     clock = Clock()
     owner, other = make(clock, ttl_s=10), make(clock, ttl_s=10)
