@@ -4,16 +4,24 @@ of its chat, and ahead of `vllm serve`'s Responses.
 
 Workload: greedy, `ignore_eos`, one fixed ~64-token user message, `OUTPUT_TOKENS` output
 tokens per request (every request's count is checked from its usage), C clients at once
-(1 and 16) sharing `--requests` requests, each client on one connection of its own
-(bench/clients.py). Rows per server: chat SSE, Responses SSE with `store: false`, and on
-Switchboard Responses SSE stored (OpenAI's default: one store write per response, to
-the SQLite file under a temporary directory). `vllm serve` runs with its store off (its
-default), so its Responses row is unstored.
+(1 and 16) sharing a run's requests (`REQUESTS`), each client on one keep-alive
+connection of its own. The load is bench/sse_load.py's: a child pinned to the engine's
+core at real-time priority that reads raw bytes, so it never shares the frontend's core
+(the aiohttp clients did, and which row of a round they hit decided the round). Each
+row's output is checked once per server with bench/clients.py's parsing client. Rows per
+server: chat SSE, Responses SSE with `store: false`, and on Switchboard Responses SSE
+stored (OpenAI's default: one store write per response, to the SQLite file under a
+temporary directory). `vllm serve` runs with its store off (its default), so its
+Responses row is unstored.
 
 Per row: output tok/s, TTFT p50 and the frontend's CPU per output token (the server
-process's own user+sys; the engine core excluded), with the ratio of each row's CPU per
-token to the same server's chat within each round, and of Switchboard's Responses to
-`vllm serve`'s Responses. One server alive at a time; rounds alternate which goes first.
+process's own user+sys; the engine core excluded). Within a server the rows take turns,
+`--pairs` short runs each (rotating which goes first), and each row's CPU per token is
+divided by chat's of the same turn: a 2-core VM's speed drifts by tens of percent over
+seconds, the same for rows that run back to back, so the median of those ratios holds
+where ratios of whole-run figures did not. Switchboard's Responses against `vllm
+serve`'s is a ratio of medians (the servers run minutes apart). One server alive at a
+time; rounds alternate which goes first.
 Writes bench/results/responses.json and the table in docs/benchmarks.md between
 `bench:responses`.
 
@@ -24,26 +32,45 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import sse_load
 from clients import Client, Server, chat_sse, responses_sse
 from common import markdown_table, publish, start_server, stop_server
 from openai_vs_vllm import server_command
-from protocols_cpu import OUTPUT_TOKENS, PROMPT, Metrics, measure, median_of, warm_batches
+from protocols_cpu import OUTPUT_TOKENS, PROMPT, Metrics, measure, median_of
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-SWITCHBOARD: dict[str, Client] = {
-    "chat SSE": chat_sse,
-    "Responses SSE": responses_sse(store=False),
-    "Responses SSE, stored": responses_sse(store=True),
+# Each row: the aiohttp client that checks its output once, and the load of the figures.
+Load = Callable[[int, int, int], sse_load.Spec]  # (port, clients, requests per client)
+
+
+def _chat(port: int, c: int, n: int) -> sse_load.Spec:
+    return sse_load.chat(port, "tiny", PROMPT, OUTPUT_TOKENS, c, n)
+
+
+def _responses(store: bool) -> Load:
+    def load(port: int, c: int, n: int) -> sse_load.Spec:
+        return sse_load.responses(port, "tiny", PROMPT, OUTPUT_TOKENS, c, n, store=store)
+
+    return load
+
+
+SWITCHBOARD: dict[str, tuple[Client, Load]] = {
+    "chat SSE": (chat_sse, _chat),
+    "Responses SSE": (responses_sse(store=False), _responses(False)),
+    "Responses SSE, stored": (responses_sse(store=True), _responses(True)),
 }
-PEER: dict[str, Client] = {"chat SSE": chat_sse, "Responses SSE": responses_sse(store=False)}
+PEER = {name: SWITCHBOARD[name] for name in ("chat SSE", "Responses SSE")}
 TARGETS = {"switchboard": SWITCHBOARD, "vllm serve": PEER}
 CPU = "frontend_cpu_us_per_tok"
+REQUESTS = {1: 16, 16: 96}  # per run (one turn of one row), by clients: ~1.5 s each
 
 
 def _command(target: str, port: int, state: Path) -> list[str]:
@@ -56,23 +83,35 @@ def _command(target: str, port: int, state: Path) -> list[str]:
 async def serve_round(
     target: str, server: Server, pid: int, args: argparse.Namespace, round_: int
 ) -> dict[str, dict[int, Metrics]]:
+    """Every row's figures at every concurrency: medians over `args.pairs` short runs in
+    which the rows take turns (rotating which goes first), with each row's CPU per token
+    over chat's in the same turn (`cpu_vs_chat`, the median of those ratios)."""
     rows = TARGETS[target]
     prompt = (PROMPT, [])
-    for name, client in rows.items():  # warm each path, and check the workload
+    for name, (client, _) in rows.items():  # warm each path, and check its output
         _, runs = await measure(client, server, prompt, 1, 1, pid)
         _check(name, runs[0].tokens, 1)
-    await warm_batches(rows["chat SSE"], server, prompt, args.concurrency, pid)
-    order = list(rows)[round_ % len(rows) :] + list(rows)[: round_ % len(rows)]
     out: dict[str, dict[int, Metrics]] = {name: {} for name in rows}
     for c in args.concurrency:
-        for name in order:
-            each = max(1, args.requests // c)
-            metrics, runs = await measure(rows[name], server, prompt, c, each, pid)
-            _check(name, sum(run.tokens for run in runs), c * each)
-            out[name][c] = metrics
+        each = max(1, REQUESTS.get(c, 96) // c)
+        for _, load in rows.values():  # a fresh engine's first batch of a size is slow
+            sse_load.measure(load(server.port, c, 1), pid, OUTPUT_TOKENS)
+        turns: dict[str, list[Metrics]] = {name: [] for name in rows}
+        for turn in range(args.pairs):
+            names = list(rows)
+            shift = (turn + round_) % len(names)
+            for name in names[shift:] + names[:shift]:
+                spec = rows[name][1](server.port, c, each)
+                turns[name].append(sse_load.measure(spec, pid, OUTPUT_TOKENS))
+        for name, runs in turns.items():
+            m = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+            m["cpu_vs_chat"] = statistics.median(
+                run[CPU] / chat[CPU] for run, chat in zip(runs, turns["chat SSE"], strict=True)
+            )
+            out[name][c] = m
             print(
-                f"round {round_} {target} c={c} {name}: {metrics['output_tok_s']:.0f} tok/s, "
-                f"{metrics[CPU]:.0f} us/tok",
+                f"round {round_} {target} c={c} {name}: {m['output_tok_s']:.0f} tok/s, "
+                f"{m[CPU]:.0f} us/tok, {m['cpu_vs_chat']:.2f}x chat",
                 file=sys.stderr,
                 flush=True,
             )
@@ -88,7 +127,6 @@ def ratios(round_: dict[str, dict[str, dict[int, Metrics]]]) -> None:
     for rows in round_.values():
         for by_c in rows.values():
             for c, m in by_c.items():
-                m["cpu_vs_chat"] = m[CPU] / rows["chat SSE"][c][CPU]
                 m["tok_s_vs_chat"] = m["output_tok_s"] / rows["chat SSE"][c]["output_tok_s"]
                 peer = round_["vllm serve"]["Responses SSE"][c]
                 m["cpu_vs_vllm_responses"] = m[CPU] / peer[CPU]
@@ -117,9 +155,11 @@ def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(
         [
             f"Tiny model, one fixed ~64-token user message, {OUTPUT_TOKENS} greedy output tokens "
-            f"per request (ignore_eos, checked), {args.requests} requests per run shared by its "
-            f"clients; medians of {args.rounds} alternating round(s), ratios taken within each "
-            "round. CPU: the server process's own user+sys per output token.",
+            f"per request (ignore_eos, checked); load: bench/sse_load.py on the engine's core; "
+            f"per run {REQUESTS} requests (by clients) shared by the clients; each row "
+            f"{args.pairs} runs per round in turns with the others, CPU vs chat the median of "
+            f"the ratios within turns; medians of {args.rounds} alternating round(s). CPU: the "
+            "server process's own user+sys per output token.",
             "",
             *markdown_table(
                 [
@@ -143,7 +183,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--pairs", type=int, default=8, help="turns of the rows per round")
     parser.add_argument("--port", type=int, default=8131)
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -166,7 +206,8 @@ def main() -> None:
     figures = {
         "rounds": args.rounds,
         "output_tokens": OUTPUT_TOKENS,
-        "requests_per_run": args.requests,
+        "requests_per_run": REQUESTS,
+        "pairs": args.pairs,
         "median": summary,
         "raw": raw,
     }

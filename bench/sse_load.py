@@ -1,0 +1,211 @@
+"""A load client for SSE APIs that costs the server's core nothing: a child process pinned
+to the engine's core (0) at real-time priority, reading each stream as raw bytes.
+
+Why: the aiohttp clients of bench/clients.py parse every event as JSON and float between
+the two cores; whenever they shared the frontend's core (1) the frontend's CPU per token
+rose 1.5-3x, and which API of a round it hit decided the round (issue 21's Responses-vs-
+chat ratios swung 0.7x-1.3x from run to run). Here each of `clients` keep-alive HTTP/1.1
+connections (uvloop, an `asyncio.Protocol`) sends its `requests` POSTs one after another
+and, per read, only counts bytes, keeps the stream's tail and looks for the end of the
+chunked body; nothing is parsed until the run is over. `vllm-rs bench serve` (the
+frontends bench) speaks only completions and chat; this speaks any SSE API.
+
+A stream is checked after the run: status 200, no error event in its tail, and the
+output-token count the API reports in its last events (`usage_key`: chat's
+`completion_tokens`, the Responses API's and Messages' `output_tokens`), which the caller
+compares with what it asked for. TTFT: the first read holding `first_marker` (the first
+text delta's event name or field).
+
+    taskset -c 0 chrt --fifo 10 python bench/sse_load.py SPEC.json   # prints the results
+The parent side is `run_pinned`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, cast
+
+from common import cpu_seconds
+
+CLIENT_CORE = 0  # the engine's: vLLM's CPU build leaves core 1 to the frontend
+REALTIME = ["chrt", "--fifo", "10"]  # at normal priority it waits behind the OpenMP threads
+TAIL = 16384  # bytes of each stream kept: its last events, where usage is
+END = b"0\r\n\r\n"  # the last chunk of a chunked body (an SSE chunk ends "\n\n\r\n")
+
+
+@dataclass(frozen=True)
+class Spec:
+    port: int
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    clients: int
+    requests: int  # per client
+    first_marker: str
+    usage_key: str
+
+
+class _Stream(asyncio.Protocol):
+    """One connection; `exchange` sends a request and waits for its whole answer."""
+
+    def __init__(self, request: bytes, marker: bytes) -> None:
+        self.request, self.marker = request, marker
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[None] | None = None
+        self.head, self.tail, self.start, self.ttft = b"", b"", 0.0, 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        if not self.head:
+            self.head = data[:16]
+        if not self.ttft and self.marker in data:
+            self.ttft = time.perf_counter() - self.start
+        self.tail = (self.tail + data)[-TAIL:]
+        if self.tail.endswith(END) and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError(f"connection lost: {exc}"))
+
+    async def exchange(self) -> tuple[float, bytes, bytes]:
+        """(seconds to the first marker, the status line's start, the stream's tail)"""
+        assert self.transport is not None
+        self.done = asyncio.get_running_loop().create_future()
+        self.head, self.tail, self.ttft = b"", b"", 0.0
+        self.start = time.perf_counter()
+        self.transport.write(self.request)
+        await self.done
+        return self.ttft, self.head, self.tail
+
+
+def _request(spec: Spec) -> bytes:
+    body = json.dumps(spec.body).encode()
+    head = [
+        f"POST {spec.path} HTTP/1.1",
+        f"host: 127.0.0.1:{spec.port}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        *(f"{k}: {v}" for k, v in spec.headers.items()),
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+FAILED = (b'"type":"error"', b"response.failed", b'data: {"error"')  # Responses, Messages; chat
+
+
+def _tokens(head: bytes, tail: bytes, usage_key: str) -> int:
+    """A stream's output tokens, from its tail (raises on a failed stream)."""
+    if not head.startswith(b"HTTP/1.1 200") or any(sign in tail for sign in FAILED):
+        raise RuntimeError(f"a stream failed: {head!r} ... {tail[-600:]!r}")
+    counts = re.findall(rb'"' + usage_key.encode() + rb'":\s*(\d+)', tail)
+    if not counts:
+        raise RuntimeError(f"no {usage_key} in a stream's tail: {tail[-600:]!r}")
+    return int(counts[-1])
+
+
+async def _client(spec: Spec, request: bytes) -> list[tuple[float, int]]:
+    loop = asyncio.get_running_loop()
+    marker = spec.first_marker.encode()
+    _, stream = await loop.create_connection(
+        lambda: _Stream(request, marker), "127.0.0.1", spec.port
+    )
+    runs = []
+    for _ in range(spec.requests):
+        ttft, head, tail = await stream.exchange()
+        runs.append((ttft, _tokens(head, tail, spec.usage_key)))
+    assert stream.transport is not None
+    stream.transport.close()
+    return runs
+
+
+async def _load(spec: Spec) -> dict[str, Any]:
+    request = _request(spec)
+    start = time.perf_counter()
+    runs = await asyncio.gather(*(_client(spec, request) for _ in range(spec.clients)))
+    wall = time.perf_counter() - start
+    every = [run for client in runs for run in client]
+    if any(ttft == 0.0 for ttft, _ in every):
+        raise RuntimeError(f"a stream never showed {spec.first_marker!r}")
+    return {
+        "wall_s": wall,
+        "ttft_p50_ms": statistics.median(t for t, _ in every) * 1000,
+        "tokens": [n for _, n in every],
+    }
+
+
+def chat(port: int, model: str, prompt: str, max_tokens: int, c: int, n: int) -> Spec:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}]}
+    body |= {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    path = "/v1/chat/completions"
+    return Spec(port, path, body, {}, c, n, '"delta":{"content":"', "completion_tokens")
+
+
+def responses(
+    port: int, model: str, prompt: str, max_tokens: int, c: int, n: int, *, store: bool
+) -> Spec:
+    body = {"model": model, "input": prompt, "temperature": 0, "store": store, "stream": True}
+    body |= {"max_output_tokens": max_tokens, "ignore_eos": True}
+    return Spec(port, "/v1/responses", body, {}, c, n, "output_text.delta", "output_tokens")
+
+
+def messages(port: int, model: str, prompt: str, max_tokens: int, c: int, n: int) -> Spec:
+    """Messages has no `ignore_eos`: the caller's prompt must not end early (checked)."""
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    body["messages"] = [{"role": "user", "content": prompt}]
+    headers = {"anthropic-version": "2023-06-01"}
+    return Spec(port, "/v1/messages", body, headers, c, n, "text_delta", "output_tokens")
+
+
+def measure(spec: Spec, pid: int, max_tokens: int) -> dict[str, float]:
+    """Run `spec` pinned (`run_pinned`) and read server `pid`'s CPU around it: the same
+    figures as protocols_cpu.measure. Every request must report `max_tokens` tokens."""
+    cpu = cpu_seconds(pid)
+    result = run_pinned(spec)
+    cpu = cpu_seconds(pid) - cpu
+    wrong = [n for n in result["tokens"] if n != max_tokens]
+    if len(result["tokens"]) != spec.clients * spec.requests or wrong:
+        raise AssertionError(f"{spec.path}: token counts {wrong[:5]} (wanted {max_tokens})")
+    tokens = spec.clients * spec.requests * max_tokens
+    return {
+        "output_tok_s": tokens / result["wall_s"],
+        "frontend_cpu_us_per_tok": cpu / tokens * 1e6,
+        "wall_s": result["wall_s"],
+        "frontend_cpu_s": cpu,
+        "ttft_p50_ms": result["ttft_p50_ms"],
+    }
+
+
+def run_pinned(spec: Spec) -> dict[str, Any]:
+    """Run `spec` in a child on `CLIENT_CORE` at real-time priority: wall seconds, TTFT p50
+    and each request's output tokens. Its CPU is not the server's: the caller reads the
+    server's own."""
+    command = ["taskset", "-c", str(CLIENT_CORE), *REALTIME, sys.executable, __file__]
+    done = subprocess.run(
+        command, input=json.dumps(asdict(spec)), capture_output=True, text=True, timeout=900
+    )
+    if done.returncode:
+        raise RuntimeError(f"the load client failed: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def main() -> None:
+    import uvloop
+
+    spec = Spec(**json.loads(sys.stdin.read()))
+    print(json.dumps(uvloop.run(_load(spec))))
+
+
+if __name__ == "__main__":
+    main()
