@@ -7,13 +7,17 @@ Workload (bench/protocols_cpu.py's): greedy, its fixed ~64-token `PROMPT` as one
 message, `OUTPUT_TOKENS` output tokens per request (the prompt's greedy continuation under
 the chat template holds no EOS that early; Messages has no `ignore_eos`, so every run
 checks every request's count: chat's usage, Messages' `message_delta` usage). C clients
-at once (1 and 16) share `--requests` requests, each on its own connection, one request
-after the other; the load client is aiohttp reading SSE lines (the SDKs would cost the
-shared cores more than the servers). CPU: the server process's own user+sys (the engine
-core excluded), per output token. One server alive at a time, rounds alternating which
-goes first and which API runs first; medians over rounds, ratios within each round.
+at once (1 and 16) share a run's requests (`REQUESTS`), each on its own keep-alive
+connection, one request after the other. The load is bench/sse_load.py's (a raw-bytes
+child pinned to the engine's core at real-time priority: the aiohttp client floated onto
+the frontend's core and decided whichever API it hit; each API's output is still checked
+once per server with bench/clients.py's parsing client). The APIs take turns, `--pairs`
+short runs each per round, and Messages' CPU per token over chat's is the median of the
+ratios within turns. CPU: the server process's own user+sys (the engine core excluded),
+per output token. One server alive at a time, rounds alternating which goes first;
+medians over rounds; Switchboard against `vllm serve`: ratios of the medians of a round.
 
-    .venv/bin/python bench/messages_vs_chat.py [--rounds 3] [--concurrency 1 16] [--requests 96]
+    .venv/bin/python bench/messages_vs_chat.py [--rounds 3] [--concurrency 1 16] [--pairs 8]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import protocols_cpu
+import sse_load
 from clients import Client, Prompt, Server, chat_sse, messages_sse
 from common import markdown_table, publish, start_server, stop_server
 from openai_vs_vllm import MODEL, server_command
@@ -37,37 +42,45 @@ RESULTS = ROOT / "bench" / "results"
 Metrics = dict[str, float]
 
 
-APIS: dict[str, Client] = {"Messages SSE": messages_sse, "chat SSE": chat_sse}
+def _chat(port: int, c: int, n: int) -> sse_load.Spec:
+    return sse_load.chat(port, "tiny", PROMPT, OUTPUT_TOKENS, c, n)
+
+
+def _messages(port: int, c: int, n: int) -> sse_load.Spec:
+    return sse_load.messages(port, "tiny", PROMPT, OUTPUT_TOKENS, c, n)
+
+
+# Each API: the parsing client that checks its output once, and the load of its figures.
+APIS: dict[str, tuple[Client, sse_load.Load]] = {
+    "chat SSE": (chat_sse, _chat),
+    "Messages SSE": (messages_sse, _messages),
+}
 TARGETS = ("switchboard", "vllm serve")
-
-
-async def measure(
-    client: Client, server: Server, prompt: Prompt, clients: int, requests: int, pid: int
-) -> Metrics:
-    metrics, runs = await protocols_cpu.measure(client, server, prompt, clients, requests, pid)
-    expected = clients * requests * OUTPUT_TOKENS
-    got = sum(run.tokens for run in runs)
-    if got != expected:
-        raise AssertionError(f"{got} output tokens where {expected} were due (an EOS?)")
-    return metrics
+REQUESTS = {1: 16, 16: 96}  # per run (one turn of one API), by clients: ~1.5 s each
 
 
 async def serve_round(
     server: Server, pid: int, args: argparse.Namespace, round_: int, target: str
 ) -> dict[str, dict[int, Metrics]]:
+    """Both APIs' figures at every concurrency, taking turns (`sse_load.take_turns`:
+    `args.pairs` runs each; `cpu_vs_chat`, Messages' CPU per token over chat's within
+    turns)."""
     prompt: Prompt = (PROMPT, [])
-    names = list(APIS) if round_ % 2 == 0 else list(reversed(APIS))
-    for name in names:  # warm each path; the first request of a fresh engine pays its warm-up
-        await measure(APIS[name], server, prompt, 1, 1, pid)
-    await protocols_cpu.warm_batches(APIS[names[0]], server, prompt, args.concurrency, pid)
+    for name, (client, _) in APIS.items():  # warm each path, and check its token counts
+        _, runs = await protocols_cpu.measure(client, server, prompt, 1, 1, pid)
+        if runs[0].tokens != OUTPUT_TOKENS:
+            raise AssertionError(f"{name}: {runs[0].tokens} output tokens (an EOS?)")
+    loads = {name: load for name, (_, load) in APIS.items()}
     out: dict[str, dict[int, Metrics]] = {name: {} for name in APIS}
     for c in args.concurrency:
-        for name in names:
-            metrics = await measure(APIS[name], server, prompt, c, max(1, args.requests // c), pid)
-            out[name][c] = metrics
+        requests = REQUESTS.get(c, 96)
+        figures = sse_load.take_turns(loads, server.port, pid, c, requests, args.pairs, round_)
+        for name, m in figures.items():
+            m["cpu_vs_chat"] = m.pop("cpu_vs_first")
+            out[name][c] = m
             print(
-                f"round {round_} {target} c={c} {name}: {metrics['output_tok_s']:.0f} tok/s, "
-                f"{metrics['frontend_cpu_us_per_tok']:.0f} us/tok",
+                f"round {round_} {target} c={c} {name}: {m['output_tok_s']:.0f} tok/s, "
+                f"{m['frontend_cpu_us_per_tok']:.0f} us/tok, {m['cpu_vs_chat']:.2f}x chat",
                 file=sys.stderr,
                 flush=True,
             )
@@ -105,10 +118,11 @@ def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
         [
             "Tiny model, bench/protocols_cpu.py's ~64-token prompt as a user message, "
             f"{OUTPUT_TOKENS} greedy output tokens per request (checked), "
-            f"{args.requests} requests per run shared by its clients; medians of "
-            f"{args.rounds} alternating round(s), ratios taken within each round. CPU: the "
-            "server process's own user+sys (the frontend; the engine core excluded) per "
-            "output token.",
+            f"load: bench/sse_load.py on the engine's core, per run {REQUESTS} requests (by "
+            f"clients) shared by the clients; each API {args.pairs} runs per round in turns, "
+            "Messages' CPU vs chat the median of the ratios within turns; medians of "
+            f"{args.rounds} alternating round(s). CPU: the server process's own user+sys (the "
+            "frontend; the engine core excluded) per output token.",
             "",
             *markdown_table(
                 [
@@ -131,7 +145,7 @@ def _ratios(round_: dict[str, dict[str, dict[int, Metrics]]], c: int) -> Metrics
     return {
         "messages_vs_chat_tok_s": m["output_tok_s"] / chat["output_tok_s"],
         "messages_vs_chat_ttft": m["ttft_p50_ms"] / chat["ttft_p50_ms"],
-        "messages_vs_chat_cpu": m["frontend_cpu_us_per_tok"] / chat["frontend_cpu_us_per_tok"],
+        "messages_vs_chat_cpu": m["cpu_vs_chat"],  # within turns
         "vs_vllm_tok_s": m["output_tok_s"] / theirs["output_tok_s"],
         "vs_vllm_ttft": m["ttft_p50_ms"] / theirs["ttft_p50_ms"],
         "vs_vllm_cpu": m["frontend_cpu_us_per_tok"] / theirs["frontend_cpu_us_per_tok"],
@@ -142,7 +156,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--pairs", type=int, default=8, help="turns of the APIs per round")
     parser.add_argument("--port", type=int, default=8129)
     args = parser.parse_args()
     if not (MODEL / "config.json").is_file():
@@ -187,7 +201,8 @@ def main() -> None:
     figures = {
         "rounds": args.rounds,
         "output_tokens": OUTPUT_TOKENS,
-        "requests_per_run": args.requests,
+        "requests_per_run": REQUESTS,
+        "pairs": args.pairs,
         "median": summary,
         "raw": raw,
     }

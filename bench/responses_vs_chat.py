@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,29 +45,28 @@ from protocols_cpu import OUTPUT_TOKENS, PROMPT, Metrics, measure, median_of
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-# Each row: the aiohttp client that checks its output once, and the load of the figures.
-Load = Callable[[int, int, int], sse_load.Spec]  # (port, clients, requests per client)
 
 
 def _chat(port: int, c: int, n: int) -> sse_load.Spec:
     return sse_load.chat(port, "tiny", PROMPT, OUTPUT_TOKENS, c, n)
 
 
-def _responses(store: bool) -> Load:
+def _responses(store: bool) -> sse_load.Load:
     def load(port: int, c: int, n: int) -> sse_load.Spec:
         return sse_load.responses(port, "tiny", PROMPT, OUTPUT_TOKENS, c, n, store=store)
 
     return load
 
 
-SWITCHBOARD: dict[str, tuple[Client, Load]] = {
+# Each row: the parsing client that checks its output once, and the load of its figures.
+SWITCHBOARD: dict[str, tuple[Client, sse_load.Load]] = {
     "chat SSE": (chat_sse, _chat),
     "Responses SSE": (responses_sse(store=False), _responses(False)),
     "Responses SSE, stored": (responses_sse(store=True), _responses(True)),
 }
 PEER = {name: SWITCHBOARD[name] for name in ("chat SSE", "Responses SSE")}
 TARGETS = {"switchboard": SWITCHBOARD, "vllm serve": PEER}
-CPU = "frontend_cpu_us_per_tok"
+CPU = sse_load.CPU
 REQUESTS = {1: 16, 16: 96}  # per run (one turn of one row), by clients: ~1.5 s each
 
 
@@ -83,31 +80,20 @@ def _command(target: str, port: int, state: Path) -> list[str]:
 async def serve_round(
     target: str, server: Server, pid: int, args: argparse.Namespace, round_: int
 ) -> dict[str, dict[int, Metrics]]:
-    """Every row's figures at every concurrency: medians over `args.pairs` short runs in
-    which the rows take turns (rotating which goes first), with each row's CPU per token
-    over chat's in the same turn (`cpu_vs_chat`, the median of those ratios)."""
+    """Every row's figures at every concurrency, the rows taking turns
+    (`sse_load.take_turns`: `args.pairs` runs each, chat first in the rows)."""
     rows = TARGETS[target]
     prompt = (PROMPT, [])
     for name, (client, _) in rows.items():  # warm each path, and check its output
         _, runs = await measure(client, server, prompt, 1, 1, pid)
         _check(name, runs[0].tokens, 1)
+    loads = {name: load for name, (_, load) in rows.items()}
     out: dict[str, dict[int, Metrics]] = {name: {} for name in rows}
     for c in args.concurrency:
-        each = max(1, REQUESTS.get(c, 96) // c)
-        for _, load in rows.values():  # a fresh engine's first batch of a size is slow
-            sse_load.measure(load(server.port, c, 1), pid, OUTPUT_TOKENS)
-        turns: dict[str, list[Metrics]] = {name: [] for name in rows}
-        for turn in range(args.pairs):
-            names = list(rows)
-            shift = (turn + round_) % len(names)
-            for name in names[shift:] + names[:shift]:
-                spec = rows[name][1](server.port, c, each)
-                turns[name].append(sse_load.measure(spec, pid, OUTPUT_TOKENS))
-        for name, runs in turns.items():
-            m = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
-            m["cpu_vs_chat"] = statistics.median(
-                run[CPU] / chat[CPU] for run, chat in zip(runs, turns["chat SSE"], strict=True)
-            )
+        requests = REQUESTS.get(c, 96)
+        figures = sse_load.take_turns(loads, server.port, pid, c, requests, args.pairs, round_)
+        for name, m in figures.items():
+            m["cpu_vs_chat"] = m.pop("cpu_vs_first")
             out[name][c] = m
             print(
                 f"round {round_} {target} c={c} {name}: {m['output_tok_s']:.0f} tok/s, "

@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -37,6 +38,7 @@ from common import cpu_seconds
 CLIENT_CORE = 0  # the engine's: vLLM's CPU build leaves core 1 to the frontend
 REALTIME = ["chrt", "--fifo", "10"]  # at normal priority it waits behind the OpenMP threads
 TAIL = 16384  # bytes of each stream kept: its last events, where usage is
+CPU = "frontend_cpu_us_per_tok"
 END = b"0\r\n\r\n"  # the last chunk of a chunked body (an SSE chunk ends "\n\n\r\n")
 
 
@@ -50,6 +52,7 @@ class Spec:
     requests: int  # per client
     first_marker: str
     usage_key: str
+    max_tokens: int  # every request must report this many output tokens
 
 
 class _Stream(asyncio.Protocol):
@@ -148,7 +151,8 @@ def chat(port: int, model: str, prompt: str, max_tokens: int, c: int, n: int) ->
     body |= {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
     body["stream_options"] = {"include_usage": True}
     path = "/v1/chat/completions"
-    return Spec(port, path, body, {}, c, n, '"delta":{"content":"', "completion_tokens")
+    marker = '"delta":{"content":"'
+    return Spec(port, path, body, {}, c, n, marker, "completion_tokens", max_tokens)
 
 
 def responses(
@@ -156,7 +160,8 @@ def responses(
 ) -> Spec:
     body = {"model": model, "input": prompt, "temperature": 0, "store": store, "stream": True}
     body |= {"max_output_tokens": max_tokens, "ignore_eos": True}
-    return Spec(port, "/v1/responses", body, {}, c, n, "output_text.delta", "output_tokens")
+    marker = "output_text.delta"
+    return Spec(port, "/v1/responses", body, {}, c, n, marker, "output_tokens", max_tokens)
 
 
 def messages(port: int, model: str, prompt: str, max_tokens: int, c: int, n: int) -> Spec:
@@ -164,12 +169,14 @@ def messages(port: int, model: str, prompt: str, max_tokens: int, c: int, n: int
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     body["messages"] = [{"role": "user", "content": prompt}]
     headers = {"anthropic-version": "2023-06-01"}
-    return Spec(port, "/v1/messages", body, headers, c, n, "text_delta", "output_tokens")
+    path = "/v1/messages"
+    return Spec(port, path, body, headers, c, n, "text_delta", "output_tokens", max_tokens)
 
 
-def measure(spec: Spec, pid: int, max_tokens: int) -> dict[str, float]:
+def measure(spec: Spec, pid: int) -> dict[str, float]:
     """Run `spec` pinned (`run_pinned`) and read server `pid`'s CPU around it: the same
-    figures as protocols_cpu.measure. Every request must report `max_tokens` tokens."""
+    figures as protocols_cpu.measure. Every request must report `spec.max_tokens`."""
+    max_tokens = spec.max_tokens
     cpu = cpu_seconds(pid)
     result = run_pinned(spec)
     cpu = cpu_seconds(pid) - cpu
@@ -184,6 +191,38 @@ def measure(spec: Spec, pid: int, max_tokens: int) -> dict[str, float]:
         "frontend_cpu_s": cpu,
         "ttft_p50_ms": result["ttft_p50_ms"],
     }
+
+
+Load = Callable[[int, int, int], Spec]  # (port, clients, requests per client) -> a run
+
+
+def take_turns(
+    rows: dict[str, Load], port: int, pid: int, c: int, requests: int, turns: int, first: int
+) -> dict[str, dict[str, float]]:
+    """Each row's figures at `c` clients (`requests` per run, shared): the medians of
+    `turns` runs in which the rows take turns (which goes first rotates, from `first`),
+    with each row's CPU per token over the first row's in the same turn (`cpu_vs_first`,
+    the median of those ratios). Why turns: a 2-core VM's speed drifts by tens of percent
+    over seconds, alike for runs back to back, so ratios within a turn hold where ratios
+    of whole runs did not. The first run of each row at `c` is a warm-up (a fresh engine's
+    first batch of a size is slow), not counted."""
+    each = max(1, requests // c)
+    for load in rows.values():
+        measure(load(port, c, 1), pid)
+    names = list(rows)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in rows}
+    for turn in range(turns):
+        shift = (turn + first) % len(names)
+        for name in names[shift:] + names[:shift]:
+            runs[name].append(measure(rows[name](port, c, each), pid))
+    out = {}
+    for name, figures in runs.items():
+        m = {k: statistics.median(run[k] for run in figures) for k in figures[0]}
+        m["cpu_vs_first"] = statistics.median(
+            run[CPU] / base[CPU] for run, base in zip(figures, runs[names[0]], strict=True)
+        )
+        out[name] = m
+    return out
 
 
 def run_pinned(spec: Spec) -> dict[str, Any]:
