@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import random
 import statistics
 import subprocess
@@ -258,10 +259,14 @@ def _percentile(values: list[float], p: float) -> float:
 
 
 def table(results: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
+    if math.isnan(info["capacity"]):  # the rate was given (`--rate`), not measured here
+        offered = "given with --rate"
+    else:
+        offered = f"{info['factor']}x the measured capacity of {info['capacity']:.1f} req/s"
     head = (
         f"Tiny model, ~128-token text prompts, {OUTPUT_LEN} output tokens (ignore_eos), "
-        f"streamed; Poisson arrivals at {info['rate']:.1f} req/s ({info['factor']}x the "
-        f"measured capacity of {info['capacity']:.1f} req/s) for {info['duration']:.0f} s; "
+        f"streamed; Poisson arrivals at {info['rate']:.1f} req/s ({offered}) for "
+        f"{info['duration']:.0f} s; "
         f"at most {info['bound']} requests waiting beside the {MAX_NUM_SEQS} running on "
         "both servers."
     )
