@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -132,8 +133,7 @@ class SqliteStore:
     def _put_all(
         self, db: sqlite3.Connection, records: list[tuple[str, bytes]], now: float
     ) -> None:
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(db):
             freed = _remove(db, "expires <= ?", (now,))
             total = db.execute("SELECT bytes FROM total").fetchone()[0] - freed
             for key, data in records:
@@ -154,25 +154,16 @@ class SqliteStore:
                 total += size
             db.execute("UPDATE total SET bytes = ?", (total,))
             db.execute("DELETE FROM cancels WHERE expires <= ?", (now,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     async def delete(self, key: str) -> bool:
         def delete(db: sqlite3.Connection) -> bool:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(db):
                 existed = db.execute(
                     "SELECT 1 FROM responses WHERE id = ? AND expires > ?", (key, self._clock())
                 ).fetchone()
                 freed = _remove(db, "id = ?", (key,))
                 db.execute("UPDATE total SET bytes = bytes - ?", (freed,))
                 db.execute("DELETE FROM cancels WHERE id = ?", (key,))
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             return existed is not None
 
         return await self._run(delete)
@@ -202,11 +193,23 @@ class SqliteStore:
 
         if self._writer is not None:
             await asyncio.wait([self._writer])
-
         if self._db is not None:
             await asyncio.get_running_loop().run_in_executor(self._thread, close, self._db)
             self._db = None
         self._thread.shutdown(wait=False)
+
+
+@contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction, taking the write lock at once (another process's writes
+    wait for it, up to the busy timeout, rather than failing mid-way)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 def _remove(db: sqlite3.Connection, where: str, args: tuple[object, ...]) -> int:
