@@ -83,8 +83,10 @@ def uvicorn_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
     `switchboard serve` runs."""
     import uvicorn
 
+    from app.routes.http.sse import bodies_past_middleware
+
     return uvicorn.Config(
-        app,
+        bodies_past_middleware(app),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

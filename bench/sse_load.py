@@ -155,6 +155,14 @@ def chat(port: int, model: str, prompt: str, max_tokens: int, c: int, n: int) ->
     return Spec(port, path, body, {}, c, n, marker, "completion_tokens", max_tokens)
 
 
+def completions(port: int, model: str, prompt: list[int], max_tokens: int, c: int, n: int) -> Spec:
+    """A prompt of token ids, as `vllm-rs bench serve --prompt-token-ids` sends."""
+    body = {"model": model, "prompt": prompt, "temperature": 0, "max_tokens": max_tokens}
+    body |= {"ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    marker = '"text":"'
+    return Spec(port, "/v1/completions", body, {}, c, n, marker, "completion_tokens", max_tokens)
+
+
 def responses(
     port: int, model: str, prompt: str, max_tokens: int, c: int, n: int, *, store: bool
 ) -> Spec:

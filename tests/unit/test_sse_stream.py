@@ -1,0 +1,82 @@
+"""`EventStream`'s body goes to the server's own `send` when `bodies_past_middleware`
+put it in the scope (as `switchboard serve` does), and through the middleware otherwise;
+the start always passes the middleware, which is all any of ours reads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.admission import Tickets
+from app.routes.http.sse import EventStream, bodies_past_middleware
+
+EVENTS = [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
+
+
+class Watch:
+    """A middleware recording the type of every message sent through it."""
+
+    def __init__(self, app: ASGIApp, seen: list[str]) -> None:
+        self.app, self.seen = app, seen
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watched(message: Message) -> None:
+            self.seen.append(message["type"])
+            await send(message)
+
+        await self.app(scope, receive, watched)
+
+
+async def _events() -> AsyncGenerator[bytes, None]:
+    for event in EVENTS:
+        yield event
+
+
+async def _stream(request: Request) -> EventStream:
+    return EventStream(_events(), Tickets([]))
+
+
+async def _call(app: ASGIApp) -> list[Message]:
+    scope: Scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/s",
+        "headers": [],
+        "query_string": b"",
+    }
+    received = False
+
+    async def receive() -> Message:
+        nonlocal received
+        if received:
+            await asyncio.Event().wait()  # the client stays
+        received = True
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent
+
+
+@pytest.mark.parametrize("past", [True, False], ids=["served", "asgi-client"])
+def test_the_body_skips_the_middleware_only_when_served(past: bool) -> None:
+    seen: list[str] = []
+    app = Starlette(routes=[Route("/s", _stream)])
+    app.add_middleware(Watch, seen=seen)
+    sent = asyncio.run(_call(bodies_past_middleware(app) if past else app))
+
+    assert [m["type"] for m in sent] == ["http.response.start"] + ["http.response.body"] * 4
+    assert [m["body"] for m in sent[1:]] == [*EVENTS, b""]
+    bodies_seen = seen.count("http.response.body")
+    assert seen[0] == "http.response.start"
+    assert bodies_seen == (0 if past else 4)
