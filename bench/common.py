@@ -135,7 +135,7 @@ def start_server(
     raise TimeoutError(f"{command[2]} did not start; see {log}")
 
 
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
+def stop_server(proc: subprocess.Popen[Any]) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=60)

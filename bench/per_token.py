@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import sse_load
-from common import markdown_table, publish, write_table
+from common import markdown_table, publish, stop_server, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / ".cache" / "tiny-model"
@@ -306,15 +306,6 @@ def _wait_listening(port: int, proc: subprocess.Popen[str]) -> None:
     raise TimeoutError("the server did not start")
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def measure_server(
     depth: str, tree: Path, port: int, apis: list[str], counts: dict[int, int]
 ) -> dict[str, dict[int, Figures]]:
@@ -351,7 +342,7 @@ def measure_server(
                 }
         return out
     finally:
-        _stop(proc)
+        stop_server(proc)
 
 
 def measure_in_process(target: str, counts: dict[int, int]) -> dict[int, Figures]:

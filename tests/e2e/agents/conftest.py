@@ -23,6 +23,11 @@ from tests.conftest import CACHE, LiveServer, serve
 
 LONG_MODEL = "tiny-long"
 POSITIONS = 65_536
+# The context served: the CLIs' prompts run to ~19k (Codex) and ~20.5k tokens (Claude
+# Code). Codex sends no `max_output_tokens`, so a random model's reply runs to its end
+# of sequence or to the context's end: at the model's 64k a turn took 13-78 s from run to
+# run; 24k bounds the reply to ~5k tokens.
+CONTEXT = 24_576
 
 
 def tiny_long_model_path() -> Path:
@@ -49,7 +54,7 @@ def long_server() -> Iterator[LiveServer]:
         tool_call_parser="hermes",
         engine_args={
             "dtype": "float32",
-            "max_model_len": POSITIONS,
+            "max_model_len": CONTEXT,
             "structured_outputs_config": StructuredOutputsConfig(
                 backend="xgrammar", disable_any_whitespace=True
             ),
