@@ -74,6 +74,7 @@ CLIENT_CORE = 0  # the engine's core: vLLM's CPU build leaves core 1 to the fron
 # waited behind the engine's OpenMP threads (TTFT p50 at c=1: 100-122 ms, 5-6 ms with it).
 REALTIME = ["chrt", "--fifo", "10"]
 SWITCHBOARD, UNPINNED = "switchboard", "switchboard unpinned"
+CHUNKED = "switchboard chunked"  # with the peers' chunked prefill (not the CPU default)
 VLLM, RUST = "vllm serve", "vllm serve (Rust)"
 BARE, FLOOR = "bare engine", "transport floor"
 SERVERS = (SWITCHBOARD, UNPINNED, VLLM, RUST)
@@ -85,8 +86,9 @@ Figures = dict[str, float]
 
 def server_command(target: str, port: int) -> tuple[list[str], dict[str, str]]:
     """The command line and extra environment of a server target."""
-    if target in (SWITCHBOARD, UNPINNED):
+    if target in (SWITCHBOARD, UNPINNED, CHUNKED):
         pin = ["--pin-frontend", "false"] if target == UNPINNED else []
+        pin += ["--enable-chunked-prefill"] if target == CHUNKED else []
         command = [PY, "-m", "app.cli", "serve", "--model", str(MODEL)]
         command += ["--served-model-name", "tiny", "--port", str(port), "--log-level", "warning"]
         return [*command, *pin, *ENGINE_FLAGS], {}
@@ -456,7 +458,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--port", type=int, default=8141)
-    parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
+    parser.add_argument(
+        "--targets", nargs="+", default=list(TARGETS), choices=(*TARGETS, CHUNKED)
+    )
     parser.add_argument("--no-publish", action="store_true", help="print, write nothing")
     parser.add_argument("--bare-engine-child", metavar="SEEDS")
     parser.add_argument("--floor-child", nargs=2, metavar=("STREAMS", "TICK_MS"))
