@@ -458,9 +458,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--port", type=int, default=8141)
-    parser.add_argument(
-        "--targets", nargs="+", default=list(TARGETS), choices=(*TARGETS, CHUNKED)
-    )
+    parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=(*TARGETS, CHUNKED))
     parser.add_argument("--no-publish", action="store_true", help="print, write nothing")
     parser.add_argument("--bare-engine-child", metavar="SEEDS")
     parser.add_argument("--floor-child", nargs=2, metavar=("STREAMS", "TICK_MS"))
