@@ -201,6 +201,12 @@ def main(argv: list[str] | None = None) -> None:
     tiny = commands.add_parser("make-tiny-model", help="build the tiny local test model")
     tiny.add_argument("dir", type=Path)
     tiny.add_argument("--max-position-embeddings", type=int, default=1024)
+    tiny.add_argument(
+        "--ends-turns",
+        action="store_true",
+        help="end replies at <|im_end|> within tens of tokens, as a chat model does (for "
+        "clients that send no output limit: the Codex CLI)",
+    )
     tiny_vl = commands.add_parser(
         "make-tiny-vl-model", help="build the tiny local vision-language model (images)"
     )
@@ -230,7 +236,11 @@ def main(argv: list[str] | None = None) -> None:
 
         make_random_concepts(args.model_dir, args.out, n_concepts=args.concepts, seed=args.seed)
     elif args.command == "make-tiny-model":
-        build_tiny_model(args.dir, max_position_embeddings=args.max_position_embeddings)
+        build_tiny_model(
+            args.dir,
+            max_position_embeddings=args.max_position_embeddings,
+            ends_turns=args.ends_turns,
+        )
     elif args.command == "make-tiny-vl-model":
         from app.tiny_vl_model import build_tiny_vl_model
 

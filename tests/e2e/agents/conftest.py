@@ -1,5 +1,5 @@
 """The agent CLIs' server: the tiny model with a long context, for clients whose own
-prompts run to ~20k tokens (the Codex and Claude Code CLIs: their system prompts and tool
+prompts run to 15-20k tokens (the Codex and Claude Code CLIs: their system prompts and tool
 schemas). Package-scoped: it starts with the first test here and stops after the last,
 so it never runs beside the image server (two idle CPU engines cost memory; two busy
 ones slow each other badly).
@@ -23,20 +23,21 @@ from tests.conftest import CACHE, LiveServer, serve
 
 LONG_MODEL = "tiny-long"
 POSITIONS = 65_536
-# The context served: the CLIs' prompts run to ~19k (Codex) and ~20.5k tokens (Claude
-# Code). Codex sends no `max_output_tokens`, so a random model's reply runs to its end
-# of sequence or to the context's end: at the model's 64k a turn took 13-78 s from run to
-# run; 24k bounds the reply to ~5k tokens.
+# The context served: the CLIs' prompts run to ~15k (Codex) and ~20.5k tokens (Claude
+# Code).
 CONTEXT = 24_576
 
 
 def tiny_long_model_path() -> Path:
-    """The tiny model with `POSITIONS` positions under .cache/, built on first use."""
+    """The tiny model with `POSITIONS` positions, one that ends its turns, under .cache/,
+    built on first use. Codex sends no `max_output_tokens`: the default tiny model's reply
+    ran to its end of sequence or the context's end (13-78 s a turn at 64k; at 24k, Codex
+    failed the turn as incomplete), where this one's ends within tens of tokens."""
     from app.tiny_model import build_tiny_model
 
-    model = CACHE / "tiny-long-model"
+    model = CACHE / "tiny-agent-model"
     if not (model / "config.json").is_file():
-        build_tiny_model(model, max_position_embeddings=POSITIONS)
+        build_tiny_model(model, max_position_embeddings=POSITIONS, ends_turns=True)
     return model
 
 

@@ -2,7 +2,7 @@
 turn against Switchboard's Responses API, as a user points it at a self-hosted model: a
 model provider with `wire_api = "responses"` and the server's base URL.
 
-Its request is what Codex sends on every turn: a ~20k-token prompt (developer messages,
+Its request is what Codex sends on every turn: a ~15k-token prompt (developer messages,
 the user's environment, a dozen function tools, a `namespace` tool of sub-agent
 functions, the hosted `web_search` tool), `reasoning`, `include:
 ["reasoning.encrypted_content"]`, `store: false`, `client_metadata`, streamed; Codex reads
@@ -31,7 +31,7 @@ from tests.conftest import ROOT, LiveServer
 pytestmark = pytest.mark.e2e
 
 CODEX = ROOT / ".cache" / "npm" / "codex" / "node_modules" / ".bin" / "codex"
-MIN_PROMPT_TOKENS = 15_000  # Codex's own prompt, before the user's words
+MIN_PROMPT_TOKENS = 12_000  # Codex 0.169's own prompt is 14.9k of the tiny tokenizer's tokens
 
 
 def _admitted(live: LiveServer) -> float:
