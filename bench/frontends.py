@@ -171,6 +171,23 @@ def generated_tokens(port: int) -> float:
     return sum(counts)
 
 
+ITL = "vllm:inter_token_latency_seconds"
+
+
+def engine_itl(port: int) -> tuple[float, float]:
+    """vLLM's inter-token latency histogram (sum, count) on /metrics, 0s where a server has
+    none. Its times are the engine core's own (each step's output timestamp), so its mean
+    over a run is the engine's step time as the requests saw it, whatever the frontend's
+    delivery added on top."""
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    total = {"_sum": 0.0, "_count": 0.0}
+    for line in metrics.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name.startswith(ITL) and name[len(ITL) :] in total:
+            total[name[len(ITL) :]] += float(line.split()[-1])
+    return total["_sum"], total["_count"]
+
+
 def load_server(target: str, port: int, seeds: dict[int, int], log: Path) -> dict[int, Figures]:
     command, env = server_command(target, port)
     proc = start_server(command, port, log, env)
@@ -186,10 +203,13 @@ def load_server(target: str, port: int, seeds: dict[int, int], log: Path) -> dic
         out = {}
         for c, prompts in PROMPTS.items():
             generated = generated_tokens(port)
+            itl_sum, itl_count = engine_itl(port)
             before = frontend_cpu(proc.pid)
             result = bench_serve(port, c, prompts, seeds[c])
             cpu = spent(before, frontend_cpu(proc.pid))
             tokens = generated_tokens(port) - generated
+            itl_after = engine_itl(port)
+            itls = itl_after[1] - itl_count
             if tokens != prompts * OUTPUT_LEN:
                 raise RuntimeError(f"{target}: {tokens:.0f} tokens from {prompts} requests")
             out[c] = {
@@ -203,6 +223,8 @@ def load_server(target: str, port: int, seeds: dict[int, int], log: Path) -> dic
                 "duration_s": result["duration"],
                 "client_counted_tok": result["total_output_tokens"],
             }
+            if itls:  # a server that keeps no such histogram has no such figure
+                out[c]["engine_itl_mean_ms"] = (itl_after[0] - itl_sum) / itls * 1e3
             print(f"  {target} c={c}: {_line(out[c])}", flush=True)
         return out
     finally:
@@ -212,6 +234,7 @@ def load_server(target: str, port: int, seeds: dict[int, int], log: Path) -> dic
 def _line(m: Figures) -> str:
     return (
         f"{m['output_tok_s']:.0f} tok/s, TTFT p50 {m['ttft_p50_ms']:.1f} ms, "
+        f"TPOT p50 {m['tpot_p50_ms']:.2f} ms, engine ITL {m.get('engine_itl_mean_ms', 0):.2f} ms, "
         f"{m['frontend_cpu_us_per_tok']:.0f} us/tok"
     )
 
@@ -403,6 +426,11 @@ def verdicts(raw: dict[str, list[dict[int, Figures]]]) -> list[str]:
     return lines
 
 
+def _engine_itl(runs: list[Figures]) -> str:
+    values = [m["engine_itl_mean_ms"] for m in runs if "engine_itl_mean_ms" in m]
+    return spread(values, 2) if values else "-"
+
+
 def table(raw: dict[str, list[dict[int, Figures]]], rounds: int) -> str:
     rows = []
     for c in PROMPTS:
@@ -415,14 +443,15 @@ def table(raw: dict[str, list[dict[int, Figures]]], rounds: int) -> str:
                     spread([m["output_tok_s"] for m in runs]),
                     spread([m["ttft_p50_ms"] for m in runs], 1),
                     spread([m["tpot_p50_ms"] for m in runs], 2),
+                    _engine_itl(runs),
                     spread([m["frontend_cpu_us_per_tok"] for m in runs]),
                 ]
             )
         floors = [r[c] for r in raw[FLOOR]]
         sse = spread([m["sse_us_per_message"] for m in floors], 1)
         ticks = spread([m["ticks_us_per_message"] for m in floors], 1)
-        rows.append([c, FLOOR, "-", "-", spread([m["tick_ms"] for m in floors], 2), sse])
-        rows.append([c, "(ticks only)", "-", "-", "-", ticks])
+        rows.append([c, FLOOR, "-", "-", spread([m["tick_ms"] for m in floors], 2), "-", sse])
+        rows.append([c, "(ticks only)", "-", "-", "-", "-", ticks])
         ratios = []
         for peer in (VLLM, RUST):
             ratio = [
@@ -434,14 +463,16 @@ def table(raw: dict[str, list[dict[int, Figures]]], rounds: int) -> str:
                 for s, p in zip(raw[SWITCHBOARD], raw[peer], strict=True)
             ]
             ratios.append(f"{spread(speed, 2)}x tok/s, {spread(ratio, 2)}x CPU of {peer}")
-        rows.append([c, "**switchboard vs**", "; ".join(ratios), "", "", ""])
+        rows.append([c, "**switchboard vs**", "; ".join(ratios), "", "", "", ""])
     head = (
         f"Tiny model, random {INPUT_LEN}-token prompts (token ids), {OUTPUT_LEN} output "
         "tokens (ignore_eos), streamed completions; load client `vllm-rs bench serve` on "
         f"core {CLIENT_CORE}; {', '.join(f'{n} requests at c={c}' for c, n in PROMPTS.items())}."
         f" Median of {rounds} alternating round(s) (min-max). Frontend CPU: user+sys of "
         "every server process but the engine's, per output token; the transport floor's: "
-        "the bare SSE server's per event at the bare engine's time per token (TPOT column)."
+        "the bare SSE server's per event at the bare engine's time per token (TPOT column). "
+        "Engine ITL: the mean of vLLM's `vllm:inter_token_latency_seconds` over the run, "
+        "timed by the engine core's own step timestamps (- where a target keeps none)."
     )
     header = (
         "c",
@@ -449,6 +480,7 @@ def table(raw: dict[str, list[dict[int, Figures]]], rounds: int) -> str:
         "output tok/s",
         "TTFT p50 ms",
         "TPOT p50 ms",
+        "engine ITL ms",
         "frontend CPU us/tok",
     )
     return "\n".join([head, "", *markdown_table(header, rows), "", *verdicts(raw)])
