@@ -27,7 +27,12 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from app.config import Settings
 from app.engine.base import EngineInfo, ReadoutManifest
 from app.engine.concepts import Concepts, load_concepts
-from app.engine.cpu_host import pin_frontend, with_cpu_kv_cache, with_whole_prefills
+from app.engine.cpu_host import (
+    pin_frontend,
+    with_cpu_kv_cache,
+    with_whole_prefills,
+    without_aot_compile,
+)
 from app.engine.readout_worker import ReadoutWorkerExtension
 from app.engine.vllm.engine import VllmEngine
 from app.engine.vllm.errors import map_engine_errors
@@ -91,6 +96,7 @@ async def start_engine(settings: Settings) -> VllmEngine:
     cpu = current_platform.is_cpu()
     if cpu:
         args = with_whole_prefills(with_cpu_kv_cache(args))
+        without_aot_compile()
     vllm_config = _engine_config(args)
     if concepts is not None:
         model_config = vllm_config.model_config
