@@ -193,6 +193,7 @@ def serve(settings: Any, model: str, lora: str = "") -> Iterator[LiveServer]:
         asyncio.set_event_loop(loop)
         try:
             loop.run_until_complete(server.serve())
+            _finish_tasks(loop)
         except BaseException as exc:  # surfaced to the waiting fixture below
             failure.append(exc)
 
@@ -220,6 +221,17 @@ def serve(settings: Any, model: str, lora: str = "") -> Iterator[LiveServer]:
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+
+
+def _finish_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what the server left running and let it finish on `loop`, as `asyncio.run`
+    ends. A handler still suspended when `serve()` returns (seen: a Salience socket's, at
+    `pump.frames()`) would otherwise be closed by the garbage collector, in a later test
+    and with no loop to run its clean-up on (a `PytestUnraisableExceptionWarning`)."""
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
 
 @pytest.fixture(scope="session")
