@@ -202,6 +202,24 @@ class VisionInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class SamplingDefaults:
+    """What the OpenAI- and Anthropic-shaped APIs sample with where a request is silent:
+    the APIs' own defaults, or the model's where its generation_config.json sets them
+    (as `vllm serve` applies them: a request's value, else the model's, else the API's).
+    `max_tokens` (the model's `max_new_tokens`) bounds a request that names no limit;
+    None: the rest of the context."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means all tokens
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class EngineInfo:
     """Static facts about the served model."""
 
@@ -226,6 +244,7 @@ class EngineInfo:
     )
     # Tool calling (the engine's parsers); None: the engine takes no tools.
     tools: ToolSupport | None = field(default=None, compare=False, repr=False)
+    sampling_defaults: SamplingDefaults = SamplingDefaults()
 
 
 class Tokenizer(Protocol):

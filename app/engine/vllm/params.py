@@ -1,13 +1,15 @@
-"""Neutral `SamplingOptions` -> vLLM's `SamplingParams` (always streamed as deltas)."""
+"""Neutral `SamplingOptions` -> vLLM's `SamplingParams` (always streamed as deltas), and
+the model's own sampling defaults as vLLM reads them."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
-from app.engine.base import SamplingOptions
+from app.engine.base import SamplingDefaults, SamplingOptions
 from app.engine.vllm.errors import map_engine_errors
 from app.engine.vllm.structured import structured_outputs
 
@@ -47,3 +49,14 @@ def sampling_params(
             or None,
             structured_outputs=structured_outputs(options.constraint),
         )
+
+
+def model_sampling_defaults(model_config: Any) -> SamplingDefaults:
+    """The APIs' defaults with the model's over them: what vLLM reads of the model's
+    generation_config.json (`--generation-config`, `--override-generation-config`; its
+    `max_new_tokens` as `max_tokens`), as `vllm serve` takes them."""
+    found = dict(model_config.get_diff_sampling_param())
+    if found.get("top_k", 0) < 0:  # vLLM's "all tokens"; 0 here
+        found["top_k"] = 0
+    names = {f.name for f in fields(SamplingDefaults)}
+    return SamplingDefaults(**{name: value for name, value in found.items() if name in names})

@@ -36,6 +36,7 @@ from app.engine.cpu_host import (
 from app.engine.readout_worker import ReadoutWorkerExtension
 from app.engine.vllm.engine import VllmEngine
 from app.engine.vllm.errors import map_engine_errors
+from app.engine.vllm.params import model_sampling_defaults
 from app.engine.vllm.stats import SchedulerCounts
 from app.engine.vllm.structured import constraint_checker
 from app.engine.vllm.tokenizer import HfTokenizer
@@ -144,6 +145,7 @@ async def _started(
         engine_version=f"vllm {vllm_version}",
         vision=vision_info(llm),
         check_constraint=constraint_checker(llm),
+        sampling_defaults=model_sampling_defaults(model_config),
         tools=VllmToolSupport(
             llm,
             settings.tool_call_parser,

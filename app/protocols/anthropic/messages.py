@@ -260,10 +260,15 @@ def conversation(
         raise InvalidRequest(
             "thinking.budget_tokens must be less than max_tokens", param="thinking.budget_tokens"
         )
+    defaults = info.sampling_defaults
     sampling = SamplingOptions(
-        temperature=body.temperature if body.temperature is not None else 1.0,
-        top_p=body.top_p if body.top_p is not None else 1.0,
-        top_k=body.top_k if body.top_k is not None else 0,
+        temperature=body.temperature if body.temperature is not None else defaults.temperature,
+        top_p=body.top_p if body.top_p is not None else defaults.top_p,
+        top_k=body.top_k if body.top_k is not None else defaults.top_k,
+        min_p=defaults.min_p,
+        presence_penalty=defaults.presence_penalty,
+        frequency_penalty=defaults.frequency_penalty,
+        repetition_penalty=defaults.repetition_penalty,
         stop=tuple(body.stop_sequences or ()),
     )
     return replace(call, sampling=sampling, max_tokens=body.max_tokens)

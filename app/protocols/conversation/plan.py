@@ -52,7 +52,7 @@ from app.engine.tools import (
 from app.engine.validation import Fields, check_prompt, validate_sampling
 from app.errors import InvalidRequest
 from app.protocols.conversation.images import expand_image_blocks
-from app.protocols.sampling import for_choice
+from app.protocols.sampling import for_choice, output_limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +147,7 @@ def render_conversation(
 def plan_conversation(call: Conversation, info: EngineInfo, tokenizer: Tokenizer) -> ChatPlan:
     rendered = render_conversation(call, info, tokenizer)
     ids, images, tool_plan = rendered.prompt_token_ids, rendered.images, rendered.tool_plan
-    max_tokens = call.max_tokens if call.max_tokens is not None else info.max_model_len - len(ids)
+    max_tokens = output_limit(call.max_tokens, info, len(ids))
     check_prompt(ids, max_tokens, info, call.fields)
     options = replace(call.sampling, max_tokens=max_tokens, constraint=call.constraint)
     if tool_plan is not None:

@@ -82,7 +82,11 @@ def conversation(
         request_id=request_id,
         messages=[_message(i, m, info) for i, m in enumerate(body.messages)],
         sampling=sampling_fields(
-            body, max_tokens=0, logprobs=logprobs, logit_bias=request_logit_bias(body)
+            body,
+            info.sampling_defaults,
+            max_tokens=0,
+            logprobs=logprobs,
+            logit_bias=request_logit_bias(body),
         ),
         max_tokens=max_tokens,
         fields={"prompt": "messages", "max_tokens": max_name, "logprobs": "top_logprobs"},

@@ -18,7 +18,7 @@ from app.protocols.openai.choices import ChoicesCore
 from app.protocols.openai.logprobs import CompletionLogprobs
 from app.protocols.openai.sampling import reject_unsupported, sampling_options
 from app.protocols.openai.structured import request_constraint, request_logit_bias
-from app.protocols.sampling import for_choice
+from app.protocols.sampling import for_choice, output_limit
 from schemas.openai import CompletionRequest
 
 
@@ -71,9 +71,7 @@ class CompletionCore(ChoicesCore):
         constraint, bias = request_constraint(body), request_logit_bias(body)
         plans: list[tuple[int, GenerationRequest]] = []
         for prompt_index, (ids, text) in enumerate(_prompts(body, tokenizer)):
-            max_tokens = (
-                body.max_tokens if body.max_tokens is not None else info.max_model_len - len(ids)
-            )
+            max_tokens = output_limit(body.max_tokens, info, len(ids))
             check_prompt(ids, max_tokens, info, _FIELDS)
             options = sampling_options(
                 body,

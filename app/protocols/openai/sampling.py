@@ -1,14 +1,15 @@
 """OpenAI sampling fields -> neutral `SamplingOptions`, validated by `app.engine.validation`.
 
-This module keeps only what is OpenAI's: the defaults (temperature 1, top_p 1 unless the
-request says otherwise; options vLLM has and the OpenAI API does not, such as top_k and
-min_p, keep vLLM's meaning) and the names of the fields that errors point at. Every
-limit is the shared one.
+This module keeps only what is OpenAI's: the defaults (a field the request leaves out takes
+the model's default, `EngineInfo.sampling_defaults`: temperature 1, top_p 1 unless the
+model's generation config says otherwise, as `vllm serve` reads it; options vLLM has and
+the OpenAI API does not, such as top_k and min_p, keep vLLM's meaning) and the names of
+the fields that errors point at. Every limit is the shared one.
 """
 
 from __future__ import annotations
 
-from app.engine.base import EngineInfo, SamplingOptions
+from app.engine.base import EngineInfo, SamplingDefaults, SamplingOptions
 from app.engine.constraints import Constraint
 from app.engine.validation import Fields, validate_sampling
 from app.errors import InvalidRequest
@@ -38,6 +39,7 @@ def _default(value: float | None, default: float) -> float:
 
 def sampling_fields(
     body: VllmSampling,
+    defaults: SamplingDefaults,
     *,
     max_tokens: int,
     logprobs: int | None,
@@ -45,18 +47,18 @@ def sampling_fields(
     constraint: Constraint | None = None,
     logit_bias: tuple[tuple[int, float], ...] = (),
 ) -> SamplingOptions:
-    """`body`'s sampling fields with OpenAI's defaults, not yet checked (the caller, or
-    the conversation plan, validates them once the rest is known)."""
+    """`body`'s sampling fields with `defaults` where it is silent, not yet checked (the
+    caller, or the conversation plan, validates them once the rest is known)."""
     return SamplingOptions(
         max_tokens=max_tokens,
-        temperature=_default(body.temperature, 1.0),
-        top_p=_default(body.top_p, 1.0),
-        top_k=body.top_k if body.top_k is not None else 0,
-        min_p=_default(body.min_p, 0.0),
+        temperature=_default(body.temperature, defaults.temperature),
+        top_p=_default(body.top_p, defaults.top_p),
+        top_k=body.top_k if body.top_k is not None else defaults.top_k,
+        min_p=_default(body.min_p, defaults.min_p),
         seed=body.seed,
-        presence_penalty=_default(body.presence_penalty, 0.0),
-        frequency_penalty=_default(body.frequency_penalty, 0.0),
-        repetition_penalty=_default(body.repetition_penalty, 1.0),
+        presence_penalty=_default(body.presence_penalty, defaults.presence_penalty),
+        frequency_penalty=_default(body.frequency_penalty, defaults.frequency_penalty),
+        repetition_penalty=_default(body.repetition_penalty, defaults.repetition_penalty),
         stop=_stops(body.stop),
         stop_token_ids=tuple(body.stop_token_ids or ()),
         include_stop_str_in_output=body.include_stop_str_in_output,
@@ -87,6 +89,7 @@ def sampling_options(
     differ (max_tokens, logprobs, prompt)."""
     options = sampling_fields(
         body,
+        info.sampling_defaults,
         max_tokens=max_tokens,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from app.engine.base import ChatMessage, EngineInfo, SamplingOptions, TextPart
+from app.engine.base import ChatMessage, EngineInfo, SamplingDefaults, SamplingOptions, TextPart
 from app.engine.constraints import (
     Constraint,
     json_constraint,
@@ -109,9 +109,9 @@ def constraint(body: ResponsesRequest) -> Constraint | None:
     return None
 
 
-def sampling(body: ResponsesRequest) -> SamplingOptions:
-    """The body's sampling with OpenAI's defaults, as every OpenAI API here reads it
-    (checked later, by the plan)."""
+def sampling(body: ResponsesRequest, defaults: SamplingDefaults) -> SamplingOptions:
+    """The body's sampling with `defaults` where it is silent, as every OpenAI API here
+    reads it (checked later, by the plan)."""
     logprobs = None
     if LOGPROBS in (body.include or ()):
         logprobs = body.top_logprobs or 0
@@ -119,6 +119,7 @@ def sampling(body: ResponsesRequest) -> SamplingOptions:
         raise InvalidRequest(f"top_logprobs needs include: [{LOGPROBS!r}]", param="top_logprobs")
     return sampling_fields(
         body,
+        defaults,
         max_tokens=0,  # the plan sets it: max_output_tokens, else the rest of the context
         logprobs=logprobs,
         logit_bias=logit_bias_pairs(body.logit_bias or {}, "logit_bias"),
@@ -152,7 +153,7 @@ def translate(
     conversation = Conversation(
         request_id=request_id,
         messages=[*head, *chat],
-        sampling=sampling(body),
+        sampling=sampling(body, info.sampling_defaults),
         max_tokens=body.max_output_tokens,
         fields=FIELDS,
         tools=tools.specs,
