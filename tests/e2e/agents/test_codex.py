@@ -87,7 +87,9 @@ def test_codex_completes_a_turn(long_server: LiveServer, tmp_path: Path) -> None
     done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
-    assert "ERROR" not in output, output[-4000:]
+    # Codex's own error lines; the random reply may well hold the word (its tokenizer
+    # learned the logging module's sources).
+    assert not re.search(r"^ERROR: ", output, re.M), output[-4000:]
     used = re.search(r"tokens used\s*\n\s*([\d,]+)", output)
     assert used, output[-2000:]
     assert int(used.group(1).replace(",", "")) >= MIN_PROMPT_TOKENS
