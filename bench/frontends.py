@@ -188,6 +188,13 @@ def engine_itl(port: int) -> tuple[float, float]:
     return total["_sum"], total["_count"]
 
 
+def itl_mean_ms(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """The mean engine ITL between two `engine_itl` readings; None where no token was
+    timed (a server that keeps no such histogram)."""
+    count = after[1] - before[1]
+    return (after[0] - before[0]) / count * 1e3 if count else None
+
+
 def load_server(target: str, port: int, seeds: dict[int, int], log: Path) -> dict[int, Figures]:
     command, env = server_command(target, port)
     proc = start_server(command, port, log, env)
@@ -203,13 +210,12 @@ def load_server(target: str, port: int, seeds: dict[int, int], log: Path) -> dic
         out = {}
         for c, prompts in PROMPTS.items():
             generated = generated_tokens(port)
-            itl_sum, itl_count = engine_itl(port)
+            itl_before = engine_itl(port)
             before = frontend_cpu(proc.pid)
             result = bench_serve(port, c, prompts, seeds[c])
             cpu = spent(before, frontend_cpu(proc.pid))
             tokens = generated_tokens(port) - generated
-            itl_after = engine_itl(port)
-            itls = itl_after[1] - itl_count
+            itl = itl_mean_ms(itl_before, engine_itl(port))
             if tokens != prompts * OUTPUT_LEN:
                 raise RuntimeError(f"{target}: {tokens:.0f} tokens from {prompts} requests")
             out[c] = {
@@ -223,8 +229,8 @@ def load_server(target: str, port: int, seeds: dict[int, int], log: Path) -> dic
                 "duration_s": result["duration"],
                 "client_counted_tok": result["total_output_tokens"],
             }
-            if itls:  # a server that keeps no such histogram has no such figure
-                out[c]["engine_itl_mean_ms"] = (itl_after[0] - itl_sum) / itls * 1e3
+            if itl is not None:  # a server that keeps no such histogram has no such figure
+                out[c]["engine_itl_mean_ms"] = itl
             print(f"  {target} c={c}: {_line(out[c])}", flush=True)
         return out
     finally:
