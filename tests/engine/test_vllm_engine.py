@@ -37,6 +37,74 @@ def test_events_are_deltas_with_one_final(live_server: LiveServer) -> None:
     assert "".join(e.text for e in events) == engine.tokenizer.decode(ids)
 
 
+def _vllm_counts() -> dict[str, float]:
+    """vLLM's own Prometheus counters, summed over their labels."""
+    from prometheus_client import REGISTRY
+
+    names = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
+    counts = dict.fromkeys(names, 0.0)
+    counts["vllm:request_success_total"] = 0.0
+    for metric in REGISTRY.collect():
+        for sample in metric.samples:
+            if sample.name in counts:
+                counts[sample.name] += sample.value
+    return counts
+
+
+@pytest.mark.parametrize("logprobs", [None, 2])
+def test_vllm_counts_each_request_exactly_on_either_output_path(
+    live_server: LiveServer, logprobs: int | None
+) -> None:
+    """A plain request's outputs are taken from vLLM's output processor as deltas
+    (app.engine.vllm.deltas: its request state is a DeltaState while it runs), one with
+    logprobs as vLLM's RequestOutputs; either way vLLM's own metrics (what the endpoint
+    picker and dashboards read) count it exactly once, with its every token."""
+    from app.engine.vllm.deltas import DeltaState
+
+    engine = live_server.engine
+    prompt = list(range(10, 42))
+    request = GenerationRequest(
+        f"eng-count-{logprobs}", prompt_token_ids=prompt, sampling=greedy(17, logprobs=logprobs)
+    )
+    states: set[str] = set()
+
+    async def run() -> list[TokenEvent]:
+        events = []
+        async for event in engine.generate(request):
+            events.append(event)
+            for state in engine._llm.output_processor.request_states.values():
+                if state.external_req_id == request.request_id:
+                    states.add(type(state).__name__)
+        return events
+
+    before = _vllm_counts()
+    events = live_server.call(run())
+    after = _vllm_counts()
+    assert sum(len(e.token_ids) for e in events) == 17
+    assert states == {"RequestState" if logprobs else DeltaState.__name__}
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 17
+    assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == len(prompt)
+    assert after["vllm:request_success_total"] - before["vllm:request_success_total"] == 1
+
+
+def test_a_stop_string_ends_a_plain_request_in_vllm_too(live_server: LiveServer) -> None:
+    """vLLM's detokenizer finds stop strings on the delta path as on its own: the text
+    stops before it, the reason is the string, and the engine core is told to stop."""
+    engine = live_server.engine
+    base = GenerationRequest("eng-stop-ref", prompt_text="import os", sampling=greedy(40))
+    text = "".join(e.text for e in live_server.call(_run(engine, base)))
+    # A stop string first seen some tokens in, so text came before it.
+    start = next(i for i in range(5, len(text) - 3) if text.index(text[i : i + 3]) == i)
+    stop = text[start : start + 3]
+    request = GenerationRequest(
+        "eng-stop", prompt_text="import os", sampling=greedy(40, stop=(stop,))
+    )
+    events = live_server.call(_run(engine, request))
+    assert "".join(e.text for e in events) == text[: text.index(stop)]
+    assert events[-1].finish_reason == "stop" and events[-1].stop_reason == stop
+    assert live_server.wait_idle() == 0
+
+
 def test_prompt_and_sampled_logprobs(live_server: LiveServer) -> None:
     engine = live_server.engine
     prompt = engine.tokenizer.encode("def add(a, b):")
@@ -168,19 +236,26 @@ def test_bad_requests_raise_app_errors(
     assert live_server.running_requests() == 0
 
 
+@pytest.mark.parametrize("source", ["deltas", "converter"])
 def test_a_bug_of_ours_in_the_generate_loop_is_not_a_client_error(
-    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch, source: str
 ) -> None:
-    """Only calls into vLLM are mapped: a built-in error in our own converter escapes as
+    """Only calls into vLLM are mapped: a built-in error in our own conversion of its
+    outputs (deltas for a plain request, RequestOutputs for one with logprobs) escapes as
     itself (the transport makes it an InternalError), never as InvalidRequest, and the
     request is aborted in the engine all the same."""
-    from app.engine.vllm import convert
+    from app.engine.vllm import convert, engine
 
-    def broken(self: Any, output: Any) -> None:
+    def broken(*args: Any) -> None:
         raise ValueError("a bug in our converter")
 
-    monkeypatch.setattr(convert.EventConverter, "convert", broken)
-    request = GenerationRequest("eng-bug", prompt_text="x = 1", sampling=greedy(200))
+    if source == "deltas":
+        monkeypatch.setattr(engine, "merge_deltas", broken)
+        sampling = greedy(200)
+    else:
+        monkeypatch.setattr(convert.EventConverter, "convert", broken)
+        sampling = greedy(200, logprobs=1)
+    request = GenerationRequest(f"eng-bug-{source}", prompt_text="x = 1", sampling=sampling)
     with pytest.raises(ValueError, match="a bug in our converter"):
         live_server.call(_run(live_server.engine, request))
 

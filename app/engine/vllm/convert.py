@@ -30,6 +30,16 @@ def _token_logprob(token_id: int, position: Mapping[int, Any], k: int) -> TokenL
     )
 
 
+def finish_of(reason: str | None) -> FinishReason | None:
+    """vLLM's finish reason as the engine seam's: anything but a stop or the length
+    (an abort, an error) ends the request as aborted."""
+    if reason is None:
+        return None
+    if reason == "stop":
+        return "stop"
+    return "length" if reason == "length" else "abort"
+
+
 def check_expansion(prompt_ids: list[int], expanded: Sequence[int] | None) -> None:
     """vLLM expanded the request's images itself; it must have rebuilt its exact tokens."""
     if expanded is not None and list(expanded) != prompt_ids:
@@ -84,10 +94,7 @@ class EventConverter:
             ]
         first = self._first
         self._first = False
-        finish: FinishReason | None = None
-        if output.finished:
-            reason = completion.finish_reason
-            finish = reason if reason in ("stop", "length") else "abort"
+        finish = finish_of(completion.finish_reason) if output.finished else None
         return TokenEvent(
             token_ids=token_ids,
             text=completion.text,

@@ -33,15 +33,23 @@ from vllm.inputs import TokensPrompt
 from vllm.inputs.engine import TokensInput, tokens_input
 from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
+from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from app.engine.base import EngineInfo, GenerationRequest, LoraAdapter, TokenEvent
+from app.engine.base import (
+    EngineInfo,
+    GenerationRequest,
+    LoraAdapter,
+    SamplingOptions,
+    TokenEvent,
+)
 from app.engine.batch_gate import BatchGate
 from app.engine.images import collapse_blocks
 from app.engine.readout_client import ReadoutBatcher, ReadoutTracker
 from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY
 from app.engine.validation import check_prompt, validate_sampling
 from app.engine.vllm.convert import EventConverter, check_expansion, prompt_only
+from app.engine.vllm.deltas import add_delta_request, merge_deltas
 from app.engine.vllm.errors import map_engine_errors
 from app.engine.vllm.lora import check_adapter
 from app.engine.vllm.params import sampling_params
@@ -68,6 +76,8 @@ class VllmEngine:
         # app.engine.batch_gate); None elsewhere, and then no request waits for anything.
         lora_on_cpu = info.max_loras > 0 and current_platform.is_cpu()
         self._gate = BatchGate() if lora_on_cpu else None
+        # Deltas hand on every step's tokens: not with an engine-level stream interval.
+        self._deltas = llm.output_processor.stream_interval == 1
 
     def shutdown(self) -> None:
         self._llm.shutdown()
@@ -160,15 +170,12 @@ class VllmEngine:
         )
         tracker = ReadoutTracker(request.readout_ranges, len(prompt_ids)) if readouts else None
         output_tokens = 0
-        stream = self._llm.generate(
-            self._prompt(prompt_ids, request),
-            params,
-            request.request_id,
-            lora_request=lora,
-            priority=request.priority,
-        )
-        converter = EventConverter(prompt_ids, options)
-        echo_due = bool(request.images)
+        prompt = self._prompt(prompt_ids, request)
+        plain = options.logprobs is None and options.prompt_logprobs is None
+        if self._deltas and plain and not request.images:
+            events = self._delta_events(prompt, prompt_ids, params, request, lora)
+        else:
+            events = self._converted_events(prompt, prompt_ids, params, request, lora, options)
         release = (
             await self._gate.enter(exclusive=options.prompt_logprobs is not None)
             if self._gate is not None
@@ -176,19 +183,9 @@ class VllmEngine:
         )
         self._running.add(request.request_id)
         try:
-            while True:
-                # Only the call into vLLM is mapped: a bug in what follows is ours.
-                with map_engine_errors():
-                    try:
-                        output = await anext(stream)
-                    except StopAsyncIteration:
-                        break
-                if echo_due:
-                    check_expansion(prompt_ids, output.prompt_token_ids)
-                    echo_due = False
-                event = converter.convert(output)
-                if event is None:
-                    continue
+            # Only the calls into vLLM are mapped (in the two sources): a bug of ours
+            # stays itself.
+            async for event in events:
                 output_tokens += len(event.token_ids)
                 if tracker is not None and tracker.due(output_tokens):
                     taken = await self._readouts.take(request.request_id)
@@ -208,9 +205,9 @@ class VllmEngine:
         finally:
             try:
                 self._running.discard(request.request_id)
-                # Closing vLLM's generator aborts the request if it has not finished;
-                # shield it so a cancelled consumer still completes the abort.
-                await asyncio.shield(stream.aclose())
+                # Closing the events aborts the request if it has not finished; shield
+                # it so a cancelled consumer still completes the abort.
+                await asyncio.shield(events.aclose())
                 if readouts is not None:
                     with map_engine_errors():
                         await asyncio.shield(
@@ -218,6 +215,70 @@ class VllmEngine:
                         )
             finally:
                 release()  # after the abort: vLLM handles it before the next request
+
+    async def _delta_events(
+        self,
+        prompt: TokensInput | TokensPrompt,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request: GenerationRequest,
+        lora: LoRARequest | None,
+    ) -> AsyncGenerator[TokenEvent, None]:
+        """A request with no logprobs and no images, its outputs taken as `Delta`s
+        (`app.engine.vllm.deltas`)."""
+        with map_engine_errors():
+            internal_id, sink = await add_delta_request(
+                self._llm,
+                request.request_id,
+                prompt,
+                params,
+                lora_request=lora,
+                priority=request.priority,
+            )
+        first, finished = True, False
+        try:
+            while not finished:
+                with map_engine_errors():
+                    deltas = sink.take_nowait() or await sink.take()
+                event = merge_deltas(deltas, prompt_ids if first else None)
+                first = False
+                finished = event.finish_reason is not None
+                yield event
+        finally:
+            if not finished:
+                await asyncio.shield(self._llm.abort(internal_id, internal=True))
+
+    async def _converted_events(
+        self,
+        prompt: TokensInput | TokensPrompt,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request: GenerationRequest,
+        lora: LoRARequest | None,
+        options: SamplingOptions,
+    ) -> AsyncGenerator[TokenEvent, None]:
+        """A request with logprobs or images: vLLM's `RequestOutput`s, converted."""
+        stream = self._llm.generate(
+            prompt, params, request.request_id, lora_request=lora, priority=request.priority
+        )
+        converter = EventConverter(prompt_ids, options)
+        echo_due = bool(request.images)
+        try:
+            while True:
+                with map_engine_errors():
+                    try:
+                        output = await anext(stream)
+                    except StopAsyncIteration:
+                        return
+                if echo_due:
+                    check_expansion(prompt_ids, output.prompt_token_ids)
+                    echo_due = False
+                event = converter.convert(output)
+                if event is not None:
+                    yield event
+        finally:
+            # Closing vLLM's generator aborts the request if it has not finished.
+            await asyncio.shield(stream.aclose())
 
     def _prompt(
         self, prompt_ids: list[int], request: GenerationRequest
