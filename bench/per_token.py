@@ -41,8 +41,14 @@ and the table gives medians and ranges. Instruction counts would be steadier sti
 
 A/B of the server itself: `--trees NAME=PATH ...` runs the switchboard targets once per
 source tree (PYTHONPATH=PATH), alternating within each round: how each change was
-measured. Without it, the run publishes bench/results/per_token.json and the README
-table between the `bench:per_token` markers, with the load average.
+measured; `--targets "VllmEngine.generate"` A/Bs the engine seam alone (a task per
+request iterating `VllmEngine.generate` over vLLM's output path, no HTTP) and
+`--concurrency` narrows the runs. `--deltas-ab TURNS` measures the seam's two output
+paths (app.engine.vllm.deltas) in turns inside one process, where nothing else differs
+(bench/results/per_token_deltas.json, the `bench:deltas` table). Without these, the run
+publishes bench/results/per_token.json and the table between the `bench:per_token`
+markers, with the load average. In-process targets freeze their start-up heap as the
+servers do.
 
     PYTHONPATH=$PWD .venv/bin/python bench/per_token.py [--rounds 5] [--apis completions chat]
 """
@@ -75,8 +81,11 @@ APIS = ("completions", "chat")
 STUB, VLLM_PATH = "switchboard", "switchboard + vLLM output path"
 BARE_STUB, BARE_VLLM = "bare stub", "bare AsyncLLM"
 LEAN, STEPS = "lean consumer", "step loop"
+SEAM = "VllmEngine.generate"
+DELTAS_AB = "deltas-ab"  # SEAM in one process, its two output paths in turns
 SERVERS = {STUB: "stub", VLLM_PATH: "vllm"}
 IN_PROCESS = (BARE_STUB, BARE_VLLM, LEAN, STEPS)
+PER_TREE = (*SERVERS, SEAM)  # targets that run Switchboard's own code: A/B'd per tree
 
 Figures = dict[str, float]
 
@@ -112,6 +121,7 @@ async def _engine(depth: str, port: int) -> tuple[Any, Any]:
     if depth == "stub":
         # Below the real VllmEngine, in place of its AsyncLLM (a bench's liberty).
         engine._llm = StubLLM(engine._llm, stepper)
+        engine._deltas = False  # its outputs come as RequestOutputs, from StubLLM
     return engine, stepper
 
 
@@ -153,7 +163,11 @@ async def _in_process(target: str, counts: dict[int, int]) -> dict[int, Figures]
     from vllm.inputs.engine import tokens_input
     from vllm.sampling_params import RequestOutputKind
 
+    from app.engine.base import GenerationRequest, SamplingOptions
+    from app.engine.vllm.startup import freeze_startup_heap
+
     engine, stepper = await _engine("stub" if target == BARE_STUB else "vllm", 0)
+    freeze_startup_heap()  # as the servers do: no collection walks vLLM's start-up heap
     llm = engine._llm
     params = SamplingParams(
         max_tokens=OUTPUT_LEN, ignore_eos=True, output_kind=RequestOutputKind.DELTA
@@ -169,13 +183,26 @@ async def _in_process(target: str, counts: dict[int, int]) -> dict[int, Figures]
                 tokens += len(out.outputs[0].token_ids)
         return tokens
 
+    async def seam_client(requests: int) -> int:
+        tokens = 0
+        for _ in range(requests):
+            options = SamplingOptions(max_tokens=OUTPUT_LEN, ignore_eos=True)
+            rid = f"s{next(serial)}"
+            request = GenerationRequest(rid, prompt_token_ids=prompt, sampling=options)
+            async for event in engine.generate(request):
+                tokens += len(event.token_ids)
+        return tokens
+
     async def run(c: int, requests: int) -> int:
         if target in (LEAN, STEPS):
             return await _step_consumer(llm, stepper, target == LEAN, c, requests, prompt)
         shares = [requests // c + (i < requests % c) for i in range(c)]
-        return sum(await asyncio.gather(*(client(n) for n in shares)))
+        each = seam_client if target == SEAM else client
+        return sum(await asyncio.gather(*(each(n) for n in shares)))
 
     await run(max(counts), counts[max(counts)])  # warm-up, as the servers get
+    if target == DELTAS_AB:
+        return await _deltas_turns(engine, stepper, run, counts)
     out = {}
     for c, requests in counts.items():
         stepper.period_s = PERIOD_MS[c] / 1000
@@ -256,6 +283,51 @@ async def _step_consumer(
                 engine_idx=0, scheduler_stats=outputs.scheduler_stats, iteration_stats=stats
             )
     return tokens
+
+
+async def _deltas_turns(engine: Any, stepper: Any, run: Any, counts: dict[int, int]) -> Any:
+    """`VllmEngine.generate` over vLLM's output path, its outputs taken as deltas or as
+    `RequestOutput`s (app.engine.vllm.deltas) in turns, in one process: one heap, one
+    engine, so what moves a process's CPU from one start to the next cancels out."""
+    turns: list[dict[str, dict[int, float]]] = []
+    for turn in range(int(os.environ["DELTAS_AB_TURNS"])):
+        figures: dict[str, dict[int, float]] = {}
+        for deltas in (True, False) if turn % 2 == 0 else (False, True):
+            engine._deltas = deltas
+            by_c = figures.setdefault("deltas" if deltas else "request outputs", {})
+            for c, requests in counts.items():
+                stepper.period_s = PERIOD_MS[c] / 1000
+                before = _own_cpu()
+                tokens = await run(c, requests)
+                by_c[c] = (_own_cpu() - before) / tokens * 1e6
+        turns.append(figures)
+    return turns
+
+
+def deltas_table(turns: list[dict[str, dict[str, float]]]) -> str:
+    rows = []
+    for c in turns[0]["deltas"]:
+        on = [t["deltas"][c] for t in turns]
+        off = [t["request outputs"][c] for t in turns]
+        ratio = [a / b for a, b in zip(on, off, strict=True)]
+        saved = [b - a for a, b in zip(on, off, strict=True)]
+        lower = sum(r < 1 for r in ratio)
+        rows.append([c, spread(off), spread(on), spread(ratio, 2), spread(saved), lower])
+    header = (
+        "c",
+        "RequestOutputs: CPU us/token",
+        "deltas: CPU us/token",
+        "ratio",
+        "saved us/token",
+        f"turns cheaper (of {len(turns)})",
+    )
+    head = (
+        f"`VllmEngine.generate` consumed in process ({OUTPUT_LEN} tokens per request, "
+        f"{PROMPT_LEN}-token prompts) over a real AsyncLLM on the stub engine core, one "
+        "process pinned to core 1, the two output paths in alternating turns; medians "
+        "(min-max) over the turns, ratios and savings turn by turn."
+    )
+    return "\n".join([head, "", *markdown_table(header, rows)])
 
 
 def _own_cpu() -> float:
@@ -345,13 +417,17 @@ def measure_server(
         stop_server(proc)
 
 
-def measure_in_process(target: str, counts: dict[int, int]) -> dict[int, Figures]:
-    proc = _child(["--in-process", target, json.dumps(counts)], ROOT)
-    stdout, _ = proc.communicate(timeout=900)
+def _in_process_result(target: str, counts: dict[int, int], tree: Path) -> Any:
+    proc = _child(["--in-process", target, json.dumps(counts)], tree)
+    stdout, _ = proc.communicate(timeout=1800)
     lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{target} failed ({proc.returncode})")
-    return {int(c): m for c, m in json.loads(lines[-1][len("RESULT ") :]).items()}
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def measure_in_process(target: str, counts: dict[int, int], tree: Path) -> dict[int, Figures]:
+    return {int(c): m for c, m in _in_process_result(target, counts, tree).items()}
 
 
 def spread(values: list[float], digits: int = 1) -> str:
@@ -424,13 +500,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--port", type=int, default=8151)
     parser.add_argument("--apis", nargs="+", default=list(APIS), choices=APIS)
-    parser.add_argument("--targets", nargs="+", default=[*SERVERS, *IN_PROCESS])
+    parser.add_argument("--targets", nargs="+", default=[*SERVERS, *IN_PROCESS])  # SEAM: A/B
     parser.add_argument("--trees", nargs="+", metavar="NAME=PATH", help="A/B the server")
     parser.add_argument("--scale", type=float, default=1.0, help="requests per run x")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--out", type=Path, help="raw figures to this file (A/B)")
     parser.add_argument("--serve", nargs=2, metavar=("DEPTH", "PORT"))
     parser.add_argument("--in-process", nargs=2, metavar=("TARGET", "COUNTS"))
     parser.add_argument("--retable", action="store_true", help="the table from the results")
+    parser.add_argument("--deltas-ab", type=int, metavar="TURNS", help="the deltas, A/B")
     args = parser.parse_args()
     if args.retable:
         record = json.loads((ROOT / "bench" / "results" / "per_token.json").read_text())
@@ -448,14 +526,22 @@ def main() -> None:
         print("RESULT " + json.dumps(uvloop.run(_in_process(args.in_process[0], counts))))
         return
     os.sched_setaffinity(0, {CLIENT_CORE})
-    counts = {c: max(c, round(n * args.scale)) for c, n in REQUESTS.items()}
+    if args.deltas_ab:
+        os.environ["DELTAS_AB_TURNS"] = str(args.deltas_ab)
+        turns = _in_process_result(DELTAS_AB, {16: REQUESTS[16], 64: REQUESTS[64]}, ROOT)
+        figures = {"turns": turns, "output_len": OUTPUT_LEN, "period_ms": PERIOD_MS}
+        publish("deltas", "per_token_deltas.json", figures, deltas_table(turns))
+        return
+    counts = {
+        c: max(c, round(n * args.scale)) for c, n in REQUESTS.items() if c in args.concurrency
+    }
     trees = dict(t.split("=", 1) for t in args.trees) if args.trees else {"": str(ROOT)}
     raw: dict[str, Any] = {"loads": []}
     for r in range(args.rounds):
         order = [
             (target, name, Path(tree))
             for target in args.targets
-            for name, tree in (trees.items() if target in SERVERS else [("", str(ROOT))])
+            for name, tree in (trees.items() if target in PER_TREE else [("", str(ROOT))])
         ]
         if r % 2:
             order.reverse()
@@ -469,13 +555,14 @@ def main() -> None:
                     cells = ", ".join(f"c={c} {m['cpu_us_per_token']:.1f}" for c, m in by_c.items())
                     print(f"  {key} {api}: {cells} us/token", flush=True)
             else:
-                got = measure_in_process(target, counts)
+                got = measure_in_process(target, counts, tree)
                 cells = ", ".join(f"c={c} {m['cpu_us_per_token']:.1f}" for c, m in got.items())
                 print(f"  {key}: {cells} us/token", flush=True)
             raw.setdefault(key, []).append(got)
             if args.out:
                 args.out.write_text(json.dumps(raw, indent=1))
-    if args.trees or set(args.targets) != {*SERVERS, *IN_PROCESS} or args.scale != 1.0:
+    partial = args.scale != 1.0 or set(args.concurrency) != set(CONCURRENCY)
+    if args.trees or set(args.targets) != {*SERVERS, *IN_PROCESS} or partial:
         return
     figures = {
         "rounds": args.rounds,
