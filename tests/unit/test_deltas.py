@@ -8,7 +8,10 @@ import asyncio
 
 import pytest
 
-from app.engine.vllm.deltas import Delta, DeltaSink, merge_deltas
+# Imported as test_engine_errors imports vLLM: its first import of vllm.v1.engine warns
+# (torch.jit) in vLLM's own code, nothing to do with these tests.
+deltas = pytest.importorskip("app.engine.vllm.deltas")
+Delta, DeltaSink, merge_deltas = deltas.Delta, deltas.DeltaSink, deltas.merge_deltas
 
 
 def _delta(ids: list[int], text: str, finish: str | None = None, stop: str | None = None) -> Delta:

@@ -170,12 +170,11 @@ class VllmEngine:
         )
         tracker = ReadoutTracker(request.readout_ranges, len(prompt_ids)) if readouts else None
         output_tokens = 0
-        prompt = self._prompt(prompt_ids, request)
         plain = options.logprobs is None and options.prompt_logprobs is None
         if self._deltas and plain and not request.images:
-            events = self._delta_events(prompt, prompt_ids, params, request, lora)
+            events = self._delta_events(prompt_ids, params, request, lora)
         else:
-            events = self._converted_events(prompt, prompt_ids, params, request, lora, options)
+            events = self._converted_events(prompt_ids, params, request, lora, options)
         release = (
             await self._gate.enter(exclusive=options.prompt_logprobs is not None)
             if self._gate is not None
@@ -218,7 +217,6 @@ class VllmEngine:
 
     async def _delta_events(
         self,
-        prompt: TokensInput | TokensPrompt,
         prompt_ids: list[int],
         params: SamplingParams,
         request: GenerationRequest,
@@ -230,7 +228,7 @@ class VllmEngine:
             internal_id, sink = await add_delta_request(
                 self._llm,
                 request.request_id,
-                prompt,
+                tokens_input(prompt_ids),
                 params,
                 lora_request=lora,
                 priority=request.priority,
@@ -250,7 +248,6 @@ class VllmEngine:
 
     async def _converted_events(
         self,
-        prompt: TokensInput | TokensPrompt,
         prompt_ids: list[int],
         params: SamplingParams,
         request: GenerationRequest,
@@ -258,6 +255,7 @@ class VllmEngine:
         options: SamplingOptions,
     ) -> AsyncGenerator[TokenEvent, None]:
         """A request with logprobs or images: vLLM's `RequestOutput`s, converted."""
+        prompt = self._prompt(prompt_ids, request)
         stream = self._llm.generate(
             prompt, params, request.request_id, lora_request=lora, priority=request.priority
         )
