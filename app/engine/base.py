@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from app.engine.constraints import Constraint
 from app.engine.tools import ToolCall, ToolSupport
@@ -141,9 +141,13 @@ class TokenLogprob:
     top: Mapping[int, float]  # token id -> logprob, best first
 
 
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    """What the engine produced since the previous event of the same request."""
+class TokenEvent(NamedTuple):
+    """What the engine produced since the previous event of the same request.
+
+    A named tuple, not a frozen dataclass: as immutable, and built once per token of every
+    stream, where a frozen dataclass's `__init__` (an `object.__setattr__` per field)
+    took 2.8-3.1 us against 1.2-1.3 (an event as `merge_deltas` builds it, best of 7
+    runs). Derive one with `_replace`."""
 
     token_ids: Sequence[int]
     text: str

@@ -188,10 +188,9 @@ class VllmEngine:
                 output_tokens += len(event.token_ids)
                 if tracker is not None and tracker.due(output_tokens):
                     taken = await self._readouts.take(request.request_id)
-                    event = replace(event, readouts=taken)
+                    event = event._replace(readouts=taken)
                 if prefill_only:
-                    yield replace(
-                        event,
+                    yield event._replace(
                         token_ids=[],
                         text="",
                         logprobs=None,
