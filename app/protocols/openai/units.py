@@ -14,7 +14,9 @@ def _prompt_bounds(body: CompletionRequest) -> list[int]:
     prompt = body.prompt
     if isinstance(prompt, str):
         return [text_tokens_bound(prompt)]
-    if prompt and all(isinstance(p, int) for p in prompt):
+    if prompt and isinstance(prompt[0], int):
+        # One token-id prompt: the body's validation made the list all of one kind, so
+        # its first item tells (a scan of every id cost ~6 us per call).
         return [len(prompt)]
     # A batch of prompts (a malformed mix is refused by the core, after admission).
     return [
