@@ -72,9 +72,11 @@ class Settings(BaseSettings):
         "parameter (arguments' schemas too, as if every tool were strict).",
     )
     pin_frontend: bool = Field(
-        default=True,
+        default=False,
         description="On vLLM's CPU build, once the engine has started, keep this process's "
-        "threads off the cores vLLM bound its OpenMP threads to ('false' turns it off). "
+        "threads off the cores vLLM bound its OpenMP threads to (off by default: in six "
+        "runs of bench/frontends.py it bought no tokens per second and cost ~10% more "
+        "frontend CPU per token at 64 streams). "
         "A CPU build with no --kv-cache-memory-bytes and no VLLM_CPU_KVCACHE_SPACE also gets "
         "a 4 GiB KV cache (a quarter of available memory when that is less) instead of "
         "vLLM's 92% of the NUMA node, which fails to start when the page cache is full.",

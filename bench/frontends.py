@@ -14,9 +14,10 @@ core 0 it runs real-time (`chrt --fifo`): it needs ~2% of the core, and at norma
 priority it read each stream in bursts behind the OpenMP threads.
 
 Targets, one alive at a time, each started fresh per round and warmed:
-- switchboard: `switchboard serve` as it starts by default (frontend pinned off the
-  engine's core, `--pin-frontend`);
-- switchboard unpinned: `--pin-frontend false` (the default's verdict);
+- switchboard: `switchboard serve` as it starts by default (its frontend not pinned);
+- switchboard pinned: `--pin-frontend true`, the frontend kept off the engine's core (the
+  default until 2026-11-25, when runs named it "switchboard" and the default "switchboard
+  unpinned": six runs read no gain, see docs/benchmarks.md);
 - vllm serve: `vllm serve` with its Python frontend (bench/vllm_serve.py launches vLLM's
   own command line on the CPU build);
 - vllm serve (Rust): the same with `VLLM_USE_RUST_FRONTEND=1`: vLLM starts the engine
@@ -73,11 +74,11 @@ CLIENT_CORE = 0  # the engine's core: vLLM's CPU build leaves core 1 to the fron
 # The client runs real-time on that core: it needs ~2% of it, and at normal priority it
 # waited behind the engine's OpenMP threads (TTFT p50 at c=1: 100-122 ms, 5-6 ms with it).
 REALTIME = ["chrt", "--fifo", "10"]
-SWITCHBOARD, UNPINNED = "switchboard", "switchboard unpinned"
+SWITCHBOARD, PINNED = "switchboard", "switchboard pinned"
 CHUNKED = "switchboard chunked"  # with the peers' chunked prefill (not the CPU default)
 VLLM, RUST = "vllm serve", "vllm serve (Rust)"
 BARE, FLOOR = "bare engine", "transport floor"
-SERVERS = (SWITCHBOARD, UNPINNED, VLLM, RUST)
+SERVERS = (SWITCHBOARD, PINNED, VLLM, RUST)
 TARGETS = (*SERVERS, BARE)
 ENGINE_TITLE = "VLLM::"
 
@@ -86,8 +87,8 @@ Figures = dict[str, float]
 
 def server_command(target: str, port: int) -> tuple[list[str], dict[str, str]]:
     """The command line and extra environment of a server target."""
-    if target in (SWITCHBOARD, UNPINNED, CHUNKED):
-        pin = ["--pin-frontend", "false"] if target == UNPINNED else []
+    if target in (SWITCHBOARD, PINNED, CHUNKED):
+        pin = ["--pin-frontend", "true"] if target == PINNED else []
         pin += ["--enable-chunked-prefill"] if target == CHUNKED else []
         command = [PY, "-m", "app.cli", "serve", "--model", str(MODEL)]
         command += ["--served-model-name", "tiny", "--port", str(port), "--log-level", "warning"]
@@ -409,10 +410,10 @@ def verdicts(raw: dict[str, list[dict[int, Figures]]]) -> list[str]:
         ]
         lines.append(
             f"- c={c}: Switchboard's CPU per token above the bare engine's and the SSE "
-            f"floor's: {spread(above, 1)} us; pinned vs unpinned: "
-            f"{spread(_within(raw, SWITCHBOARD, UNPINNED, c, speed), 2)}x tok/s, "
-            f"{spread(_within(raw, SWITCHBOARD, UNPINNED, c, cpu), 2)}x CPU/token, "
-            f"{spread(_within(raw, SWITCHBOARD, UNPINNED, c, 'ttft_p50_ms'), 2)}x TTFT p50."
+            f"floor's: {spread(above, 1)} us; pinned vs the default (unpinned): "
+            f"{spread(_within(raw, PINNED, SWITCHBOARD, c, speed), 2)}x tok/s, "
+            f"{spread(_within(raw, PINNED, SWITCHBOARD, c, cpu), 2)}x CPU/token, "
+            f"{spread(_within(raw, PINNED, SWITCHBOARD, c, 'ttft_p50_ms'), 2)}x TTFT p50."
         )
     goals = [
         (64, speed, VLLM, ">=", 1.0),
@@ -517,8 +518,11 @@ def main() -> None:
     raw: dict[str, list[dict[int, Figures]]] = {t: [] for t in (*args.targets, FLOOR)}
     loads: list[tuple[float, float, float]] = []
     for r in range(args.rounds):
-        order = args.targets[r % len(args.targets) :] + args.targets[: r % len(args.targets)]
-        if r % 2:
+        n = len(args.targets)
+        order = args.targets[r % n :] + args.targets[: r % n]
+        # Rotated every round, reversed every other lap: reversing every odd round, as
+        # before, undid the rotation of two targets (one order in every round).
+        if (r // n) % 2:
             order.reverse()
         seeds = {c: 1000 * r + c for c in PROMPTS}  # one prompt set per round, every target
         loads.append(os.getloadavg())  # others' work on the machine shows here

@@ -4,8 +4,9 @@ Load: vLLM's own `vllm bench serve` client (driven from Python, since the CPU bu
 `vllm` command dies on its distribution name), random prompts of 128 tokens, 64 output
 tokens, `ignore_eos`, concurrency 1, 16 and 32. The bare engine (AsyncLLM in process, no
 HTTP) gets the same load shape and is the physical limit. Switchboard runs twice: as it
-starts by default (its frontend pinned off the engine's cores) and with
-`--pin-frontend false`, as it ran before pinning existed.
+starts by default and with `--pin-frontend true` (its frontend pinned off the engine's
+cores; the default until 2026-11-25, when runs named it "switchboard" and the other
+"switchboard unpinned").
 
 Beside tok/s and latencies: frontend CPU per output token, the server process's own
 user+sys CPU time over the load (every thread; the engine-core child excluded), which is
@@ -43,12 +44,12 @@ CONCURRENCY = {1: 16, 16: 96, 32: 128}  # concurrency -> number of prompts
 ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "1024"]
 # The bare-engine child; servers get the same from common.start_server.
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-TARGETS = ("switchboard", "switchboard unpinned", "vllm serve", "bare engine")
+TARGETS = ("switchboard", "switchboard pinned", "vllm serve", "bare engine")
 
 
 def server_command(target: str, port: int) -> list[str]:
     if target.startswith("switchboard"):
-        pin = ["--pin-frontend", "false"] if target.endswith("unpinned") else []
+        pin = ["--pin-frontend", "true"] if target.endswith("pinned") else []
         return [
             PY,
             "-m",

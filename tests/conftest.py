@@ -246,6 +246,9 @@ def live_server() -> Iterator[LiveServer]:
         served_model_name=LIVE_MODEL,
         lora_modules=[f"{LIVE_LORA}={tiny_lora_path()}"],
         readout_concepts=concepts_path(),
+        # Off by default; on here so that the pinning stays tested (tests/engine/
+        # test_cpu_host.py) and the suite keeps the geometry it was timed on.
+        pin_frontend=True,
         # The tiny model's template writes hermes-style calls.
         enable_auto_tool_choice=True,
         tool_call_parser="hermes",

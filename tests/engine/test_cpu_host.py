@@ -1,5 +1,5 @@
-"""The frontend keeps off the engine's cores on vLLM's CPU build (the live server pinned
-this process once its engine had started)."""
+"""With `--pin-frontend`, the frontend keeps off the engine's cores on vLLM's CPU build (the
+live server, started with it, pinned this process once its engine had started)."""
 
 from __future__ import annotations
 

@@ -51,6 +51,7 @@ def long_server() -> Iterator[LiveServer]:
     settings = Settings(
         model=str(tiny_long_model_path()),
         served_model_name=LONG_MODEL,
+        pin_frontend=True,  # as the live server runs (tests/conftest.py)
         enable_auto_tool_choice=True,
         tool_call_parser="hermes",
         engine_args={
