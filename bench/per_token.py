@@ -45,7 +45,9 @@ measured; `--targets "VllmEngine.generate"` A/Bs the engine seam alone (a task p
 request iterating `VllmEngine.generate` over vLLM's output path, no HTTP) and
 `--concurrency` narrows the runs. `--deltas-ab TURNS` measures the seam's two output
 paths (app.engine.vllm.deltas) in turns inside one process, where nothing else differs
-(bench/results/per_token_deltas.json, the `bench:deltas` table). Without these, the run
+(bench/results/per_token_deltas.json, the `bench:deltas` table). `--split` fits what a
+server spends per request and per token, from streams of two lengths in alternating runs
+(bench/results/per_token_split.json, the `bench:split` table). Without these, the run
 publishes bench/results/per_token.json and the table between the `bench:per_token`
 markers, with the load average. In-process targets freeze their start-up heap as the
 servers do.
@@ -86,6 +88,7 @@ DELTAS_AB = "deltas-ab"  # SEAM in one process, its two output paths in turns
 SERVERS = {STUB: "stub", VLLM_PATH: "vllm"}
 IN_PROCESS = (BARE_STUB, BARE_VLLM, LEAN, STEPS)
 PER_TREE = (*SERVERS, SEAM)  # targets that run Switchboard's own code: A/B'd per tree
+SPLIT_C, SPLIT_LENS, SPLIT_TOKENS = 64, (16, 64), 49_152  # --split
 
 Figures = dict[str, float]
 
@@ -338,12 +341,14 @@ def _own_cpu() -> float:
 # -- the load: bench/sse_load.py, pinned to the engine's core ------------------------------
 
 
-def _spec(api: str, port: int, c: int, requests: int) -> sse_load.Spec:
+def _spec(
+    api: str, port: int, c: int, requests: int, output_len: int = OUTPUT_LEN
+) -> sse_load.Spec:
     if api == "completions":
         prompt = list(range(10, 10 + PROMPT_LEN))
-        return sse_load.completions(port, "tiny", prompt, OUTPUT_LEN, c, max(1, requests // c))
+        return sse_load.completions(port, "tiny", prompt, output_len, c, max(1, requests // c))
     prompt_text = "Say something about the sea."
-    return sse_load.chat(port, "tiny", prompt_text, OUTPUT_LEN, c, max(1, requests // c))
+    return sse_load.chat(port, "tiny", prompt_text, output_len, c, max(1, requests // c))
 
 
 # -- running the targets ------------------------------------------------------------------
@@ -415,6 +420,73 @@ def measure_server(
         return out
     finally:
         stop_server(proc)
+
+
+def measure_split(depth: str, port: int, rounds: int) -> list[dict[str, Any]]:
+    """One server over the double `depth`, streamed completions of SPLIT_LENS tokens in
+    alternating runs of SPLIT_TOKENS tokens in all: each round's pair of CPU figures
+    fitted to `per_request + per_token * tokens`."""
+    proc = _child(["--serve", depth, str(port)], ROOT)
+    try:
+        _wait_listening(port, proc)
+        assert proc.stdin is not None
+        proc.stdin.write(f"period {PERIOD_MS[SPLIT_C]}\n")
+        proc.stdin.flush()
+        short, long = SPLIT_LENS
+
+        def request_cpu(n: int) -> float:
+            spec = _spec("completions", port, SPLIT_C, SPLIT_TOKENS // n, n)
+            return float(sse_load.measure(spec, proc.pid)[sse_load.CPU]) * n
+
+        request_cpu(long)  # warm-up
+        fits = []
+        for r in range(rounds):
+            lens = SPLIT_LENS if r % 2 == 0 else SPLIT_LENS[::-1]
+            cpu = {n: request_cpu(n) for n in lens}
+            per_token = (cpu[long] - cpu[short]) / (long - short)
+            fits.append(
+                {
+                    "per_token_us": per_token,
+                    "per_request_us": cpu[short] - short * per_token,
+                    "request_cpu_us": cpu,
+                }
+            )
+            print(
+                f"  {depth}: {fits[-1]['per_token_us']:.1f} us/token, "
+                f"{fits[-1]['per_request_us']:.0f} us/request",
+                flush=True,
+            )
+        return fits
+    finally:
+        stop_server(proc)
+
+
+def split_table(fits: dict[str, list[dict[str, Any]]]) -> str:
+    head = (
+        f"Per request and per token: streamed completions ({PROMPT_LEN}-token prompts) of "
+        f"{SPLIT_LENS[0]} and {SPLIT_LENS[1]} tokens in alternating runs ({SPLIT_TOKENS:,} "
+        f"tokens each) at c={SPLIT_C}, one server over vLLM's output path on the double "
+        f"(period {PERIOD_MS[SPLIT_C]:g} ms); each round's two CPU-per-request figures "
+        "fitted to `per request + per token x tokens`; medians (min-max) over the rounds."
+    )
+    rows = []
+    for name, runs in fits.items():
+        per_token = [f["per_token_us"] for f in runs]
+        per_request = [f["per_request_us"] for f in runs]
+        share = [
+            f["per_request_us"] / (f["per_request_us"] + OUTPUT_LEN * f["per_token_us"])
+            for f in runs
+        ]
+        rows.append(
+            [name, spread(per_token), spread(per_request, 0), spread([100 * x for x in share], 0)]
+        )
+    header = (
+        "target",
+        "us per token",
+        "us per request",
+        f"per request's share at {OUTPUT_LEN} tokens (%)",
+    )
+    return "\n".join([head, "", *markdown_table(header, rows)])
 
 
 def _in_process_result(target: str, counts: dict[int, int], tree: Path) -> Any:
@@ -509,6 +581,7 @@ def main() -> None:
     parser.add_argument("--in-process", nargs=2, metavar=("TARGET", "COUNTS"))
     parser.add_argument("--retable", action="store_true", help="the table from the results")
     parser.add_argument("--deltas-ab", type=int, metavar="TURNS", help="the deltas, A/B")
+    parser.add_argument("--split", action="store_true", help="per request vs per token")
     args = parser.parse_args()
     if args.retable:
         record = json.loads((ROOT / "bench" / "results" / "per_token.json").read_text())
@@ -531,6 +604,21 @@ def main() -> None:
         turns = _in_process_result(DELTAS_AB, {16: REQUESTS[16], 64: REQUESTS[64]}, ROOT)
         figures = {"turns": turns, "output_len": OUTPUT_LEN, "period_ms": PERIOD_MS}
         publish("deltas", "per_token_deltas.json", figures, deltas_table(turns))
+        return
+    if args.split:
+        # The vLLM output path only: the stub depth takes the RequestOutput path (deltas
+        # need a real AsyncLLM), so its work is no longer a part of production's.
+        fits = {VLLM_PATH: measure_split(SERVERS[VLLM_PATH], args.port, args.rounds)}
+        figures = {
+            "rounds": args.rounds,
+            "concurrency": SPLIT_C,
+            "output_lens": SPLIT_LENS,
+            "tokens_per_run": SPLIT_TOKENS,
+            "prompt_len": PROMPT_LEN,
+            "period_ms": PERIOD_MS[SPLIT_C],
+            "fits": fits,
+        }
+        publish("split", "per_token_split.json", figures, split_table(fits))
         return
     counts = {
         c: max(c, round(n * args.scale)) for c, n in REQUESTS.items() if c in args.concurrency
