@@ -74,7 +74,7 @@ class Settings(BaseSettings):
     pin_frontend: bool = Field(
         default=False,
         description="On vLLM's CPU build, once the engine has started, keep this process's "
-        "threads off the cores vLLM bound its OpenMP threads to (off by default: in six "
+        "threads off the cores vLLM bound its OpenMP threads to (off by default: in seven "
         "runs of bench/frontends.py it bought no tokens per second and cost ~10% more "
         "frontend CPU per token at 64 streams). "
         "A CPU build with no --kv-cache-memory-bytes and no VLLM_CPU_KVCACHE_SPACE also gets "

@@ -17,7 +17,7 @@ Targets, one alive at a time, each started fresh per round and warmed:
 - switchboard: `switchboard serve` as it starts by default (its frontend not pinned);
 - switchboard pinned: `--pin-frontend true`, the frontend kept off the engine's core (the
   default until 2026-11-25, when runs named it "switchboard" and the default "switchboard
-  unpinned": six runs read no gain, see docs/benchmarks.md);
+  unpinned": seven runs read no gain, see docs/benchmarks.md);
 - vllm serve: `vllm serve` with its Python frontend (bench/vllm_serve.py launches vLLM's
   own command line on the CPU build);
 - vllm serve (Rust): the same with `VLLM_USE_RUST_FRONTEND=1`: vLLM starts the engine

@@ -25,10 +25,10 @@ x10 at concurrency 1). `pin_frontend` reads the binding vLLM actually applied (t
 affinity of the engine processes' threads) and restricts every thread of this process to
 the other cores. Threads created later inherit it. It runs only with `--pin-frontend`:
 measured with a load client that leaves the frontend's core alone (bench/frontends.py,
-six runs), the kernel's own placement streamed as many tokens per second (0.97x pinned
+seven runs), the kernel's own placement streamed as many tokens per second (0.99x pinned
 against unpinned at 64 streams, the median of the runs' medians) and the pinned frontend,
-sharing one core with the engine core's busy loop, spent ~10% more CPU per token; none
-of those runs showed the bursts.
+sharing one core with the engine core's busy loop, spent ~10% more CPU per token (0.82x
+to 1.13x); none of those runs showed the bursts.
 
 Compilation: vLLM 0.32 with torch 2.10 or later saves each compiled model as an AOT
 artifact and loads it at the next start, but on the CPU build (no inductor) the loaded
