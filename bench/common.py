@@ -39,6 +39,31 @@ def machine() -> dict[str, Any]:
     }
 
 
+# A fixed piece of pure Python (an event built as the seam builds one per token), timed
+# best of 7 in a fresh process: the host's speed at the moment, whatever it serves.
+_HOST_REFERENCE = """\
+import timeit
+from dataclasses import dataclass
+
+@dataclass(frozen=True)
+class Event:
+    token_ids: list
+    text: str
+    finish_reason: object = None
+
+ids = [1]
+print(min(timeit.repeat(lambda: Event(ids, "x"), number=100_000, repeat=7)) * 10)
+"""
+
+
+def host_reference(core: int) -> float:
+    """`_HOST_REFERENCE`'s us per event on `core`, now. These VMs have run every target
+    1.5-2x slower for hours with nothing else on them; a reference taken at each round's
+    start tells a slow host from a slow change."""
+    command = ["taskset", "-c", str(core), sys.executable, "-c", _HOST_REFERENCE]
+    return float(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process `pid` itself, every thread, no children (so a
     server's engine-core child is excluded): /proc/PID/stat fields 14 and 15."""

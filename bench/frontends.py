@@ -38,8 +38,13 @@ the Rust frontend the `vllm-rs frontend` process plus the Python supervisor abov
 Switchboard its one process. The bare engine: its own process (os.times).
 
 Rounds alternate the order of the targets; each figure is the median over rounds, with
-its spread (min-max). Writes bench/results/frontends.json (every round, the machine, the
-load average) and the table in docs/benchmarks.md between the `bench:frontends` markers.
+its spread (min-max). At each round's start, `common.host_reference` times a fixed piece
+of Python on the frontend's core: these VMs have run every target 1.5-2x slower for hours,
+and the reference tells such a host from a slower change (the engine's own speed shows in
+the bare engine's TPOT: on 2026-11-25 the Python was fast again while the engine still
+stepped at half its speed). Writes
+bench/results/frontends.json (every round, the machine, the load average, the host
+reference) and the table in docs/benchmarks.md between the `bench:frontends` markers.
 
     .venv/bin/python bench/frontends.py [--rounds 5] [--targets ...]
 """
@@ -60,7 +65,7 @@ from typing import Any
 
 import httpx
 import psutil
-from common import markdown_table, publish, start_server, stop_server
+from common import host_reference, markdown_table, publish, start_server, stop_server
 from vllm_rs import vllm_rs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,6 +76,7 @@ INPUT_LEN, OUTPUT_LEN = 128, 64
 PROMPTS = {1: 32, 16: 320, 64: 1024}  # concurrency -> requests per run
 ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "1024"]
 CLIENT_CORE = 0  # the engine's core: vLLM's CPU build leaves core 1 to the frontend
+FRONTEND_CORE = 1
 # The client runs real-time on that core: it needs ~2% of it, and at normal priority it
 # waited behind the engine's OpenMP threads (TTFT p50 at c=1: 100-122 ms, 5-6 ms with it).
 REALTIME = ["chrt", "--fifo", "10"]
@@ -438,7 +444,7 @@ def _engine_itl(runs: list[Figures]) -> str:
     return spread(values, 2) if values else "-"
 
 
-def table(raw: dict[str, list[dict[int, Figures]]], rounds: int) -> str:
+def table(raw: dict[str, list[dict[int, Figures]]], rounds: int, refs: list[float]) -> str:
     rows = []
     for c in PROMPTS:
         for target in TARGETS:
@@ -490,7 +496,13 @@ def table(raw: dict[str, list[dict[int, Figures]]], rounds: int) -> str:
         "engine ITL ms",
         "frontend CPU us/tok",
     )
-    return "\n".join([head, "", *markdown_table(header, rows), "", *verdicts(raw)])
+    host = (
+        f"Host reference at each round's start, the Python speed of core {FRONTEND_CORE} "
+        "(`common.host_reference`; 0.64-0.68 us in a fast hour of 2026-11-25, when the slow "
+        "hours that day took 1.6-1.8x as long for a like piece of Python; the engine's speed "
+        f"is the bare engine's TPOT): {', '.join(f'{x:.2f}' for x in refs)} us."
+    )
+    return "\n".join([head, "", *markdown_table(header, rows), "", *verdicts(raw), "", host])
 
 
 def main() -> None:
@@ -517,6 +529,7 @@ def main() -> None:
     print(f"logs in {logs}", flush=True)
     raw: dict[str, list[dict[int, Figures]]] = {t: [] for t in (*args.targets, FLOOR)}
     loads: list[tuple[float, float, float]] = []
+    refs: list[float] = []  # the host's speed at each round's start
     for r in range(args.rounds):
         n = len(args.targets)
         order = args.targets[r % n :] + args.targets[: r % n]
@@ -526,7 +539,12 @@ def main() -> None:
             order.reverse()
         seeds = {c: 1000 * r + c for c in PROMPTS}  # one prompt set per round, every target
         loads.append(os.getloadavg())  # others' work on the machine shows here
-        print(f"round {r}: {', '.join(order)}; load average {loads[-1]}", flush=True)
+        refs.append(host_reference(FRONTEND_CORE))  # a slow host shows here
+        print(
+            f"round {r}: {', '.join(order)}; load average {loads[-1]}; "
+            f"host reference {refs[-1]:.2f} us",
+            flush=True,
+        )
         for target in order:
             log = logs / f"{target.replace(' ', '-')}-{r}.log"
             if target == BARE:
@@ -535,7 +553,9 @@ def main() -> None:
             else:
                 raw[target].append(load_server(target, args.port, seeds, log))
             # What has run so far, should a later target fail or the run be stopped.
-            (logs / "raw.json").write_text(json.dumps({"loads": loads, "raw": raw}))
+            (logs / "raw.json").write_text(
+                json.dumps({"loads": loads, "host_reference_us": refs, "raw": raw})
+            )
     print(f"logs in {logs}")
     if args.no_publish or set(args.targets) != set(TARGETS):
         print(json.dumps(raw, indent=1))
@@ -547,10 +567,11 @@ def main() -> None:
         "prompts": PROMPTS,
         "client_core": CLIENT_CORE,
         "load_average_at_each_round": loads,
+        "host_reference_us_at_each_round": refs,
         "load_average_at_end": os.getloadavg(),
         "raw": raw,
     }
-    publish("frontends", "frontends.json", figures, table(raw, args.rounds))
+    publish("frontends", "frontends.json", figures, table(raw, args.rounds, refs))
 
 
 if __name__ == "__main__":
