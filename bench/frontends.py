@@ -42,9 +42,9 @@ its spread (min-max). At each round's start, `common.host_reference` times a fix
 of Python on the frontend's core: these VMs have run every target 1.5-2x slower for hours,
 and the reference tells such a host from a slower change (the engine's own speed shows in
 the bare engine's TPOT: on 2026-11-25 the Python was fast again while the engine still
-stepped at half its speed). Writes
-bench/results/frontends.json (every round, the machine, the load average, the host
-reference) and the table in docs/benchmarks.md between the `bench:frontends` markers.
+stepped at half its speed). Writes bench/results/frontends.json (every round, the
+machine, the load average, the host reference) and the table in docs/benchmarks.md
+between the `bench:frontends` markers.
 
     .venv/bin/python bench/frontends.py [--rounds 5] [--targets ...]
 """
@@ -533,9 +533,9 @@ def main() -> None:
     for r in range(args.rounds):
         n = len(args.targets)
         order = args.targets[r % n :] + args.targets[: r % n]
-        # Rotated every round, reversed every other lap: reversing every odd round, as
-        # before, undid the rotation of two targets (one order in every round).
-        if (r // n) % 2:
+        # Rotated every round, reversed every odd round; not with two targets, where the
+        # reversal undid the rotation (one order in every round).
+        if r % 2 and n > 2:
             order.reverse()
         seeds = {c: 1000 * r + c for c in PROMPTS}  # one prompt set per round, every target
         loads.append(os.getloadavg())  # others' work on the machine shows here

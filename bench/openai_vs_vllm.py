@@ -49,7 +49,7 @@ TARGETS = ("switchboard", "switchboard pinned", "vllm serve", "bare engine")
 
 def server_command(target: str, port: int) -> list[str]:
     if target.startswith("switchboard"):
-        pin = ["--pin-frontend", "true"] if target.endswith("pinned") else []
+        pin = ["--pin-frontend", "true"] if target == "switchboard pinned" else []
         return [
             PY,
             "-m",

@@ -68,7 +68,7 @@ WORDS = ["the", "of", "and", "to", "in", "is", "for", "on", "that", "with", "as"
 def server_command(target: str, port: int, bound: int) -> list[str]:
     common = ["--model", str(MODEL), "--served-model-name", "tiny", "--port", str(port)]
     if target.startswith("switchboard"):
-        pin = ["--pin-frontend", "true"] if target.endswith("pinned") else []
+        pin = ["--pin-frontend", "true"] if target == "switchboard pinned" else []
         return [
             *(PY, "-m", "app.cli", "serve", *common, "--log-level", "warning"),
             *("--max-queued-requests", str(bound), "--max-queued-tokens", "0"),
