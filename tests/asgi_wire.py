@@ -14,6 +14,18 @@ from typing import Any
 
 TIMEOUT_S = 5.0  # per frame, and for the app to return once disconnected
 
+# Every Wire of the running test. A test must end each one (`disconnect`, or the app
+# closing it): an app left waiting for a frame is garbage-collected in some later test,
+# with no event loop to end it on. `tests/conftest.py` fails the test that leaves one.
+_WIRES: list[Wire] = []
+
+
+def left_running() -> list[Wire]:
+    """The Wires made since the last call whose app has not returned."""
+    wires = list(_WIRES)
+    _WIRES.clear()
+    return [wire for wire in wires if not wire.task.done()]
+
 
 class Wire:
     def __init__(self, app: Any, path: str) -> None:
@@ -34,6 +46,7 @@ class Wire:
             "app": app,
         }
         self.task = asyncio.create_task(app(scope, self.inbox.get, self.outbox.put))
+        _WIRES.append(self)
 
     def send(self, *frames: dict[str, Any]) -> None:
         """JSON text frames, all in the inbox at once."""

@@ -98,6 +98,20 @@ def tiny_lora_dir() -> Path:
     return tiny_lora_path()
 
 
+@pytest.fixture(autouse=True)
+def _sockets_ended() -> Iterator[None]:
+    """Fail a test that leaves a `tests.asgi_wire.Wire`'s app running: the app's handler
+    would be closed by the garbage collector in a later test, outside any event loop
+    (the suite's PytestUnraisableExceptionWarning of issue 30)."""
+    from tests.asgi_wire import left_running
+
+    yield
+    left = left_running()
+    for wire in left:
+        wire.task.cancel()  # ended on the loop, by the next test that runs one
+    assert not left, f"the test left {len(left)} socket(s) open: disconnect each Wire"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -46,9 +46,15 @@ class TaskGroup:
         return task
 
     async def aclose(self) -> None:
-        """Cancel every task and wait for all of them; nothing starts afterwards."""
+        """Cancel every task and wait for all of them; nothing starts afterwards.
+
+        With no task left it returns without touching the event loop: a connection's
+        coroutine that is closed rather than cancelled (the garbage collector closing one
+        whose server has gone) runs this on its way out with no loop to run on."""
         self.closed = True
         tasks = list(self._tasks)
+        if not tasks:
+            return
         for task in tasks:
             task.cancel()
         await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))

@@ -61,6 +61,7 @@ async def test_a_refused_salience_generate_leaves_the_socket_and_session_as_they
     assert all(isinstance(e, dict) and e["id"] == "g2" for e in events)
     assert admission.in_flight == 0 and admission.refused["salience"] == 1
     assert admission.admitted["salience"] == 1
+    await wire.disconnect()
 
 
 async def test_a_refused_evergreen_generate_aborts_unavailable_with_the_retry_hint() -> None:

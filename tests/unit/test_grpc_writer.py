@@ -135,6 +135,9 @@ class CoreLikeCall:
         if not self.metadata_sent and self.metadata_in_flight and self._busy():
             raise RuntimeError(TOO_MANY)  # the status's batch repeats the initial metadata
         self.status = (code, details)
+        if self._busy():  # the call is over: so is a send still in flight
+            assert self.in_flight is not None
+            self.in_flight.cancel()
 
     def client_reads(self) -> None:
         if self._busy():
