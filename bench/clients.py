@@ -26,10 +26,11 @@ and checks the counts.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -37,6 +38,7 @@ import grpc
 import numpy as np
 import websockets
 from google.protobuf import struct_pb2
+from harness import Server
 
 from app.protocols.graphpipe.encode import encode_infer_request
 from fbs.graphpipe import graphpipe_generated as gp
@@ -56,29 +58,37 @@ class Run(NamedTuple):
     tokens: int  # output tokens the server reported (Evergreen: fragments)
 
 
-@dataclass(frozen=True)
-class Server:
-    """Where a server under test answers: HTTP and websockets on `port`, gRPC on
-    `grpc_port`, all on 127.0.0.1, serving `model`."""
-
-    port: int
-    grpc_port: int = 0
-    model: str = "tiny"
-
-    @property
-    def http(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    @property
-    def grpc(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-
 Client = Callable[[Server, Sequence[Prompt], int], Awaitable[Run]]
+
+# The protocols' workload: greedy, this fixed prompt (64 tokens of the tiny model's
+# tokenizer), OUTPUT_TOKENS output tokens. Its greedy continuation (raw, and under the
+# chat template) holds no EOS within OUTPUT_TOKENS, so the protocols without `ignore_eos`
+# produce as many tokens as the OpenAI routes (the benchmarks check every count).
+OUTPUT_TOKENS = 128
+PROMPT = (
+    "def merge_sorted(left, right):\n"
+    '    """Merge two sorted lists into one."""\n'
+    "    result = []\n"
+    "    i = j = 0\n"
+    "    while i < len(left) and j < len(right):\n"
+    "        x = 1\n"
+)
+
+
+async def measure(
+    client: Client, server: Server, prompt: Prompt, clients: int, requests: int
+) -> tuple[dict[str, float], list[Run]]:
+    """`clients` clients at once, `requests` each, `OUTPUT_TOKENS` tokens a request (the
+    caller checks the runs), the server's frontend CPU read around them."""
+    with server.meter(tokens=False) as meter:
+        runs = await asyncio.gather(
+            *(client(server, [prompt] * requests, OUTPUT_TOKENS) for _ in range(clients))
+        )
+    figures = meter.figures(clients * requests * OUTPUT_TOKENS)
+    ttfts = [t for run in runs for t in run.ttfts]
+    if ttfts:  # GraphPipe does not stream: no TTFT
+        figures["ttft_p50_ms"] = statistics.median(ttfts) * 1000
+    return figures, list(runs)
 
 
 # -- OpenAI (HTTP + SSE) ----------------------------------------------------------------

@@ -15,36 +15,32 @@ Two measurements, each alternating the two protocols over rounds, medians report
 Writes bench/results/evergreen.json and the table in docs/benchmarks.md between the
 `bench:evergreen` markers.
 
-    .venv/bin/python bench/evergreen_vs_chat.py [--rounds 3]
+    flock /tmp/switchboard-engine.lock .venv/bin/python bench/evergreen_vs_chat.py [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
+import harness
 import websockets
 from clients import (
-    Server,
     chat_body,
     evergreen_action,
     evergreen_leaf,
     evergreen_output,
-    http_client,
     openai_stream,
 )
-from common import machine, markdown_table, serve_tiny_8k, stop_server, write_table
+from harness import markdown_table, publish
 
 from schemas import evergreen_service_pb2 as service_pb
 
-ROOT = Path(__file__).resolve().parent.parent
-PORT = 8126
+PORT = harness.PORT
 OUTPUT_TOKENS = 64
 REQUESTS_PER_CLIENT = 4
 TURN_DECODE = 16
@@ -121,7 +117,8 @@ async def _throughput_chat(
 
 
 def _chat_client() -> aiohttp.ClientSession:
-    return http_client(Server(PORT))
+    timeout = aiohttp.ClientTimeout(total=300)
+    return aiohttp.ClientSession(base_url=f"http://127.0.0.1:{PORT}", timeout=timeout)
 
 
 async def throughput(clients: int, rounds: int) -> dict[str, Any]:
@@ -194,25 +191,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--turns", type=int, default=30)
     args = parser.parse_args()
-    results_dir = ROOT / "bench" / "results"
-    results_dir.mkdir(parents=True, exist_ok=True)
-    proc = serve_tiny_8k(PORT, results_dir / "evergreen.log")
-    try:
+    target = harness.switchboard("switchboard", long=True)
+    with harness.started(target):
         streams = [asyncio.run(throughput(c, args.rounds)) for c in (1, 8)]
         turns = asyncio.run(conversation(args.turns))
-    finally:
-        stop_server(proc)
-    (results_dir / "evergreen.json").write_text(
-        json.dumps(
-            {
-                "date": time.strftime("%Y-%m-%d"),
-                "machine": machine(),
-                "throughput": streams,
-                "conversation": turns,
-            },
-            indent=2,
-        )
-    )
     lines = [
         f"Greedy generations of {OUTPUT_TOKENS} tokens, {REQUESTS_PER_CLIENT} per client in "
         f"a row; one server, tiny model; medians of {args.rounds} alternating rounds.",
@@ -263,9 +245,7 @@ def main() -> None:
             ],
         ),
     ]
-    table = "\n".join(lines)
-    write_table("evergreen", table)
-    print(table)
+    publish("evergreen", {"throughput": streams, "conversation": turns}, "\n".join(lines))
 
 
 if __name__ == "__main__":

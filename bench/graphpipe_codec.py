@@ -30,11 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import machine, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "graphpipe_codec.json"
-DOC = ROOT / "docs" / "graphpipe.md"
 REFERENCE_PYTHON = ROOT / ".venv-graphpipe-ref" / "bin" / "python"
 SIZES = [2**10, 2**14, 2**18, 2**20, 2**22, 2**24, 2**26]  # 1 KB .. 64 MB
 MIN_ROUND_S = 0.25
@@ -152,12 +150,13 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def write_doc(rows: list[dict[str, Any]], info: dict[str, Any], reference: str) -> None:
+    from harness import write_table
+
     write_table(
         "graphpipe",
         f"MB/s of tensor bytes (10^6 B/s), medians; {info['cpu']}, "
         f"{info['cores']} cores, Python {info['python']}, numpy {info['numpy']}; "
         f"reference: {reference}.\n\n{table(rows)}",
-        DOC,
     )
 
 
@@ -170,6 +169,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure_reference(args.rounds)))
         return
+    # Not at the top: the child runs in the reference venv, which has none of its imports.
+    from harness import machine
 
     info = {**machine(), "numpy": np.__version__}
     rows: list[dict[str, Any]] = measure_numpy_and_switchboard(args.rounds)

@@ -18,41 +18,28 @@ fragments (one per engine step that produced text: about one a token).
 Writes bench/results/grpc.json and the table in docs/benchmarks.md between the
 `bench:grpc` markers.
 
-    .venv/bin/python bench/grpc_vs_ws.py [--rounds 5] [--clients 1 8]
+    flock /tmp/switchboard-engine.lock .venv/bin/python bench/grpc_vs_ws.py \
+        [--rounds 5] [--clients 1 8]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
+import harness
 from clients import (
     Client,
     Prompt,
-    Server,
     evergreen_grpc,
     evergreen_ws,
     salience_grpc,
     salience_ws,
 )
-from common import (
-    cpu_seconds,
-    machine,
-    markdown_table,
-    start_server,
-    stop_server,
-    write_table,
-)
+from harness import MODEL, Server, markdown_table, publish
 
-ROOT = Path(__file__).resolve().parent.parent
-PORT, GRPC_PORT = 8127, 50127
-SERVER = Server(PORT, GRPC_PORT)
 OUTPUT_TOKENS = 64
 REQUESTS_PER_CLIENT = 4
 
@@ -60,7 +47,7 @@ REQUESTS_PER_CLIENT = 4
 def _prompts(clients: int, round_: int) -> list[list[Prompt]]:
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(ROOT / ".cache" / "tiny-model" / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
     out = []
     for c in range(clients):
         texts = [
@@ -79,12 +66,10 @@ PROTOCOLS: dict[str, dict[str, Client]] = {
 }
 
 
-async def _round(client: Client, prompts: list[list[Prompt]], pid: int) -> dict[str, Any]:
-    cpu = cpu_seconds(pid)
-    start = time.perf_counter()
-    results = await asyncio.gather(*(client(SERVER, mine, OUTPUT_TOKENS) for mine in prompts))
-    wall = time.perf_counter() - start
-    cpu = cpu_seconds(pid) - cpu
+async def _round(client: Client, prompts: list[list[Prompt]], server: Server) -> dict[str, Any]:
+    with server.meter(tokens=False) as meter:
+        results = await asyncio.gather(*(client(server, mine, OUTPUT_TOKENS) for mine in prompts))
+    wall, cpu = meter.wall_s, meter.cpu_s
     tokens = sum(r.tokens for r in results)
     outputs = [output for r in results for output in r.outputs]
     return {
@@ -97,12 +82,12 @@ async def _round(client: Client, prompts: list[list[Prompt]], pid: int) -> dict[
     }
 
 
-async def compare(protocol: str, clients: int, rounds: int, pid: int) -> dict[str, Any]:
+async def compare(protocol: str, clients: int, rounds: int, server: Server) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"grpc": [], "websocket": []}
     for round_ in range(rounds):
         order = ["grpc", "websocket"] if round_ % 2 == 0 else ["websocket", "grpc"]
         prompts = _prompts(clients, round_)
-        done = {t: await _round(PROTOCOLS[protocol][t], prompts, pid) for t in order}
+        done = {t: await _round(PROTOCOLS[protocol][t], prompts, server) for t in order}
         if done["grpc"].pop("outputs") != done["websocket"].pop("outputs"):
             raise AssertionError(f"{protocol}: gRPC and the websocket generated differently")
         for transport, result in done.items():
@@ -120,31 +105,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
     args = parser.parse_args()
-    results_dir = ROOT / "bench" / "results"
-    results_dir.mkdir(parents=True, exist_ok=True)
-    model = ROOT / ".cache" / "tiny-model"
-    if not (model / "config.json").is_file():
-        build = [sys.executable, "-m", "app.cli", "make-tiny-model", str(model)]
-        import subprocess
-
-        subprocess.run(build, check=True, cwd=ROOT)
-    command = [sys.executable, "-m", "app.cli", "serve", "--model", str(model)]
-    command += ["--served-model-name", "tiny", "--port", str(PORT), "--log-level", "warning"]
-    command += ["--grpc-port", str(GRPC_PORT), "--dtype", "float32", "--max-model-len", "1024"]
-    proc = start_server(command, PORT, results_dir / "grpc.log")
-    try:
+    harness.tiny_model()
+    with harness.started(harness.switchboard("switchboard")) as server:
         rows = [
-            asyncio.run(compare(protocol, clients, args.rounds, proc.pid))
+            asyncio.run(compare(protocol, clients, args.rounds, server))
             for protocol in PROTOCOLS
             for clients in args.clients
         ]
-    finally:
-        stop_server(proc)
-    (results_dir / "grpc.json").write_text(
-        json.dumps(
-            {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "runs": rows}, indent=2
-        )
-    )
     table = "\n".join(
         [
             f"Greedy generations of {OUTPUT_TOKENS} tokens, {REQUESTS_PER_CLIENT} per client in a "
@@ -180,8 +147,7 @@ def main() -> None:
             ),
         ]
     )
-    write_table("grpc", table)
-    print(table)
+    publish("grpc", {"runs": rows}, table)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ serve` (its own /v1/messages), in one run: output tok/s, TTFT p50 and the fronte
 per output token. Issue 22's goals: Messages within 5% of chat on Switchboard, and ahead
 of `vllm serve`'s Messages.
 
-Workload (bench/protocols_cpu.py's): greedy, its fixed ~64-token `PROMPT` as one user
+Workload (the protocols' of bench/clients.py): greedy, its fixed ~64-token `PROMPT` as one user
 message, `OUTPUT_TOKENS` output tokens per request (the prompt's greedy continuation under
 the chat template holds no EOS that early; Messages has no `ignore_eos`, so every run
 checks every request's count: chat's usage, Messages' `message_delta` usage). C clients
@@ -17,7 +17,8 @@ ratios within turns. CPU: the server process's own user+sys (the engine core exc
 per output token. One server alive at a time, rounds alternating which goes first;
 medians over rounds; Switchboard against `vllm serve`: ratios of the medians of a round.
 
-    .venv/bin/python bench/messages_vs_chat.py [--rounds 3] [--concurrency 1 16] [--pairs 8]
+    flock /tmp/switchboard-engine.lock .venv/bin/python bench/messages_vs_chat.py \
+        [--rounds 3] [--concurrency 1 16] [--pairs 8]
 """
 
 from __future__ import annotations
@@ -25,21 +26,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
-import protocols_cpu
+import harness
 import sse_load
-from clients import Client, Prompt, Server, chat_sse, messages_sse
-from common import markdown_table, publish, start_server, stop_server
-from openai_vs_vllm import MODEL, server_command
-from protocols_cpu import OUTPUT_TOKENS, PROMPT
-
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-Metrics = dict[str, float]
+from clients import OUTPUT_TOKENS, PROMPT, Client, chat_sse, messages_sse
+from harness import (
+    Figures,
+    Results,
+    Round,
+    Server,
+    markdown_table,
+    publish,
+    ratios,
+    run_rounds,
+)
 
 
 def _chat(port: int, c: int, n: int) -> sse_load.Spec:
@@ -57,66 +58,63 @@ APIS: dict[str, tuple[Client, sse_load.Load]] = {
 }
 TARGETS = ("switchboard", "vllm serve")
 REQUESTS = {1: 16, 16: 96}  # per run (one turn of one API), by clients: ~1.5 s each
+CPU = sse_load.CPU
 
 
-async def serve_round(
-    server: Server, pid: int, args: argparse.Namespace, round_: int, target: str
-) -> dict[str, dict[int, Metrics]]:
-    """Both APIs' figures at every concurrency, taking turns (`sse_load.take_turns`:
-    `args.pairs` runs each; `cpu_vs_chat`, Messages' CPU per token over chat's within
-    turns)."""
-    prompt: Prompt = (PROMPT, [])
-    for name, (client, _) in APIS.items():  # warm each path, and check its token counts
-        _, runs = await protocols_cpu.measure(client, server, prompt, 1, 1, pid)
-        if runs[0].tokens != OUTPUT_TOKENS:
-            raise AssertionError(f"{name}: {runs[0].tokens} output tokens (an EOS?)")
-    loads = {name: load for name, (_, load) in APIS.items()}
-    out: dict[str, dict[int, Metrics]] = {name: {} for name in APIS}
-    for c in args.concurrency:
-        requests = REQUESTS.get(c, 96)
-        figures = sse_load.take_turns(loads, server.port, pid, c, requests, args.pairs, round_)
-        for name, m in figures.items():
-            m["cpu_vs_chat"] = m.pop("cpu_vs_first")
-            out[name][c] = m
-            print(
-                f"round {round_} {target} c={c} {name}: {m['output_tok_s']:.0f} tok/s, "
-                f"{m['frontend_cpu_us_per_tok']:.0f} us/tok, {m['cpu_vs_chat']:.2f}x chat",
-                file=sys.stderr,
-                flush=True,
-            )
-    return out
+def measure_start(args: argparse.Namespace) -> Any:
+    def one_start(server: Server, round_: Round) -> Figures:
+        return asyncio.run(
+            sse_load.rows_round(server, APIS, args.concurrency, REQUESTS, args.pairs, round_.index)
+        )
+
+    return one_start
 
 
-def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
+def table(results: Results, args: argparse.Namespace) -> str:
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
     rows = []
     for c in args.concurrency:
         for target in TARGETS:
             for name in APIS:
-                m = summary["servers"][target][name][c]
                 rows.append(
                     [
                         c,
                         target,
                         name,
-                        f"{m['output_tok_s']:.0f}",
-                        f"{m['ttft_p50_ms']:.1f}",
-                        f"{m['frontend_cpu_us_per_tok']:.0f}",
+                        f"{med(results.per_round(target, name, c, 'output_tok_s')):.0f}",
+                        f"{med(results.per_round(target, name, c, 'ttft_p50_ms')):.1f}",
+                        f"{med(results.per_round(target, name, c, CPU)):.0f}",
                     ]
                 )
-        r = summary["ratios"][c]
+        ours, theirs = ("switchboard", "Messages SSE", c), ("vllm serve", "Messages SSE", c)
+
+        def vs_chat(key: str, c: int = c) -> float:
+            return med(
+                ratios(
+                    results.per_round("switchboard", "Messages SSE", c, key),
+                    results.per_round("switchboard", "chat SSE", c, key),
+                )
+            )
+
+        def vs_peer(key: str, ours: Any = ours, theirs: Any = theirs) -> float:
+            return med(ratios(results.per_round(*ours, key), results.per_round(*theirs, key)))
+
+        cpu_vs_chat = med(results.per_round(*ours, "cpu_vs_first"))  # within turns
         rows.append(
             [
                 c,
                 "**ratios**",
                 "Messages / chat on Switchboard; Switchboard / vllm serve on Messages",
-                f"**{r['messages_vs_chat_tok_s']:.2f}x; {r['vs_vllm_tok_s']:.2f}x**",
-                f"{r['messages_vs_chat_ttft']:.2f}x; {r['vs_vllm_ttft']:.2f}x",
-                f"**{r['messages_vs_chat_cpu']:.2f}x; {r['vs_vllm_cpu']:.2f}x**",
+                f"**{vs_chat('output_tok_s'):.2f}x; {vs_peer('output_tok_s'):.2f}x**",
+                f"{vs_chat('ttft_p50_ms'):.2f}x; {vs_peer('ttft_p50_ms'):.2f}x",
+                f"**{cpu_vs_chat:.2f}x; {vs_peer(CPU):.2f}x**",
             ]
         )
     return "\n".join(
         [
-            "Tiny model, bench/protocols_cpu.py's ~64-token prompt as a user message, "
+            "Tiny model, bench/clients.py's ~64-token prompt as a user message, "
             f"{OUTPUT_TOKENS} greedy output tokens per request (checked), "
             f"load: bench/sse_load.py on the engine's core, per run {REQUESTS} requests (by "
             f"clients) shared by the clients; each API {args.pairs} runs per round in turns, "
@@ -139,74 +137,22 @@ def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
     )
 
 
-def _ratios(round_: dict[str, dict[str, dict[int, Metrics]]], c: int) -> Metrics:
-    ours, peer = round_["switchboard"], round_["vllm serve"]
-    m, chat, theirs = ours["Messages SSE"][c], ours["chat SSE"][c], peer["Messages SSE"][c]
-    return {
-        "messages_vs_chat_tok_s": m["output_tok_s"] / chat["output_tok_s"],
-        "messages_vs_chat_ttft": m["ttft_p50_ms"] / chat["ttft_p50_ms"],
-        "messages_vs_chat_cpu": m["cpu_vs_chat"],  # within turns
-        "vs_vllm_tok_s": m["output_tok_s"] / theirs["output_tok_s"],
-        "vs_vllm_ttft": m["ttft_p50_ms"] / theirs["ttft_p50_ms"],
-        "vs_vllm_cpu": m["frontend_cpu_us_per_tok"] / theirs["frontend_cpu_us_per_tok"],
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--pairs", type=int, default=8, help="turns of the APIs per round")
-    parser.add_argument("--port", type=int, default=8129)
     args = parser.parse_args()
-    if not (MODEL / "config.json").is_file():
-        subprocess.run(
-            [sys.executable, "-m", "app.cli", "make-tiny-model", str(MODEL)], check=True, cwd=ROOT
-        )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    server = Server(args.port)
-    raw = []
-    for r in range(args.rounds):
-        round_: dict[str, dict[str, dict[int, Metrics]]] = {}
-        for target in TARGETS if r % 2 == 0 else tuple(reversed(TARGETS)):
-            log = RESULTS / f"messages-{target.replace(' ', '-')}-{r}.log"
-            command = server_command(target, server.port)
-            if target == "switchboard":
-                command += ["--grpc-port", "0"]
-            proc = start_server(command, server.port, log)
-            try:
-                round_[target] = asyncio.run(serve_round(server, proc.pid, args, r, target))
-            finally:
-                stop_server(proc)
-        raw.append({"servers": round_, "ratios": {c: _ratios(round_, c) for c in args.concurrency}})
-    summary = {
-        "servers": {
-            t: {
-                n: {
-                    c: {
-                        k: statistics.median(x["servers"][t][n][c][k] for x in raw)
-                        for k in raw[0]["servers"][t][n][c]
-                    }
-                    for c in args.concurrency
-                }
-                for n in APIS
-            }
-            for t in TARGETS
-        },
-        "ratios": {
-            c: {k: statistics.median(x["ratios"][c][k] for x in raw) for k in raw[0]["ratios"][c]}
-            for c in args.concurrency
-        },
-    }
+    harness.tiny_model()
+    targets = [harness.switchboard("switchboard"), harness.vllm_serve("vllm serve")]
+    results = run_rounds(targets, measure_start(args), rounds=args.rounds, name="messages")
     figures = {
-        "rounds": args.rounds,
         "output_tokens": OUTPUT_TOKENS,
         "requests_per_run": REQUESTS,
         "pairs": args.pairs,
-        "median": summary,
-        "raw": raw,
+        **results.record(),
     }
-    publish("messages", "messages.json", figures, table(summary, args))
+    publish("messages", figures, table(results, args))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ server's process tree (frontend + engine core), sampled every 0.5 s, and the fro
 CPU seconds over the burst. One server alive at a time. Writes bench/results/overload.json
 and the table in docs/benchmarks.md between the `bench:overload` markers.
 
-    .venv/bin/python bench/overload.py [--duration 60] [--factor 10] [--bound 64]
+    flock /tmp/switchboard-engine.lock .venv/bin/python bench/overload.py \
+        [--duration 60] [--factor 10] [--bound 64]
 """
 
 from __future__ import annotations
@@ -34,53 +35,35 @@ import json
 import math
 import random
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
+import harness
 import psutil
-from common import cpu_seconds, machine, markdown_table, start_server, stop_server, write_table
+from harness import Server, Target, markdown_table, publish
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-MODEL = ROOT / ".cache" / "tiny-model"
-PY = sys.executable
 MAX_NUM_SEQS = 128  # vLLM's CPU default, given explicitly to both servers
 OUTPUT_LEN = 64
 PROMPT_WORDS = 100  # ~128 tokens of the tiny model's tokenizer
-ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "1024"]
-ENGINE_FLAGS += ["--max-num-seqs", str(MAX_NUM_SEQS)]
-# "switchboard pinned": `--pin-frontend true` (the default until 2026-11-25; runs published
-# before name it "switchboard" and the default "switchboard unpinned"). The load client
-# runs on the same two cores and needs more than one at this rate; the pinned frontend
-# shares its one core with it, where a remote client would leave it alone (both rows are
-# shown).
-TARGETS = ("switchboard", "switchboard pinned", "vllm serve")
 WORDS = ["the", "of", "and", "to", "in", "is", "for", "on", "that", "with", "as", "by"]
 
 
-def server_command(target: str, port: int, bound: int) -> list[str]:
-    common = ["--model", str(MODEL), "--served-model-name", "tiny", "--port", str(port)]
-    if target.startswith("switchboard"):
-        pin = ["--pin-frontend", "true"] if target == "switchboard pinned" else []
-        return [
-            *(PY, "-m", "app.cli", "serve", *common, "--log-level", "warning"),
-            *("--max-queued-requests", str(bound), "--max-queued-tokens", "0"),
-            *("--grpc-port", "0"),  # not measured here
-            *pin,
-            *ENGINE_FLAGS,
-        ]
+def targets(bound: int) -> list[Target]:
+    """The same bound on every server: `bound` waiting beside the `MAX_NUM_SEQS` running.
+    "switchboard pinned": `--pin-frontend true` (the default until 2026-11-25; runs
+    published before name it "switchboard" and the default "switchboard unpinned"). The
+    load client runs on the same two cores and needs more than one at this rate; the
+    pinned frontend shares its one core with it, where a remote client would leave it
+    alone (both rows are shown)."""
+    seqs = ("--max-num-seqs", str(MAX_NUM_SEQS))
+    ours = (*seqs, "--max-queued-requests", str(bound), "--max-queued-tokens", "0")
     return [
-        *(PY, "-m", "vllm.entrypoints.openai.api_server", *common),
-        *("--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"),
-        *("--max-num-queued-reqs", str(bound + MAX_NUM_SEQS)),
-        *ENGINE_FLAGS,
+        harness.switchboard("switchboard", *ours),
+        harness.switchboard("switchboard pinned", *ours, "--pin-frontend", "true"),
+        harness.vllm_serve("vllm serve", *seqs, "--max-num-queued-reqs", str(bound + MAX_NUM_SEQS)),
     ]
 
 
@@ -204,8 +187,8 @@ class Sampler:
         self._thread.join()
 
 
-async def burst(port: int, rate: float, duration: float, pid: int) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{port}/v1/completions"
+async def burst(server: Server, rate: float, duration: float) -> dict[str, Any]:
+    url = f"{server.url}/v1/completions"
     rng = random.Random(0)
     arrivals: list[float] = []
     t = 0.0
@@ -215,8 +198,7 @@ async def burst(port: int, rate: float, duration: float, pid: int) -> dict[str, 
             break
         arrivals.append(t)
     prompts = [prompt(rng) for _ in arrivals]
-    cpu = cpu_seconds(pid)
-    with Sampler(pid) as sampler:
+    with server.meter(tokens=False) as meter, Sampler(server.pid) as sampler:
         async with _session() as session:
             start = time.perf_counter()
             tasks = []
@@ -227,7 +209,6 @@ async def burst(port: int, rate: float, duration: float, pid: int) -> dict[str, 
                 tasks.append(asyncio.create_task(one(session, url, text)))
             sent_s = time.perf_counter() - start
             outcomes: list[Outcome] = await asyncio.gather(*tasks)
-    cpu = cpu_seconds(pid) - cpu
     ok = [o for o in outcomes if o.kind == "ok"]
     window = max([o.ended_at for o in ok], default=start) - start
     ttfts = sorted(o.ttft_s for o in ok if o.ttft_s is not None)
@@ -248,7 +229,7 @@ async def burst(port: int, rate: float, duration: float, pid: int) -> dict[str, 
         "ttft_p50_ms": _percentile(ttfts, 50) * 1000,
         "ttft_p99_ms": _percentile(ttfts, 99) * 1000,
         "peak_rss_mib": sampler.peak_bytes / 2**20,
-        "frontend_cpu_s": cpu,
+        "frontend_cpu_s": meter.cpu_s,
     }
 
 
@@ -317,33 +298,21 @@ def main() -> None:
     parser.add_argument("--bound", type=int, default=64)
     parser.add_argument("--rate", type=float, help="arrivals/s (default: factor x capacity)")
     parser.add_argument("--capacity-s", type=float, default=20.0, help="capacity run length")
-    parser.add_argument("--port", type=int, default=8124)
-    parser.add_argument("--no-readme", action="store_true", help="leave docs/benchmarks.md alone")
+    parser.add_argument("--no-publish", action="store_true", help="print, write nothing")
     args = parser.parse_args()
-    if not (MODEL / "config.json").is_file():
-        subprocess.run([PY, "-m", "app.cli", "make-tiny-model", str(MODEL)], check=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    harness.tiny_model()
     results: dict[str, dict[str, Any]] = {}
     cap = float("nan")
     rate = args.rate
-    for target in TARGETS:
-        log = RESULTS / f"overload-{target.replace(' ', '-')}.log"
-        proc = start_server(server_command(target, args.port, args.bound), args.port, log)
-        try:
-            # The first request of a fresh CPU engine pays its warm-up.
-            httpx.post(
-                f"http://127.0.0.1:{args.port}/v1/completions",
-                json={"model": "tiny", "prompt": "warm up", "max_tokens": 8},
-                timeout=300,
-            )
+    for target in targets(args.bound):
+        with harness.started(target) as server:
+            server.warm()
             if rate is None:
-                cap = asyncio.run(capacity(args.port, args.capacity_s))
+                cap = asyncio.run(capacity(server.port, args.capacity_s))
                 rate = args.factor * cap
                 print(f"capacity {cap:.1f} req/s -> offering {rate:.1f} req/s", flush=True)
-            results[target] = asyncio.run(burst(args.port, rate, args.duration, proc.pid))
-            print(target, json.dumps(results[target]), flush=True)
-        finally:
-            stop_server(proc)
+            results[target.name] = asyncio.run(burst(server, rate, args.duration))
+            print(target.name, json.dumps(results[target.name]), flush=True)
     info = {
         "capacity": cap,
         "rate": rate,
@@ -352,22 +321,11 @@ def main() -> None:
         "bound": args.bound,
     }
     md = table(results, info)
-    (RESULTS / "overload.json").write_text(
-        json.dumps(
-            {
-                "machine": machine(),
-                "date": time.strftime("%Y-%m-%d"),
-                **info,
-                "max_num_seqs": MAX_NUM_SEQS,
-                "output_len": OUTPUT_LEN,
-                "results": results,
-            },
-            indent=2,
-        )
-    )
-    if not args.no_readme:
-        write_table("overload", md)
-    print(md)
+    if args.no_publish:
+        print(md)
+        return
+    figures = {**info, "max_num_seqs": MAX_NUM_SEQS, "output_len": OUTPUT_LEN, "results": results}
+    publish("overload", figures, md)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ Switchboard's chat output for the same prompt, as both render it with the chat t
 
 Per protocol: output tok/s (the run's wall time), TTFT p50 (where the protocol streams;
 GraphPipe does not), and the frontend CPU per output token: the server process's own
-user+sys CPU over the run (every thread; the engine-core child excluded: `cpu_seconds`),
-which is far steadier than tok/s on a shared 2-core machine. Ratios of CPU per token to the
+user+sys CPU over the run (`harness.Meter`: the engine's processes excluded), which is far
+steadier than tok/s on a shared 2-core machine. Ratios of CPU per token to the
 cheapest Switchboard protocol and to `vllm serve`'s completions SSE are taken within each
 round, then their median over rounds is reported (the other figures are medians too).
 
@@ -25,7 +25,8 @@ One server alive at a time; rounds alternate which server goes first, and rotate
 of the protocols within a server. Writes bench/results/protocols.json and the table in
 docs/benchmarks.md between the `bench:protocols` markers.
 
-    .venv/bin/python bench/protocols_cpu.py [--rounds 3] [--concurrency 1 16] [--requests 96]
+    flock /tmp/switchboard-engine.lock .venv/bin/python bench/protocols_cpu.py \
+        [--rounds 3] [--concurrency 1 16] [--requests 96]
 """
 
 from __future__ import annotations
@@ -33,42 +34,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
+from typing import Any
 
+import harness
 import httpx
 from clients import (
+    OUTPUT_TOKENS,
+    PROMPT,
     Client,
     Prompt,
     Run,
-    Server,
     chat_sse,
     completions_sse,
     evergreen_grpc,
     evergreen_ws,
     graphpipe,
+    measure,
     salience_grpc,
     salience_ws,
 )
-from common import cpu_seconds, markdown_table, publish, start_server, stop_server
-from openai_vs_vllm import MODEL, server_command
-
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-OUTPUT_TOKENS = 128
-# 64 tokens of the tiny model's tokenizer; its greedy continuation (raw, and under the
-# chat template) holds no EOS within OUTPUT_TOKENS, which the warm-up checks.
-PROMPT = (
-    "def merge_sorted(left, right):\n"
-    '    """Merge two sorted lists into one."""\n'
-    "    result = []\n"
-    "    i = j = 0\n"
-    "    while i < len(left) and j < len(right):\n"
-    "        x = 1\n"
+from harness import (
+    Figures,
+    Results,
+    Round,
+    Server,
+    markdown_table,
+    publish,
+    ratios,
+    run_rounds,
 )
+
 SWITCHBOARD: dict[str, Client] = {
     "OpenAI completions SSE": completions_sse,
     "OpenAI chat SSE": chat_sse,
@@ -79,17 +76,9 @@ SWITCHBOARD: dict[str, Client] = {
     "Evergreen gRPC": evergreen_grpc,
 }
 PEER: dict[str, Client] = {name: SWITCHBOARD[name] for name in SWITCHBOARD if "OpenAI" in name}
-TARGETS: dict[str, dict[str, Client]] = {"switchboard": SWITCHBOARD, "vllm serve": PEER}
+PROTOCOLS: dict[str, dict[str, Client]] = {"switchboard": SWITCHBOARD, "vllm serve": PEER}
 BASELINE = ("vllm serve", "OpenAI completions SSE")
-
-# A row's figures by name; a round is target -> protocol -> concurrency -> Metrics.
-Metrics = dict[str, float]
-
-
-def _command(target: str, server: Server) -> list[str]:
-    if target == "switchboard":
-        return [*server_command(target, server.port), "--grpc-port", str(server.grpc_port)]
-    return server_command(target, server.port)
+CPU = "frontend_cpu_us_per_tok"
 
 
 class Check:
@@ -126,109 +115,88 @@ class Check:
             self.chat_text = outputs[0]
 
 
-async def measure(
-    client: Client, server: Server, prompt: Prompt, clients: int, requests: int, pid: int
-) -> tuple[Metrics, list[Run]]:
-    """`clients` clients at once, `requests` each, the server's CPU read around them."""
-    cpu = cpu_seconds(pid)
-    start = time.perf_counter()
-    runs = await asyncio.gather(
-        *(client(server, [prompt] * requests, OUTPUT_TOKENS) for _ in range(clients))
-    )
-    wall = time.perf_counter() - start
-    cpu = cpu_seconds(pid) - cpu
-    tokens = clients * requests * OUTPUT_TOKENS  # checked by the caller
-    ttfts = [t for run in runs for t in run.ttfts]
-    metrics = {
-        "output_tok_s": tokens / wall,
-        "frontend_cpu_us_per_tok": cpu / tokens * 1e6,
-        "wall_s": wall,
-        "frontend_cpu_s": cpu,
-    }
-    if ttfts:  # GraphPipe does not stream: no TTFT
-        metrics["ttft_p50_ms"] = statistics.median(ttfts) * 1000
-    return metrics, runs
+def measure_start(args: argparse.Namespace) -> Any:
+    def one_start(server: Server, round_: Round) -> Figures:
+        # Salience takes token ids: the server's own tokenization of PROMPT.
+        tokenized = httpx.post(
+            f"{server.url}/tokenize", json={"model": server.model, "prompt": PROMPT}, timeout=60
+        )
+        prompt = (PROMPT, [int(t) for t in tokenized.json()["tokens"]])
+        args.prompt_tokens = len(prompt[1])
+        return asyncio.run(serve_round(server, prompt, args, round_))
+
+    return one_start
 
 
 async def warm_batches(
-    client: Client, server: Server, prompt: Prompt, concurrency: Sequence[int], pid: int
+    client: Client, server: Server, prompt: Prompt, concurrency: Sequence[int]
 ) -> None:
     """One request per client at every concurrency measured: a fresh CPU engine's first
     batch of a size costs it 2-3x the next one's time (a 16-wide batch's first run read
     1,000-1,500 tok/s where the same server then gave 4,500-5,700), and whichever path a
     round measured first at that size took the blame."""
     for c in concurrency:
-        await measure(client, server, prompt, c, 1, pid)
+        await measure(client, server, prompt, c, 1)
 
 
 async def serve_round(
-    target: str,
-    server: Server,
-    pid: int,
-    prompt: Prompt,
-    args: argparse.Namespace,
-    round_: int,
-) -> dict[str, dict[int, Metrics]]:
-    protocols = list(TARGETS[target])
+    server: Server, prompt: Prompt, args: argparse.Namespace, round_: Round
+) -> Figures:
+    target = server.target.name
+    protocols = list(PROTOCOLS[target])
     check = Check()
     # Warm every path once (a fresh engine's first request, each transport's first call)
     # and check the workload: every protocol produces OUTPUT_TOKENS tokens.
     for name in protocols:
-        _, runs = await measure(TARGETS[target][name], server, prompt, 1, 1, pid)
+        _, runs = await measure(PROTOCOLS[target][name], server, prompt, 1, 1)
         check(name, runs, 1)
-    await warm_batches(TARGETS[target][protocols[0]], server, prompt, args.concurrency, pid)
-    shift = round_ % len(protocols)
+    await warm_batches(PROTOCOLS[target][protocols[0]], server, prompt, args.concurrency)
+    shift = round_.index % len(protocols)
     order = protocols[shift:] + protocols[:shift]
-    out: dict[str, dict[int, Metrics]] = {name: {} for name in protocols}
+    out: Figures = {name: {} for name in protocols}
     for c in args.concurrency:
         for name in order:
-            client = TARGETS[target][name]
             each = max(1, args.requests // c)
-            metrics, runs = await measure(client, server, prompt, c, each, pid)
+            metrics, runs = await measure(PROTOCOLS[target][name], server, prompt, c, each)
             check(name, runs, c * each)
             out[name][c] = metrics
             print(
-                f"round {round_} {target} c={c} {name}: {metrics['output_tok_s']:.0f} tok/s, "
-                f"{metrics['frontend_cpu_us_per_tok']:.0f} us/tok",
+                f"round {round_.index} {target} c={c} {name}: "
+                f"{metrics['output_tok_s']:.0f} tok/s, {metrics[CPU]:.0f} us/tok",
                 file=sys.stderr,
                 flush=True,
             )
     return out
 
 
-def ratios(round_: dict[str, dict[str, dict[int, Metrics]]]) -> None:
-    """Add, in place, each row's CPU per token over the cheapest Switchboard protocol's and
-    over `vllm serve` completions', within the round."""
-    key = "frontend_cpu_us_per_tok"
-    for c in round_[BASELINE[0]][BASELINE[1]]:
-        cheapest = min(m[c][key] for m in round_["switchboard"].values())
-        peer = round_[BASELINE[0]][BASELINE[1]][c][key]
-        for target in round_.values():
-            for m in target.values():
-                m[c]["cpu_vs_cheapest"] = m[c][key] / cheapest
-                m[c]["cpu_vs_vllm_completions"] = m[c][key] / peer
+def summary(results: Results, args: argparse.Namespace) -> dict[str, Any]:
+    """Medians over rounds of each row's figures, and of its CPU per token over the
+    cheapest Switchboard protocol's and over `vllm serve` completions', within rounds."""
+    out: dict[str, Any] = {}
+    for target, protocols in PROTOCOLS.items():
+        for name in protocols:
+            for c in args.concurrency:
+                keys = results.raw[target][0][0][name][c]
+                m = {k: statistics.median(results.per_round(target, name, c, k)) for k in keys}
+                peer = results.per_round(*BASELINE, c, CPU)
+                cheapest = [
+                    min(by_round)
+                    for by_round in zip(
+                        *(results.per_round("switchboard", n, c, CPU) for n in SWITCHBOARD),
+                        strict=True,
+                    )
+                ]
+                mine = results.per_round(target, name, c, CPU)
+                m["cpu_vs_cheapest"] = statistics.median(ratios(mine, cheapest))
+                m["cpu_vs_vllm_completions"] = statistics.median(ratios(mine, peer))
+                out.setdefault(target, {}).setdefault(name, {})[c] = m
+    return out
 
 
-def median_of(
-    rounds: list[dict[str, dict[str, dict[int, Metrics]]]],
-) -> dict[str, dict[str, dict[int, Metrics]]]:
-    first = rounds[0]
-    return {
-        target: {
-            name: {
-                c: {k: statistics.median(r[target][name][c][k] for r in rounds) for k in m}
-                for c, m in by_c.items()
-            }
-            for name, by_c in protocols.items()
-        }
-        for target, protocols in first.items()
-    }
-
-
-def table(summary: dict[str, dict[str, dict[int, Metrics]]], args: argparse.Namespace) -> str:
+def table(medians: dict[str, Any], args: argparse.Namespace) -> str:
     rows = []
     for c in args.concurrency:
-        for target, protocols in summary.items():
+        for target, protocols in medians.items():
             for name, by_c in protocols.items():
                 m = by_c[c]
                 ttft = f"{m['ttft_p50_ms']:.1f}" if "ttft_p50_ms" in m else "-"
@@ -239,14 +207,14 @@ def table(summary: dict[str, dict[str, dict[int, Metrics]]], args: argparse.Name
                         name,
                         f"{m['output_tok_s']:.0f}",
                         ttft,
-                        f"{m['frontend_cpu_us_per_tok']:.0f}",
+                        f"{m[CPU]:.0f}",
                         f"{m['cpu_vs_cheapest']:.2f}x",
                         f"{m['cpu_vs_vllm_completions']:.2f}x",
                     ]
                 )
     goals = []
     for c in args.concurrency:
-        sb = summary["switchboard"]
+        sb = medians["switchboard"]
         openai = max(sb[n][c]["cpu_vs_vllm_completions"] for n in PEER)
         worst = max(sb.values(), key=lambda by_c: by_c[c]["cpu_vs_cheapest"])[c]
         goals.append(
@@ -289,46 +257,19 @@ def main() -> None:
     parser.add_argument(
         "--requests", type=int, default=96, help="requests per run, shared by its clients"
     )
-    parser.add_argument("--port", type=int, default=8128)
-    parser.add_argument("--grpc-port", type=int, default=50128)
     args = parser.parse_args()
-    if not (MODEL / "config.json").is_file():
-        subprocess.run(
-            [sys.executable, "-m", "app.cli", "make-tiny-model", str(MODEL)], check=True, cwd=ROOT
-        )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    server = Server(args.port, args.grpc_port)
-    raw: list[dict[str, dict[str, dict[int, Metrics]]]] = []
-    for r in range(args.rounds):
-        targets = list(TARGETS) if r % 2 == 0 else list(reversed(TARGETS))
-        round_: dict[str, dict[str, dict[int, Metrics]]] = {}
-        for target in targets:
-            log = RESULTS / f"protocols-{target.replace(' ', '-')}-{r}.log"
-            proc = start_server(_command(target, server), server.port, log)
-            try:
-                # Salience takes token ids: the server's own tokenization of PROMPT.
-                tokenized = httpx.post(
-                    f"{server.http}/tokenize",
-                    json={"model": server.model, "prompt": PROMPT},
-                    timeout=60,
-                )
-                prompt = (PROMPT, [int(t) for t in tokenized.json()["tokens"]])
-                args.prompt_tokens = len(prompt[1])
-                round_[target] = asyncio.run(serve_round(target, server, proc.pid, prompt, args, r))
-            finally:
-                stop_server(proc)
-        ratios(round_)
-        raw.append({t: round_[t] for t in TARGETS})
-    summary = median_of(raw)
+    harness.tiny_model()
+    targets = [harness.switchboard("switchboard"), harness.vllm_serve("vllm serve")]
+    results = run_rounds(targets, measure_start(args), rounds=args.rounds, name="protocols")
+    medians = summary(results, args)
     figures = {
-        "rounds": args.rounds,
         "prompt_tokens": args.prompt_tokens,
         "output_tokens": OUTPUT_TOKENS,
         "requests_per_run": args.requests,
-        "median": summary,
-        "raw": raw,
+        "median": medians,
+        **results.record(),
     }
-    publish("protocols", "protocols.json", figures, table(summary, args))
+    publish("protocols", figures, table(medians, args))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ One engine at a time (two CPU engines slow each other), 8 concurrent requests of
 plain engine and the readout engine; medians. Writes bench/results/readouts.json and the
 table in docs/benchmarks.md between the `bench:readouts` markers.
 
-    .venv/bin/python bench/readouts.py [--rounds 3]
+    flock /tmp/switchboard-engine.lock .venv/bin/python bench/readouts.py [--rounds 3]
 """
 
 from __future__ import annotations
@@ -19,14 +19,10 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from common import machine, write_table  # noqa: E402
+import harness
+from harness import MODEL, ROOT, publish
 
-RESULTS = ROOT / "bench" / "results"
-MODEL = ROOT / ".cache" / "tiny-model"
 CONCEPTS = ROOT / ".cache" / "tiny-concepts.safetensors"
 PROMPT_LEN, OUTPUT_LEN, CONCURRENCY, REQUESTS = 128, 64, 8, 64
 MODES = (
@@ -113,8 +109,7 @@ def main() -> None:
     if args.child_plain or args.child_concepts:
         print("RESULT " + json.dumps(asyncio.run(_measure(args.child_concepts))), flush=True)
         return
-    if not (MODEL / "config.json").is_file():
-        subprocess.run([sys.executable, "-m", "app.cli", "make-tiny-model", str(MODEL)], check=True)
+    harness.tiny_model()
     if not CONCEPTS.is_file():
         subprocess.run(
             [sys.executable, "-m", "app.cli", "make-concepts", str(MODEL), str(CONCEPTS)],
@@ -133,21 +128,7 @@ def main() -> None:
         "|---|---|---|",
     ]
     lines += [f"| {m} | {median[m]:.0f} | {median[m] / base:.2f}x |" for m in MODES]
-    table = "\n".join(lines)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "readouts.json").write_text(
-        json.dumps(
-            {
-                "date": time.strftime("%Y-%m-%d"),
-                "median": median,
-                "rounds": rounds,
-                "machine": machine(),
-            },
-            indent=2,
-        )
-    )
-    write_table("readouts", table)
-    print(table)
+    publish("readouts", {"median": median, "rounds": rounds}, "\n".join(lines))
 
 
 if __name__ == "__main__":

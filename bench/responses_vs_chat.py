@@ -25,26 +25,32 @@ time; rounds alternate which goes first.
 Writes bench/results/responses.json and the table in docs/benchmarks.md between
 `bench:responses`.
 
-    .venv/bin/python bench/responses_vs_chat.py [--rounds 3] [--concurrency 1 16]
+    flock /tmp/switchboard-engine.lock .venv/bin/python bench/responses_vs_chat.py \
+        [--rounds 3] [--concurrency 1 16]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import harness
 import sse_load
-from clients import Client, Server, chat_sse, responses_sse
-from common import markdown_table, publish, start_server, stop_server
-from openai_vs_vllm import server_command
-from protocols_cpu import OUTPUT_TOKENS, PROMPT, Metrics, measure, median_of
-
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+from clients import OUTPUT_TOKENS, PROMPT, Client, chat_sse, responses_sse
+from harness import (
+    Figures,
+    Results,
+    Round,
+    Server,
+    markdown_table,
+    publish,
+    ratios,
+    run_rounds,
+)
 
 
 def _chat(port: int, c: int, n: int) -> sse_load.Spec:
@@ -65,64 +71,43 @@ SWITCHBOARD: dict[str, tuple[Client, sse_load.Load]] = {
     "Responses SSE, stored": (responses_sse(store=True), _responses(True)),
 }
 PEER = {name: SWITCHBOARD[name] for name in ("chat SSE", "Responses SSE")}
-TARGETS = {"switchboard": SWITCHBOARD, "vllm serve": PEER}
+ROWS = {"switchboard": SWITCHBOARD, "vllm serve": PEER}
 CPU = sse_load.CPU
 REQUESTS = {1: 16, 16: 96}  # per run (one turn of one row), by clients: ~1.5 s each
 
 
-def _command(target: str, port: int, state: Path) -> list[str]:
-    command = server_command(target, port)
-    if target == "switchboard":
-        command += ["--grpc-port", "0", "--responses-store", str(state / "responses.sqlite3")]
-    return command
+def measure_start(args: argparse.Namespace) -> Any:
+    def one_start(server: Server, round_: Round) -> Figures:
+        rows = ROWS[server.target.name]
+        return asyncio.run(
+            sse_load.rows_round(server, rows, args.concurrency, REQUESTS, args.pairs, round_.index)
+        )
+
+    return one_start
 
 
-async def serve_round(
-    target: str, server: Server, pid: int, args: argparse.Namespace, round_: int
-) -> dict[str, dict[int, Metrics]]:
-    """Every row's figures at every concurrency, the rows taking turns
-    (`sse_load.take_turns`: `args.pairs` runs each, chat first in the rows)."""
-    rows = TARGETS[target]
-    prompt = (PROMPT, [])
-    for name, (client, _) in rows.items():  # warm each path, and check its output
-        _, runs = await measure(client, server, prompt, 1, 1, pid)
-        _check(name, runs[0].tokens, 1)
-    loads = {name: load for name, (_, load) in rows.items()}
-    out: dict[str, dict[int, Metrics]] = {name: {} for name in rows}
-    for c in args.concurrency:
-        requests = REQUESTS.get(c, 96)
-        figures = sse_load.take_turns(loads, server.port, pid, c, requests, args.pairs, round_)
-        for name, m in figures.items():
-            m["cpu_vs_chat"] = m.pop("cpu_vs_first")
-            out[name][c] = m
-            print(
-                f"round {round_} {target} c={c} {name}: {m['output_tok_s']:.0f} tok/s, "
-                f"{m[CPU]:.0f} us/tok, {m['cpu_vs_chat']:.2f}x chat",
-                file=sys.stderr,
-                flush=True,
-            )
+def summary(results: Results, args: argparse.Namespace) -> dict[str, Any]:
+    """Each row's medians over rounds, with its CPU over its server's chat (within turns)
+    and its CPU and tok/s over `vllm serve`'s Responses row (within rounds)."""
+    out: dict[str, Any] = {}
+    for target, rows in ROWS.items():
+        for name in rows:
+            for c in args.concurrency:
+                keys = results.raw[target][0][0][name][c]
+                m = {k: statistics.median(results.per_round(target, name, c, k)) for k in keys}
+                m["cpu_vs_chat"] = m.pop("cpu_vs_first")
+                for key, label in ((CPU, "cpu"), ("output_tok_s", "tok_s")):
+                    mine = results.per_round(target, name, c, key)
+                    peer = results.per_round("vllm serve", "Responses SSE", c, key)
+                    m[f"{label}_vs_vllm_responses"] = statistics.median(ratios(mine, peer))
+                out.setdefault(target, {}).setdefault(name, {})[c] = m
     return out
 
 
-def _check(name: str, tokens: int, requests: int) -> None:
-    if tokens != requests * OUTPUT_TOKENS:
-        raise AssertionError(f"{name}: {tokens} tokens from {requests} requests")
-
-
-def ratios(round_: dict[str, dict[str, dict[int, Metrics]]]) -> None:
-    for rows in round_.values():
-        for by_c in rows.values():
-            for c, m in by_c.items():
-                m["tok_s_vs_chat"] = m["output_tok_s"] / rows["chat SSE"][c]["output_tok_s"]
-                peer = round_["vllm serve"]["Responses SSE"][c]
-                m["cpu_vs_vllm_responses"] = m[CPU] / peer[CPU]
-                m["tok_s_vs_vllm_responses"] = m["output_tok_s"] / peer["output_tok_s"]
-
-
-def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
+def table(medians: dict[str, Any], args: argparse.Namespace) -> str:
     rows = []
     for c in args.concurrency:
-        for target, by_name in summary.items():
+        for target, by_name in medians.items():
             for name, by_c in by_name.items():
                 m = by_c[c]
                 rows.append(
@@ -170,34 +155,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--pairs", type=int, default=8, help="turns of the rows per round")
-    parser.add_argument("--port", type=int, default=8131)
     args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    server = Server(args.port)
-    raw: list[dict[str, dict[str, dict[int, Metrics]]]] = []
+    harness.tiny_model()
     with tempfile.TemporaryDirectory(prefix="bench-responses-") as state:
-        for r in range(args.rounds):
-            targets = list(TARGETS) if r % 2 == 0 else list(reversed(TARGETS))
-            round_: dict[str, dict[str, dict[int, Metrics]]] = {}
-            for target in targets:
-                log = RESULTS / f"responses-{target.replace(' ', '-')}-{r}.log"
-                proc = start_server(_command(target, server.port, Path(state)), server.port, log)
-                try:
-                    round_[target] = asyncio.run(serve_round(target, server, proc.pid, args, r))
-                finally:
-                    stop_server(proc)
-            ratios(round_)
-            raw.append({t: round_[t] for t in TARGETS})
-    summary = median_of(raw)
+        store = str(Path(state) / "responses.sqlite3")
+        targets = [
+            harness.switchboard("switchboard", "--responses-store", store),
+            harness.vllm_serve("vllm serve"),
+        ]
+        results = run_rounds(targets, measure_start(args), rounds=args.rounds, name="responses")
+    medians = summary(results, args)
     figures = {
-        "rounds": args.rounds,
         "output_tokens": OUTPUT_TOKENS,
         "requests_per_run": REQUESTS,
         "pairs": args.pairs,
-        "median": summary,
-        "raw": raw,
+        "median": medians,
+        **results.record(),
     }
-    publish("responses", "responses.json", figures, table(summary, args))
+    publish("responses", figures, table(medians, args))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ Both sides hit vLLM's prefix cache equally; what differs is what crosses the wir
 what the server must parse. Writes bench/results/salience_session.json and the
 table in docs/benchmarks.md between the `bench:salience` markers.
 
-    .venv/bin/python bench/salience_session.py [--turns 36]
+    flock /tmp/switchboard-engine.lock .venv/bin/python bench/salience_session.py [--turns 36]
 """
 
 from __future__ import annotations
@@ -17,16 +17,15 @@ import argparse
 import asyncio
 import json
 import time
-from pathlib import Path
 from typing import Any
 
+import harness
 import httpx
 import numpy as np
 import websockets
-from common import machine, markdown_table, serve_tiny_8k, stop_server, write_table
+from harness import markdown_table, publish
 
-ROOT = Path(__file__).resolve().parent.parent
-DELTA, DECODE, PORT = 200, 16, 8125
+DELTA, DECODE, PORT = 200, 16, harness.PORT
 
 
 async def completions_turn(client: httpx.AsyncClient, ids: list[int]) -> tuple[int, float]:
@@ -145,24 +144,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=36)
     args = parser.parse_args()
-    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    proc = serve_tiny_8k(PORT, ROOT / "bench" / "results" / "salience_session.log")
-    try:
+    with harness.started(harness.switchboard("switchboard", long=True)):
         rows = asyncio.run(run(args.turns))
-    finally:
-        stop_server(proc)
-    (ROOT / "bench" / "results" / "salience_session.json").write_text(
-        json.dumps(
-            {
-                "date": time.strftime("%Y-%m-%d"),
-                "delta_tokens": DELTA,
-                "decode_tokens": DECODE,
-                "machine": machine(),
-                "turns": rows,
-            },
-            indent=2,
-        )
-    )
     lines = [
         f"Each turn appends {DELTA} tokens and decodes {DECODE}; one server, tiny model "
         "with 8,192 positions.",
@@ -190,9 +173,8 @@ def main() -> None:
             ],
         ),
     ]
-    table = "\n".join(lines)
-    write_table("salience", table)
-    print(table)
+    figures = {"delta_tokens": DELTA, "decode_tokens": DECODE, "turns": rows}
+    publish("salience", figures, "\n".join(lines), "salience_session.json")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ output-token count the API reports in its last events (`usage_key`: chat's
 compares with what it asked for. TTFT: the first read holding `first_marker` (the first
 text delta's event name or field).
 
-    taskset -c 0 chrt --fifo 10 python bench/sse_load.py SPEC.json   # prints the results
-The parent side is `run_pinned`.
+    taskset -c 0 chrt --fifo 10 python bench/sse_load.py < SPEC.json   # prints the results
+The parent side is `run` (`pinned=False`: the child runs where the kernel puts it, as a
+client on the same host would).
 """
 
 from __future__ import annotations
@@ -33,10 +34,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
-from common import cpu_seconds
+from harness import CLIENT_CORE, REALTIME, Server
 
-CLIENT_CORE = 0  # the engine's: vLLM's CPU build leaves core 1 to the frontend
-REALTIME = ["chrt", "--fifo", "10"]  # at normal priority it waits behind the OpenMP threads
 TAIL = 16384  # bytes of each stream kept: its last events, where usage is
 CPU = "frontend_cpu_us_per_tok"
 END = b"0\r\n\r\n"  # the last chunk of a chunked body (an SSE chunk ends "\n\n\r\n")
@@ -181,31 +180,25 @@ def messages(port: int, model: str, prompt: str, max_tokens: int, c: int, n: int
     return Spec(port, path, body, headers, c, n, "text_delta", "output_tokens", max_tokens)
 
 
-def measure(spec: Spec, pid: int) -> dict[str, float]:
-    """Run `spec` pinned (`run_pinned`) and read server `pid`'s CPU around it: the same
-    figures as protocols_cpu.measure. Every request must report `spec.max_tokens`."""
+def measure(spec: Spec, server: Server, *, pinned: bool = True) -> dict[str, float]:
+    """Run `spec` (`run`) and read `server`'s frontend CPU around it (`Server.meter`).
+    Every request must report `spec.max_tokens`."""
     max_tokens = spec.max_tokens
-    cpu = cpu_seconds(pid)
-    result = run_pinned(spec)
-    cpu = cpu_seconds(pid) - cpu
+    with server.meter(tokens=False) as meter:
+        result = run(spec, pinned=pinned)
     wrong = [n for n in result["tokens"] if n != max_tokens]
     if len(result["tokens"]) != spec.clients * spec.requests or wrong:
         raise AssertionError(f"{spec.path}: token counts {wrong[:5]} (wanted {max_tokens})")
-    tokens = spec.clients * spec.requests * max_tokens
-    return {
-        "output_tok_s": tokens / result["wall_s"],
-        "frontend_cpu_us_per_tok": cpu / tokens * 1e6,
-        "wall_s": result["wall_s"],
-        "frontend_cpu_s": cpu,
-        "ttft_p50_ms": result["ttft_p50_ms"],
-    }
+    meter.wall_s = result["wall_s"]  # the client's clock: its start-up is not the server's
+    figures = meter.figures(spec.clients * spec.requests * max_tokens)
+    return {**figures, "ttft_p50_ms": result["ttft_p50_ms"]}
 
 
 Load = Callable[[int, int, int], Spec]  # (port, clients, requests per client) -> a run
 
 
 def take_turns(
-    rows: dict[str, Load], port: int, pid: int, c: int, requests: int, turns: int, first: int
+    rows: dict[str, Load], server: Server, c: int, requests: int, turns: int, first: int
 ) -> dict[str, dict[str, float]]:
     """Each row's figures at `c` clients (`requests` per run, shared): the medians of
     `turns` runs in which the rows take turns (which goes first rotates, from `first`),
@@ -216,13 +209,13 @@ def take_turns(
     first batch of a size is slow), not counted."""
     each = max(1, requests // c)
     for load in rows.values():
-        measure(load(port, c, 1), pid)
+        measure(load(server.port, c, 1), server)
     names = list(rows)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in rows}
     for turn in range(turns):
         shift = (turn + first) % len(names)
         for name in names[shift:] + names[:shift]:
-            runs[name].append(measure(rows[name](port, c, each), pid))
+            runs[name].append(measure(rows[name](server.port, c, each), server))
     out = {}
     for name, figures in runs.items():
         m = {k: statistics.median(run[k] for run in figures) for k in figures[0]}
@@ -233,13 +226,51 @@ def take_turns(
     return out
 
 
-def run_pinned(spec: Spec) -> dict[str, Any]:
-    """Run `spec` in a child on `CLIENT_CORE` at real-time priority: wall seconds, TTFT p50
-    and each request's output tokens. Its CPU is not the server's: the caller reads the
-    server's own."""
-    command = ["taskset", "-c", str(CLIENT_CORE), *REALTIME, sys.executable, __file__]
+async def rows_round(
+    server: Server,
+    rows: dict[str, tuple[Any, Load]],
+    concurrency: list[int],
+    requests: dict[int, int],
+    turns: int,
+    round_: int,
+) -> dict[str, dict[int, dict[str, float]]]:
+    """Every row's figures at every concurrency on one server: each row's path warmed and
+    its output checked once by its parsing client (`OUTPUT_TOKENS` tokens), then the rows
+    take turns (`take_turns`, `requests[c]` per run) under this load. A row's `cpu_vs_first`
+    is its CPU per token over the first row's, within turns."""
+    from clients import OUTPUT_TOKENS, PROMPT  # not in the child: it imports what it needs
+    from clients import measure as measure_client
+
+    for name, (client, _) in rows.items():
+        _, runs = await measure_client(client, server, (PROMPT, []), 1, 1)
+        if runs[0].tokens != OUTPUT_TOKENS:
+            raise AssertionError(f"{name}: {runs[0].tokens} output tokens (an EOS?)")
+    loads = {name: load for name, (_, load) in rows.items()}
+    out: dict[str, dict[int, dict[str, float]]] = {name: {} for name in rows}
+    for c in concurrency:
+        figures = take_turns(loads, server, c, requests.get(c, 96), turns, round_)
+        for name, m in figures.items():
+            out[name][c] = m
+            print(
+                f"round {round_} {server.target.name} c={c} {name}: "
+                f"{m['output_tok_s']:.0f} tok/s, {m[CPU]:.0f} us/tok, "
+                f"{m['cpu_vs_first']:.2f}x the first row",
+                file=sys.stderr,
+                flush=True,
+            )
+    return out
+
+
+def run(spec: Spec, *, pinned: bool = True) -> dict[str, Any]:
+    """Run `spec` in a child (`pinned`: on `CLIENT_CORE` at real-time priority): wall
+    seconds, TTFT p50 and each request's output tokens."""
+    place = ["taskset", "-c", str(CLIENT_CORE), *REALTIME] if pinned else []
     done = subprocess.run(
-        command, input=json.dumps(asdict(spec)), capture_output=True, text=True, timeout=900
+        [*place, sys.executable, __file__],
+        input=json.dumps(asdict(spec)),
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     if done.returncode:
         raise RuntimeError(f"the load client failed: {done.stderr[-2000:]}")

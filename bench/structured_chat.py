@@ -11,10 +11,10 @@ engine-core child excluded).
 
 One CPU engine at a time; targets alternate over rounds and the figures are medians over
 rounds. Writes bench/results/structured.json and the table in docs/benchmarks.md
-between the `bench:structured` markers (only with --write-readme, a name kept from when
-the table was the README's).
+between the `bench:structured` markers.
 
-    .venv/bin/python bench/structured_chat.py [--rounds 3] [--requests 64] [--concurrency 8]
+    flock /tmp/switchboard-engine.lock .venv/bin/python bench/structured_chat.py \
+        [--rounds 3] [--requests 64] [--concurrency 8]
 """
 
 from __future__ import annotations
@@ -23,27 +23,22 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
+import harness
 import httpx
-from common import cpu_seconds, machine, markdown_table, start_server, stop_server, write_table
+from harness import Server, markdown_table, publish
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-MODEL = ROOT / ".cache" / "tiny-model"
-PY = sys.executable
 MAX_TOKENS = 96
-ENGINE_FLAGS = [
-    "--dtype",
-    "float32",
-    "--max-model-len",
-    "1024",
+# A random model left free to write whitespace rarely closes the object.
+STRUCTURED = (
     "--structured-outputs-config",
     '{"backend": "xgrammar", "disable_any_whitespace": true}',
-]
-TARGETS = ("switchboard", "vllm serve")
+)
+TARGETS = (
+    harness.switchboard("switchboard", *STRUCTURED),
+    harness.vllm_serve("vllm serve", *STRUCTURED),
+)
 MODES = ("unconstrained", "json_schema")
 SCHEMA = {
     "type": "object",
@@ -55,22 +50,6 @@ SCHEMA = {
     "required": ["colour", "code", "ok"],
     "additionalProperties": False,
 }
-
-
-def server_command(target: str, port: int) -> list[str]:
-    common = ["--model", str(MODEL), "--served-model-name", "tiny", "--port", str(port)]
-    if target == "switchboard":
-        return [PY, "-m", "app.cli", "serve", *common, "--log-level", "warning", *ENGINE_FLAGS]
-    return [
-        PY,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *common,
-        "--disable-uvicorn-access-log",
-        "--uvicorn-log-level",
-        "warning",
-        *ENGINE_FLAGS,
-    ]
 
 
 def body(mode: str, i: int) -> dict[str, object]:
@@ -130,10 +109,10 @@ async def load(
     return [r[0] for r in results], sum(r[1] for r in results), wall
 
 
-def measure(port: int, pid: int, mode: str, requests: int, concurrency: int) -> dict[str, float]:
-    cpu = cpu_seconds(pid)
-    ttfts, tokens, wall = asyncio.run(load(port, mode, requests, concurrency))
-    cpu = cpu_seconds(pid) - cpu
+def measure(server: Server, mode: str, requests: int, concurrency: int) -> dict[str, float]:
+    with server.meter(tokens=False) as meter:
+        ttfts, tokens, wall = asyncio.run(load(server.port, mode, requests, concurrency))
+    cpu = meter.cpu_s
     ttfts.sort()
     return {
         "output_tok_s": tokens / wall,
@@ -168,52 +147,43 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--port", type=int, default=8124)
-    parser.add_argument("--write-readme", action="store_true")
+    parser.add_argument("--no-publish", action="store_true", help="print, write nothing")
     args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    rounds: dict[str, dict[str, list[dict[str, float]]]] = {
-        t: {m: [] for m in MODES} for t in TARGETS
-    }
-    for r in range(args.rounds):
-        for target in TARGETS:
-            log = RESULTS / f"structured-{target.replace(' ', '-')}-{r}.log"
-            proc = start_server(server_command(target, args.port), args.port, log)
-            try:
-                # The first requests of a fresh CPU engine (and the first grammar compile)
-                # pay their warm-up; keep them out of the figures.
-                measure(args.port, proc.pid, "json_schema", 2, 1)
-                for mode in MODES:
-                    result = measure(args.port, proc.pid, mode, args.requests, args.concurrency)
-                    rounds[target][mode].append(result)
-                    print(target, mode, json.dumps(result), flush=True)
-            finally:
-                stop_server(proc)
+    harness.tiny_model()
+
+    def one_start(server: Server, round_: harness.Round) -> harness.Figures:
+        # The first requests of a fresh CPU engine (and the first grammar compile) pay
+        # their warm-up; keep them out of the figures.
+        measure(server, "json_schema", 2, 1)
+        out = {}
+        for mode in MODES:
+            out[mode] = measure(server, mode, args.requests, args.concurrency)
+            print(server.target.name, mode, json.dumps(out[mode]), flush=True)
+        return out
+
+    results = harness.run_rounds(TARGETS, one_start, rounds=args.rounds, name="structured")
     summary = {
-        t: {
-            m: {k: statistics.median(x[k] for x in runs) for k in runs[0]}
-            for m, runs in modes.items()
+        t.name: {
+            m: {
+                k: statistics.median(results.per_round(t.name, m, k))
+                for k in results.raw[t.name][0][0][m]
+            }
+            for m in MODES
         }
-        for t, modes in rounds.items()
+        for t in TARGETS
     }
-    (RESULTS / "structured.json").write_text(
-        json.dumps(
-            {
-                "machine": machine(),
-                "rounds": args.rounds,
-                "requests": args.requests,
-                "concurrency": args.concurrency,
-                "max_tokens": MAX_TOKENS,
-                "summary": summary,
-                "per_round": rounds,
-            },
-            indent=2,
-        )
-    )
     md = table(summary, args.rounds)
-    print(md)
-    if args.write_readme:
-        write_table("structured", md)
+    if args.no_publish:
+        print(md)
+        return
+    figures = {
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "max_tokens": MAX_TOKENS,
+        "summary": summary,
+        **results.record(),
+    }
+    publish("structured", figures, md)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ the run (`cpu_seconds`). Medians of `--rounds` rounds, the transports alternatin
 The difference between two floors is a cost no code above the transport can win back:
 gRPC's over the websocket's bounds how close Salience or Evergreen over gRPC can come to
 the same protocol over the websocket; the SSE floor plus the bare engine's output path
-(bench/openai_vs_vllm.py) bounds Switchboard's OpenAI CPU per token from below.
+(bench/frontends.py's bare engine) bounds Switchboard's OpenAI CPU per token from below.
 
 Writes bench/results/transport_floor.json and the table in docs/benchmarks.md between
 the `bench:floor` markers.
@@ -48,8 +48,8 @@ from typing import Any
 import aiohttp
 import grpc
 import websockets
-from common import cpu_seconds, markdown_table, publish
 from google.protobuf import wrappers_pb2
+from harness import cpu_seconds, markdown_table, publish
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT = 8131
@@ -298,7 +298,7 @@ def main() -> None:
         for t, by_streams in raw.items()
     }
     figures = {"args": vars(args), "median": summary, "rounds": raw}
-    publish("floor", "transport_floor.json", figures, table(summary, args))
+    publish("floor", figures, table(summary, args), "transport_floor.json")
 
 
 if __name__ == "__main__":
