@@ -139,7 +139,9 @@ class Target:
     child: Callable[[Round, Path], Figures] | None = None
 
     def command(self, port: int, grpc_port: int) -> list[str]:
-        return [part.format(port=port, grpc_port=grpc_port) for part in self.argv]
+        # Not str.format: an argument may hold braces of its own (a JSON flag).
+        fill = {"{port}": str(port), "{grpc_port}": str(grpc_port)}
+        return [fill.get(part, part) for part in self.argv]
 
 
 def switchboard(name: str = "switchboard", *flags: str, long: bool = False) -> Target:
