@@ -140,6 +140,21 @@ class Settings(BaseSettings):
     )
 
     # Salience
+    salience_store: str = Field(
+        default="",
+        description="Where Salience sessions live: `memory` (this process), or a redis:// "
+        "URL that replicas share, so that any replica serves any call of a session and a "
+        "replica's death loses none. Empty: the Responses store's Redis when "
+        "--responses-store is a redis:// URL, else `memory`.",
+    )
+    salience_lease_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="With a shared --salience-store: how long a Generate's hold on its "
+        "session lasts unrenewed (its server renews it every fifth of this while the "
+        "call runs). A replica that dies mid-Generate leaves the session busy this long; "
+        "then it is as before that call.",
+    )
     salience_session_ttl_s: float = Field(
         default=30 * 60, description="Idle time after which a Salience session expires."
     )
@@ -208,6 +223,14 @@ class Settings(BaseSettings):
             return self.responses_store
         state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         return str(Path(state) / "switchboard" / "responses.sqlite3")
+
+    def salience_store_location(self) -> str:
+        """`salience_store`, or the Responses store's Redis, or `memory`."""
+        if self.salience_store:
+            return self.salience_store
+        if self.responses_store.startswith(("redis://", "rediss://", "unix://")):
+            return self.responses_store
+        return "memory"
 
     @property
     def model_name(self) -> str:

@@ -36,7 +36,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if engine is not None:
             app.state.engine = engine
-            async with serve_grpc(app), _responses_closed(app):
+            async with serve_grpc(app), _runners_closed(app):
                 yield
             return
         from app.engine.vllm.startup import start_engine
@@ -44,7 +44,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         started = await start_engine(settings)
         app.state.engine = started
         try:
-            async with serve_grpc(app), _responses_closed(app):
+            async with serve_grpc(app), _runners_closed(app):
                 yield
         finally:
             started.shutdown()
@@ -75,15 +75,16 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
 
 @asynccontextmanager
-async def _responses_closed(app: FastAPI) -> AsyncIterator[None]:
-    """On the way out, the Responses API's background runs end and its store closes
-    (before the engine stops), if anything used them."""
+async def _runners_closed(app: FastAPI) -> AsyncIterator[None]:
+    """On the way out, the Responses API's background runs end, and its store and the
+    Salience sessions' close (before the engine stops), if anything used them."""
     try:
         yield
     finally:
-        runner = getattr(app.state, "responses", None)
-        if runner is not None:
-            await runner.close()
+        for name in ("responses", "salience"):
+            runner = getattr(app.state, name, None)
+            if runner is not None:
+                await runner.close()
 
 
 def _document_bodies(app: FastAPI) -> None:

@@ -18,14 +18,18 @@ protocols).
 
 Sessions that outlive connections (Salience's; `app.protocols.salience.lifecycle`), read
 from the app's runner at scrape time (zeros before the first Salience call):
-`switchboard_sessions_evicted_total{protocol, reason}` (idle sessions evicted to make room:
-`cap`, the session cap; `tokens`, the server's token bound; expiries are not counted), and
-the gauges `switchboard_sessions` and `switchboard_session_tokens` (what the sessions are
-charged against the token bound).
+`switchboard_sessions_evicted_total{protocol, reason}` (idle sessions this replica evicted
+to make room: `cap`, the session cap; `tokens`, the token bound; expiries are not counted;
+with replicas sharing a store, sum it over them), and the gauges `switchboard_sessions`
+and `switchboard_session_tokens` (what the sessions are charged against the token bound),
+which are the store's: with replicas sharing one they are fleet-wide, the same on every
+replica (take one, not the sum). A store that does not answer within a second leaves the
+gauges out of that scrape.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 from fastapi import FastAPI
@@ -37,6 +41,7 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.datastructures import State
 
 from app.admission import Admission
+from app.errors import SwitchboardError
 from app.protocols.salience.lifecycle import Eviction
 from app.sessions.salience import SalienceRunner
 
@@ -121,43 +126,68 @@ class AdmissionMetrics(Collector):
 
 
 class SessionMetrics(Collector):
-    """The session counters and gauges of one app, read when scraped."""
+    """The session counters and gauges of one app, read when scraped (the gauges from
+    the figures `refresh` read last)."""
 
     def __init__(self, state: State) -> None:
         self._state = state
+        self._stats: tuple[int, int] | None = (0, 0)
+
+    async def refresh(self) -> None:
+        runner: SalienceRunner | None = getattr(self._state, "salience", None)
+        if runner is None:
+            self._stats = (0, 0)
+            return
+        try:
+            self._stats = await asyncio.wait_for(runner.stats(), _STATS_TIMEOUT_S)
+        except (SwitchboardError, TimeoutError):
+            self._stats = None
 
     def collect(self) -> Iterator[Metric]:
         runner: SalienceRunner | None = getattr(self._state, "salience", None)
-        lifecycle = None if runner is None else runner.lifecycle
         evicted = CounterMetricFamily(
             "switchboard_sessions_evicted",
-            "Idle sessions evicted to make room (reason: cap, the session cap; tokens, the "
-            "server's token bound).",
+            "Idle sessions this replica evicted to make room (reason: cap, the session cap; "
+            "tokens, the token bound).",
             labels=["protocol", "reason"],
         )
         for reason in Eviction:
-            count = 0 if lifecycle is None else lifecycle.evicted[reason]
-            evicted.add_metric(["salience", reason.value], count)
-        sessions = GaugeMetricFamily("switchboard_sessions", "Sessions held.", labels=["protocol"])
-        sessions.add_metric(["salience"], 0 if lifecycle is None else len(lifecycle))
-        tokens = GaugeMetricFamily(
-            "switchboard_session_tokens",
-            "Tokens the sessions are charged against the server's bound (held, plus what "
-            "running Generates may add).",
+            evicted.add_metric(
+                ["salience", reason.value], 0 if runner is None else runner.evicted[reason]
+            )
+        yield evicted
+        if self._stats is None:
+            return
+        held, charged = self._stats
+        sessions = GaugeMetricFamily(
+            "switchboard_sessions",
+            "Sessions held (by the store: fleet-wide when replicas share one).",
             labels=["protocol"],
         )
-        tokens.add_metric(["salience"], 0 if lifecycle is None else lifecycle.tokens)
-        yield from (evicted, sessions, tokens)
+        sessions.add_metric(["salience"], held)
+        tokens = GaugeMetricFamily(
+            "switchboard_session_tokens",
+            "Tokens the sessions are charged against the token bound (held, plus what "
+            "running Generates may add; fleet-wide when replicas share a store).",
+            labels=["protocol"],
+        )
+        tokens.add_metric(["salience"], charged)
+        yield from (sessions, tokens)
+
+
+_STATS_TIMEOUT_S = 1.0
 
 
 def install_metrics(app: FastAPI, admission: Admission) -> None:
     _register_legacy_alias()
     http_registry = CollectorRegistry()
     http_registry.register(AdmissionMetrics(admission))
-    http_registry.register(SessionMetrics(app.state))
+    sessions = SessionMetrics(app.state)
+    http_registry.register(sessions)
     Instrumentator(registry=http_registry, excluded_handlers=["/metrics"]).instrument(app)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
+        await sessions.refresh()
         body = generate_latest(REGISTRY) + generate_latest(http_registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -64,7 +64,18 @@ def start(
         max_tokens=max_tokens,
         images=images or [],
     )
-    return s.begin_generate(mutation)
+    return s.begin_generate(mutation, "claim")
+
+
+def end(s: SessionStore, session: Session, *, rollback: bool = False) -> None:
+    """The running Generate ends (decoding nothing more)."""
+    s.end_generate(session.session_id, session.claim, [], rollback=rollback)
+
+
+def done(s: SessionStore, call: GenerateCall, *, cancelled: bool = False) -> list[pb.GenerateEvent]:
+    """A Generate ends on its session; its closing events."""
+    call.end(s)
+    return call.closing(cancelled=cancelled)
 
 
 def begin(
@@ -75,7 +86,7 @@ def begin(
     truncating: bool = False,
     max_tokens: int = 0,
 ) -> None:
-    s.end_generate(start(s, sid, offset, append, truncating, max_tokens))
+    end(s, start(s, sid, offset, append, truncating, max_tokens))
 
 
 def test_offset_must_match_unless_truncating() -> None:
@@ -98,7 +109,7 @@ def test_fork_inherits_prefix_and_never_splits_an_image() -> None:
     session = start(
         s, sid, 0, [1, 2, 3, 4, 5, 6], images=[PromptImage(2, 5, DecodedImage(None, "d", 1))]
     )
-    s.end_generate(session)
+    end(s, session)
     child = s.fork(sid, 2)
     assert child.tokens.tolist() == [1, 2] and child.images == []
     whole = s.fork(sid, 5)
@@ -118,7 +129,7 @@ def test_busy_session_and_idempotent_close() -> None:
     session = start(s, sid, 0, [1], max_tokens=1)
     with pytest.raises(Aborted, match="busy"):
         begin(s, sid, 1, [2])
-    s.end_generate(session)
+    end(s, session)
     begin(s, sid, 1, [2])
     s.close(sid)
     s.close(sid)
@@ -157,7 +168,7 @@ def test_limits() -> None:
     with pytest.raises(ResourceExhausted, match="too many sessions"):
         s.open("m")
     for session in running:
-        s.end_generate(session)
+        end(s, session)
     with pytest.raises(ResourceExhausted):
         begin(s, second, 1, [1] * 5)
 
@@ -214,7 +225,7 @@ def test_generate_transcript_with_logprobs_and_held_readouts() -> None:
     )
     assert [(e.token.position, list(e.token.readout)) for e in second] == [(3, [0.0])]
     assert second[0].token.has_sampled_logprob and second[0].token.sampled_logprob == -0.5
-    closing = call.done()
+    closing = done(s, call)
     assert closing[0].token.position == 4 and list(closing[0].token.readout) == []
     assert closing[1].done == pb.GenerateDone(
         prompt_tokens=3, completion_tokens=2, total_tokens=5, finish_reason=Finish.FINISH_REASON_EOS
@@ -227,12 +238,12 @@ def test_no_op_generate_needs_no_engine_and_cancel_is_reported() -> None:
     sid = s.open("m").session_id
     call = GenerateCall(s, pb.GenerateRequest(session_id=sid), INFO, "r")
     assert call.engine_request is None
-    assert call.done()[0].done.finish_reason == Finish.FINISH_REASON_LENGTH
+    assert done(s, call)[0].done.finish_reason == Finish.FINISH_REASON_LENGTH
     request = pb.GenerateRequest(session_id=sid, append_tokens=[1], max_tokens=5)
     call = GenerateCall(s, request, INFO, "r2")
     call.on_event(TokenEvent(token_ids=[2], text=""))
-    done = call.done(cancelled=True)[-1].done
-    assert done.finish_reason == Finish.FINISH_REASON_CANCELLED and done.completion_tokens == 1
+    last = done(s, call, cancelled=True)[-1].done
+    assert last.finish_reason == Finish.FINISH_REASON_CANCELLED and last.completion_tokens == 1
 
 
 @pytest.mark.parametrize(
@@ -293,7 +304,7 @@ def test_scoring_needs_room_for_the_token_the_engine_samples() -> None:
     # Without ranges, max_tokens 0 runs no engine: the full context is fine.
     call = GenerateCall(s, pb.GenerateRequest(session_id=sid, append_tokens=[1] * 64), INFO, "r")
     assert call.engine_request is None
-    call.done()
+    done(s, call)
     assert len(s.get(sid).tokens) == 64
 
 
@@ -302,10 +313,10 @@ def test_rollback_restores_a_truncated_tail_and_its_images() -> None:
     sid = s.open("m").session_id
     images = [PromptImage(3, 6, DecodedImage(None, "d", 1))]
     session = start(s, sid, 0, list(range(1, 9)), images=images)
-    s.end_generate(session)
+    end(s, session)
     session = start(s, sid, 2, [50], truncating=True, max_tokens=1)
     assert session.tokens.tolist() == [1, 2, 50] and session.images == []
-    s.end_generate(session, rollback=True)
+    end(s, session, rollback=True)
     assert session.tokens.tolist() == list(range(1, 9)) and session.images == images
     assert not session.busy
 

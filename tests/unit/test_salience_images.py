@@ -76,7 +76,7 @@ def generate(
         max_tokens=max_tokens,
         images=images,
     )
-    return GenerateCall(store, request, INFO, "r", decode(request, INFO))
+    return GenerateCall(store, request, INFO, "r", decode(request, INFO), claim="r")
 
 
 def decode(request: pb.GenerateRequest, info: EngineInfo) -> list[DecodedImage]:
@@ -87,8 +87,8 @@ def decode(request: pb.GenerateRequest, info: EngineInfo) -> list[DecodedImage]:
     return [decode_attachment(a, VISION) for a in attachments]
 
 
-def finish(call: GenerateCall) -> None:
-    call.done()
+def finish(store: SessionStore, call: GenerateCall) -> None:
+    call.end(store)
 
 
 def test_an_attached_image_reaches_the_engine_request_and_stays_in_the_session() -> None:
@@ -100,12 +100,12 @@ def test_an_attached_image_reaches_the_engine_request_and_stays_in_the_session()
     assert request is not None and request.prompt_token_ids == tokens
     assert [(i.start, i.end, i.image.pad_tokens) for i in request.images] == [(2, 8, 4)]
     assert request.images[0].image.pixels == b"img:4"
-    finish(call)
+    finish(s, call)
     # The next call appends text only: the session's image still goes along.
     call = generate(s, sid, len(tokens), [40])
     assert call.engine_request is not None
     assert [(i.start, i.end) for i in call.engine_request.images] == [(2, 8)]
-    finish(call)
+    finish(s, call)
 
 
 def test_images_are_sent_in_token_order_whatever_the_request_order() -> None:
@@ -115,7 +115,7 @@ def test_images_are_sent_in_token_order_whatever_the_request_order() -> None:
     call = generate(s, sid, 0, tokens, [attach(6, 3), attach(1, 2)])
     assert call.engine_request is not None
     assert [(i.start, i.image.pad_tokens) for i in call.engine_request.images] == [(1, 2), (6, 3)]
-    finish(call)
+    finish(s, call)
 
 
 @pytest.mark.parametrize(
@@ -158,7 +158,7 @@ def test_bad_attachments_are_invalid_argument_and_touch_nothing(
     s = new_store()
     sid = s.open("vl").session_id
     if offset_tokens:
-        finish(generate(s, sid, 0, offset_tokens, [attach(1, 2)], max_tokens=0))
+        finish(s, generate(s, sid, 0, offset_tokens, [attach(1, 2)], max_tokens=0))
     before = s.get(sid).tokens.tolist(), list(s.get(sid).images)
     with pytest.raises(InvalidRequest, match=message) as caught:
         generate(s, sid, len(offset_tokens), append, images)
@@ -184,13 +184,13 @@ def test_a_text_only_model_refuses_images_naming_the_reason() -> None:
         GenerateCall(s, request, info, "r")
     # Pad-looking ids are ordinary tokens to a text model.
     call = GenerateCall(s, pb.GenerateRequest(session_id=sid, append_tokens=[PAD]), info, "r")
-    call.done()
+    call.end(s)
 
 
 def test_a_session_holds_at_most_the_engines_images_per_prompt() -> None:
     s = new_store()  # max_images 3
     sid = s.open("vl").session_id
-    finish(generate(s, sid, 0, [*block(1), *block(1)], [attach(0, 1), attach(3, 1)]))
+    finish(s, generate(s, sid, 0, [*block(1), *block(1)], [attach(0, 1), attach(3, 1)]))
     with pytest.raises(ResourceExhausted, match="at most 3"):
         generate(s, sid, 6, [*block(1), *block(1)], [attach(6, 1), attach(9, 1)])
     assert len(s.get(sid).images) == 2 and not s.get(sid).busy
@@ -199,14 +199,14 @@ def test_a_session_holds_at_most_the_engines_images_per_prompt() -> None:
         s, sid, 3, [*block(1), *block(1)], [attach(3, 1), attach(6, 1)], truncating=True
     )
     assert call.engine_request is not None and len(call.engine_request.images) == 3
-    finish(call)
+    finish(s, call)
 
 
 def test_forks_and_truncations_never_split_a_block_and_carry_whole_images() -> None:
     s = new_store()
     sid = s.open("vl").session_id
     tokens = [1, 20, *block(4), 30, 31]  # the block is [2, 8)
-    finish(generate(s, sid, 0, tokens, [attach(2, 4)], max_tokens=0))
+    finish(s, generate(s, sid, 0, tokens, [attach(2, 4)], max_tokens=0))
     for inside in range(3, 8):
         with pytest.raises(FailedPrecondition, match="inside an image block"):
             s.fork(sid, inside)
@@ -221,14 +221,14 @@ def test_forks_and_truncations_never_split_a_block_and_carry_whole_images() -> N
     assert [(i.start, i.end, i.image.digest) for i in call.engine_request.images] == [
         (2, 8, b"img:4".hex())
     ]
-    finish(call)
+    finish(s, call)
     # A fork at the block's start drops it; so does truncating there.
     bare = s.fork(sid, 2).session_id
     call = generate(s, bare, 2, [40])
     assert call.engine_request is not None and call.engine_request.images == ()
-    finish(call)
+    finish(s, call)
     call = generate(s, sid, 2, [41], truncating=True)
     assert call.engine_request is not None and call.engine_request.images == ()
-    call.abandon()  # failed before decoding: the image comes back
+    call.abandon(s)  # failed before decoding: the image comes back
     assert [(i.start, i.end) for i in s.get(sid).images] == [(2, 8)]
     assert s.get(sid).tokens.tolist() == tokens

@@ -85,7 +85,7 @@ async def test_a_slow_image_decode_blocks_neither_the_loop_nor_other_calls() -> 
 async def test_cancel_and_close_session_from_another_connection_as_grpc_would() -> None:
     engine = FakeEngine(step_delay=0.01)
     runner = runner_on(engine)
-    opened = runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"))
+    opened = await runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"))
     assert isinstance(opened, pb.OpenSessionResponse)
     sid = opened.session_id
     events: list[pb.GenerateEvent] = []
@@ -98,7 +98,7 @@ async def test_cancel_and_close_session_from_another_connection_as_grpc_would() 
     stream = asyncio.create_task(runner.run_generate(generation, emit))
     await until(lambda: bool(events), "the first event")
     # CloseSession from elsewhere (another socket, a gRPC call) ends the stream cleanly.
-    runner.unary("CloseSession", pb.CloseSessionRequest(session_id=sid))
+    await runner.unary("CloseSession", pb.CloseSessionRequest(session_id=sid))
     await asyncio.wait_for(stream, 5)
     assert events[-1].done.finish_reason == pb.GenerateDone.FINISH_REASON_CANCELLED
     assert len(events) < 100 and engine.running == set()
@@ -107,7 +107,9 @@ async def test_cancel_and_close_session_from_another_connection_as_grpc_would() 
 async def test_a_transport_that_cancels_its_call_aborts_the_engine_request() -> None:
     engine = FakeEngine(step_delay=0.01)
     runner = runner_on(engine)
-    sid = runner.service.store.open("fake").session_id
+    opened = await runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"))
+    assert isinstance(opened, pb.OpenSessionResponse)
+    sid = opened.session_id
     events: list[pb.GenerateEvent] = []
 
     async def emit(event: pb.GenerateEvent) -> None:
@@ -120,9 +122,10 @@ async def test_a_transport_that_cancels_its_call_aborts_the_engine_request() -> 
     with pytest.raises(asyncio.CancelledError):
         await stream
     assert engine.running == set() and not any(e.HasField("done") for e in events)
-    session = runner.service.store.get(sid)
-    assert not session.busy and 5 <= len(session.tokens) < 402  # what was decoded stays
-    assert runner.service.running(sid) is None
+    session = runner.store.table.get(sid)
+    assert session is not None and not session.busy
+    assert 5 <= len(session.tokens) < 402  # what was decoded stays
+    assert runner.running(sid) is None
 
 
 async def test_evergreen_half_close_drains_then_ends_cleanly() -> None:

@@ -6,16 +6,19 @@ session holds (vLLM's prefix cache makes the repeated prefix cheap, and its proc
 cache the repeated images), then turns the engine's `TokenEvent`s into `GenerateEvent`s.
 Image attachments are checked and placed (`app.protocols.salience.images`) before the
 session is touched; the caller decodes them beforehand, off the event loop, and passes
-them in (`decoded`, in the order `check_attachments` gives), and `running`, the handle
-by which the session's lifecycle cancels the call when the session is closed. The events:
+them in (`decoded`, in the order `check_attachments` gives), and the call's `claim` (the
+id under which its session runs it, `lifecycle.py`). The events:
 
 - prefill Token events for the positions of the prompt covered by `logprobs_ranges` or
   `readout_ranges`, with the first engine event;
-- a Token event per decoded token, appended to the session as it arrives. A decoded
+- a Token event per decoded token, kept by the call (`decoded`) until it ends. A decoded
   token whose position wants a readout is held until its readout arrives (the engine reads
   a token's hidden state when it feeds that token in, after sampling it); the last token
   of a call is never fed in, so it goes out without one;
-- a final Done with the counts and the finish reason.
+- a final Done with the counts and the finish reason (`closing`), once the call has ended
+  on its session (`end`: the decoded tokens join it; `abandon`: a failed call, rolled
+  back unless it had decoded tokens). The session's store is touched at the start and
+  at the end of a call, never per token.
 
 Defaults as the proto says: temperature 0 means 1.0, top_p 0 means 1.0, top_k 0 is off
 (top_k 1 is greedy). max_tokens 0 is prefill only (scoring). Every sampling field, whether
@@ -40,8 +43,7 @@ from app.engine.base import (
 from app.engine.validation import check_fit, check_token_ids, validate_sampling
 from app.errors import InvalidRequest
 from app.protocols.salience.images import check_attachments, place_images
-from app.protocols.salience.lifecycle import Running
-from app.protocols.salience.sessions import Session, SessionStore
+from app.protocols.salience.sessions import SessionStore
 from schemas import salience_pb2 as pb
 
 Ranges = tuple[tuple[int, int], ...]
@@ -82,7 +84,7 @@ class GenerateCall:
         info: EngineInfo,
         request_id: str,
         decoded: Sequence[DecodedImage] = (),
-        running: Running | None = None,
+        claim: str = "",
     ) -> None:
         self._logprob_ranges = _ranges(request.logprobs_ranges, "logprobs_ranges")
         self._readout_ranges = _ranges(request.readout_ranges, "readout_ranges")
@@ -94,7 +96,8 @@ class GenerateCall:
         check_token_ids(append, info, "append_tokens")
         attachments = check_attachments(request.images, append, int(request.offset), info)
         images = place_images(attachments, decoded)
-        self._store = store
+        self.session_id = request.session_id
+        self.claim = claim
         self._top_k = int(request.logprob_top_k)
         max_tokens = int(request.max_tokens)
         # Checked whether or not they will be used, before the session is touched.
@@ -128,17 +131,20 @@ class GenerateCall:
         # works on an empty or a full session. Checked before the call is applied, which
         # may evict other sessions to make room for its tokens.
         check_fit(self.prompt_len, max_tokens, info, FIELDS, stored_only=not needs_engine)
-        self.session: Session = store.begin_generate(mutation, running)
+        session = store.begin_generate(mutation, claim)
+        self.decoded: array[int] = array("I")  # what the engine produced, in order
         self._produced = 0
         self._held: list[pb.Token] = []
         self._readouts: dict[int, bytes] = {}
         self._finish: int = Finish.FINISH_REASON_UNSPECIFIED
         decode_end = self.prompt_len + max_tokens
         self.engine_request: GenerationRequest | None = None
+        self._prompt: list[int] = []
         if needs_engine:
+            self._prompt = session.tokens.tolist()
             self.engine_request = GenerationRequest(
                 request_id=request_id,
-                prompt_token_ids=self.session.tokens.tolist(),
+                prompt_token_ids=self._prompt,
                 sampling=replace(
                     sampling,
                     logprobs=(
@@ -155,7 +161,7 @@ class GenerateCall:
                 priority=int(request.priority),
                 readout_ranges=self._readout_ranges,
                 # The whole session is the prompt, so every image it holds goes along.
-                images=tuple(self.session.images),
+                images=tuple(session.images),
             )
 
     @property
@@ -186,7 +192,7 @@ class GenerateCall:
         # step ahead of the frontend): keep them until that token is sent.
         self._readouts.update(event.readouts or {})
         if event.prompt_token_ids is not None:
-            tokens = self.session.tokens
+            tokens = self._prompt
             prompt_lp = event.prompt_logprobs
             for position in self._prefill_positions():
                 token = self._token(tokens[position], position, True)
@@ -207,7 +213,7 @@ class GenerateCall:
             else:
                 out.append(pb.GenerateEvent(token=token))
         self._release_held(out)
-        self._store.append_decoded(self.session, event.token_ids)
+        self.decoded.extend(event.token_ids)
         if event.finish_reason is not None:
             self._finish = _FINISH[event.finish_reason]
         return out
@@ -218,8 +224,8 @@ class GenerateCall:
             wanted.update(range(start, min(end, self.prompt_len)))
         return sorted(wanted)
 
-    def done(self, *, cancelled: bool = False) -> list[pb.GenerateEvent]:
-        """The closing events (held tokens, then Done); frees the session."""
+    def closing(self, *, cancelled: bool = False) -> list[pb.GenerateEvent]:
+        """The closing events (held tokens, then Done), once the call has ended."""
         out = [pb.GenerateEvent(token=token) for token in self._held]
         self._held.clear()
         finish = self._finish
@@ -227,7 +233,6 @@ class GenerateCall:
             finish = Finish.FINISH_REASON_CANCELLED
         elif finish == Finish.FINISH_REASON_UNSPECIFIED:
             finish = Finish.FINISH_REASON_LENGTH  # prefill only: the budget of 0 is spent
-        self._store.end_generate(self.session)
         out.append(
             pb.GenerateEvent(
                 done=pb.GenerateDone(
@@ -240,11 +245,15 @@ class GenerateCall:
         )
         return out
 
-    def abandon(self) -> None:
+    def end(self, store: SessionStore) -> None:
+        """The call is over (done or cancelled): its session keeps what it decoded."""
+        store.end_generate(self.session_id, self.claim, self.decoded)
+
+    def abandon(self, store: SessionStore) -> None:
         """The call failed (the client gets an error): free the session. Unless tokens
         were decoded and streamed already, the session goes back to what it was before
         the call, which is what the client still believes."""
-        self._store.end_generate(self.session, rollback=self._produced == 0)
+        store.end_generate(self.session_id, self.claim, self.decoded, rollback=not self._produced)
 
 
 def _floats(data: bytes) -> list[float]:

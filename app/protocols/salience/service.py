@@ -1,21 +1,22 @@
 """The `salience.v1.Salience` service without a transport. Sans-IO.
 
-One `Service` per process, shared by every connection of every transport (websocket
-now, gRPC next), because sessions outlive connections:
+One `Service` per process, shared by every connection of every transport (websocket and
+gRPC), because sessions outlive connections. Each call runs on a `SessionStore` over the
+sessions it touches (the process's own, or what it loaded of a shared store, written back
+by the caller):
 
 - `METHODS`: the RPCs by their proto names, with their request types; `Service.unary`
   dispatches the unary ones through one table (an unknown name is INVALID_ARGUMENT);
-- a Generate is per-call state, `Generation`: `begin_generate` applies it to its session
-  at once (so a call made after it sees its append), the session running it
-  (`lifecycle`); `finish` (the closing events) or `abandon` (the call failed) frees the
-  session;
-- `CloseSession` cancels the session's running Generate, whichever connection runs it
-  (the lifecycle's rule).
+- a Generate is per-call state, `Generation`, under a claim of its own: `begin_generate`
+  applies it to its session at once (so a call made after it sees its append), the
+  session running it under that claim (`lifecycle`); the call's `end` (done or
+  cancelled) or `abandon` (it failed) frees the session.
 
 Cancelling is a flag plus the driver's interrupt: `Generation.cancel` marks the call and
 calls the hook the driver bound while it waits on the engine (`interruptible`), so a
 call cancelled before its driver runs is seen when it starts, and one cancelled while
-it streams its closing events is not interrupted.
+it streams its closing events is not interrupted. Who cancels: its client, a
+CloseSession of its session (whichever connection or replica makes it), the drain.
 """
 
 from __future__ import annotations
@@ -54,12 +55,14 @@ METHODS: Mapping[str, Method] = {
 
 
 class Generation:
-    """One Generate in flight: its call and whether it was cancelled. Made before its
-    call (`Service.begin_generate`), which its session holds it by, to cancel it."""
+    """One Generate in flight: its claim, its call and whether it was cancelled. Made
+    before its call (`Service.begin_generate`), so that a CloseSession of its session can
+    cancel it by its claim as soon as the session is its."""
 
     call: GenerateCall
 
-    def __init__(self) -> None:
+    def __init__(self, claim: str) -> None:
+        self.claim = claim
         self.cancelled = False
         self._interrupt: Callable[[], object] | None = None
 
@@ -80,52 +83,61 @@ class Generation:
             self._interrupt = None
 
 
+Unary = Callable[[SessionStore, Message], Message]
+
+
 class Service:
-    def __init__(self, store: SessionStore, info: EngineInfo) -> None:
-        self.store = store
+    def __init__(self, info: EngineInfo) -> None:
         self.info = info
-        self._unary: Mapping[str, Callable[[Message], Message]] = {
+        self._unary: Mapping[str, Unary] = {
             "OpenSession": self._open,
             "CloseSession": self._close,
             "ForkSession": self._fork,
-            "GetReadoutManifest": self._manifest,
             "DumpSession": self._dump,
         }
+        self._stateless: Mapping[str, Callable[[Message], Message]] = {
+            "GetReadoutManifest": self._manifest,
+        }
 
-    def unary(self, method: str, request: Message) -> Message:
-        """Run a unary RPC; its response. Raises `app.errors` classes."""
+    def stateless(self, method: str) -> bool:
+        """True for a call that touches no session (it needs no store)."""
+        return method in self._stateless
+
+    def unary(self, store: SessionStore | None, method: str, request: Message) -> Message:
+        """Run a unary RPC on `store` (None for a stateless one); its response. Raises
+        `app.errors` classes."""
+        stateless = self._stateless.get(method)
+        if stateless is not None:
+            return stateless(request)
         handler = self._unary.get(method)
         if handler is None:
-            raise InvalidRequest(f"{method!r} is not a unary method; unary: {list(self._unary)}")
-        return handler(request)
-
-    def running(self, session_id: str) -> Generation | None:
-        running = self.store.lifecycle.running(session_id)
-        assert running is None or isinstance(running, Generation)
-        return running
+            names = [*self._unary, *self._stateless]
+            raise InvalidRequest(f"{method!r} is not a unary method; unary: {names}")
+        assert store is not None, f"{method} needs the sessions"
+        return handler(store, request)
 
     # -- unary calls -----------------------------------------------------------------
 
-    def _open(self, request: Message) -> pb.OpenSessionResponse:
+    def _open(self, store: SessionStore, request: Message) -> pb.OpenSessionResponse:
         assert isinstance(request, pb.OpenSessionRequest)
-        session = self.store.open(request.model)
+        session = store.open(request.model)
         return pb.OpenSessionResponse(
-            session_id=session.session_id, max_model_len=self.store.limits.max_model_len
+            session_id=session.session_id, max_model_len=store.limits.max_model_len
         )
 
-    def _close(self, request: Message) -> pb.CloseSessionResponse:
+    def _close(self, store: SessionStore, request: Message) -> pb.CloseSessionResponse:
         assert isinstance(request, pb.CloseSessionRequest)
-        self.store.close(request.session_id)
+        store.close(request.session_id)
         return pb.CloseSessionResponse()
 
-    def _fork(self, request: Message) -> pb.ForkSessionResponse:
+    def _fork(self, store: SessionStore, request: Message) -> pb.ForkSessionResponse:
         assert isinstance(request, pb.ForkSessionRequest)
-        session = self.store.fork(request.session_id, request.at_position)
+        session = store.fork(request.session_id, request.at_position)
         return pb.ForkSessionResponse(session_id=session.session_id)
 
-    def _dump(self, request: Message) -> pb.DumpSessionResponse:
+    def _dump(self, store: SessionStore, request: Message) -> pb.DumpSessionResponse:
         assert isinstance(request, pb.DumpSessionRequest)
-        return pb.DumpSessionResponse(tokens=self.store.get(request.session_id).tokens.tolist())
+        return pb.DumpSessionResponse(tokens=store.get(request.session_id).tokens.tolist())
 
     def _manifest(self, request: Message) -> pb.ReadoutManifest:
         manifest = self.info.readout
@@ -141,20 +153,15 @@ class Service:
     # -- Generate --------------------------------------------------------------------
 
     def begin_generate(
-        self, request: pb.GenerateRequest, request_id: str, decoded: Sequence[DecodedImage] = ()
-    ) -> Generation:
-        """Apply the Generate to its session now; the call to drive. `decoded`: its
-        attachments' images, decoded, in `images.check_attachments` order."""
-        generation = Generation()
+        self,
+        store: SessionStore,
+        generation: Generation,
+        request: pb.GenerateRequest,
+        decoded: Sequence[DecodedImage] = (),
+    ) -> None:
+        """Apply the Generate to its session now, under the generation's claim (also the
+        engine request's id). `decoded`: its attachments' images, decoded, in
+        `images.check_attachments` order."""
         generation.call = GenerateCall(
-            self.store, request, self.info, request_id, decoded, running=generation
+            store, request, self.info, generation.claim, decoded, claim=generation.claim
         )
-        return generation
-
-    def finish(self, generation: Generation) -> list[pb.GenerateEvent]:
-        """The call's closing events (held tokens, then Done); frees its session."""
-        return generation.call.done(cancelled=generation.cancelled)
-
-    def abandon(self, generation: Generation) -> None:
-        """The call failed (the client gets an error, or is gone): free its session."""
-        generation.call.abandon()

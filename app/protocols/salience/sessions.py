@@ -1,8 +1,10 @@
 """Salience sessions: the token list each session holds, and every rule that changes it.
 
 Sans-IO: no engine, no sockets, no event loop. Whether a session exists, runs or goes
-(open, TTL, the session cap and the server's token bound, eviction, close, drain) is the
-lifecycle's (`lifecycle.py`); `SessionStore` drives it and holds the content rules:
+(open, TTL, the session cap and the server's token bound, eviction, close, claims and
+their leases, drain) is the lifecycle's (`lifecycle.py`); `SessionStore` drives it over a
+table (`tables.py`: the process's sessions, or what one call loaded of a shared store)
+and holds the content rules:
 
 - open (model: the base model's served name, or empty; `app.engine.models`, the one
   lookup), close (idempotent), fork (inherits tokens [0, at_position) and the images
@@ -18,28 +20,31 @@ lifecycle's (`lifecycle.py`); `SessionStore` drives it and holds the content rul
   first; anything else is FAILED_PRECONDITION; then the session's limits) and changes
   nothing, so the caller can make its own checks (the shared prompt fit) before anything
   changes; `begin_generate` charges the call to the server's token bound (which may evict
-  other sessions, or refuse), marks the session running and applies the mutation.
-  `append_decoded` adds the tokens the engine produced, `end_generate` frees the session.
-  A call that fails before decoding anything is rolled back (`rollback=True`): the client
-  got an error, so its view of the session is the one from before the call.
+  other sessions, or refuse), marks the session running under the call's claim and
+  applies the mutation (the append). The call keeps the tokens it decodes;
+  `end_generate` adds them and frees the session. A call that fails before decoding
+  anything is rolled back (`rollback=True`): the client got an error, so its view of the
+  session is the one from before the call; so is a session whose claim lapsed.
 
 Tokens are held as `array('I')` (4 bytes a token).
 """
 
 from __future__ import annotations
 
+import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from app.engine.base import PromptImage
 from app.engine.models import resolve_model
-from app.errors import FailedPrecondition, InvalidRequest, ResourceExhausted
-from app.protocols.salience.lifecycle import Cause, Clock, Lifecycle, Lifetime, Running
+from app.errors import FailedPrecondition, InvalidRequest, ResourceExhausted, SwitchboardError
+from app.protocols.salience.lifecycle import Cause, Clock, Lifecycle, Lifetime, Table
+from app.protocols.salience.tables import MemoryTable
 
 
 @dataclass(frozen=True, slots=True)
-class _Undo:
+class Undo:
     """What one Generate's mutation replaced: enough to put the session back."""
 
     offset: int
@@ -51,11 +56,28 @@ class _Undo:
 class Session(Lifetime):
     tokens: array[int] = field(default_factory=lambda: array("I"))
     images: list[PromptImage] = field(default_factory=list)
-    undo: _Undo | None = None  # set while a Generate runs
+    undo: Undo | None = None  # set while a Generate runs
+    # How many leading tokens are as the table's store holds them (a shared store writes
+    # back only what follows; in one process, nothing is written back).
+    stored: int = 0
 
     def cuts_image(self, position: int) -> bool:
         """True if a cut at `position` would split an image block."""
         return any(block.start < position < block.end for block in self.images)
+
+    def cut(self, length: int) -> None:
+        """Keep the first `length` tokens (and the images wholly inside)."""
+        del self.tokens[length:]
+        self.stored = min(self.stored, length)
+        self.images = [block for block in self.images if block.end <= length]
+
+    def rollback(self) -> None:
+        undo = self.undo
+        if undo is not None:
+            self.cut(undo.offset)
+            self.tokens.extend(undo.tail)
+            self.images.extend(undo.images)
+        self.undo = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +88,7 @@ class Limits:
     max_session_tokens: int = 1_000_000
     max_total_tokens: int = 1 << 62
     max_images: int = 1 << 31
+    lease_s: float = math.inf  # a running Generate's claim, unrenewed (lifecycle.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +103,26 @@ class Mutation:
 
 
 class SessionStore:
-    def __init__(self, model: str, limits: Limits, clock: Clock) -> None:
+    def __init__(
+        self,
+        model: str,
+        limits: Limits,
+        clock: Clock,
+        table: Table[Session] | None = None,
+        *,
+        refusal: Callable[[], SwitchboardError] | None = None,
+    ) -> None:
         self._model = model
         self._limits = limits
+        self.table: Table[Session] = MemoryTable() if table is None else table
         self.lifecycle: Lifecycle[Session] = Lifecycle(
+            self.table,
             clock,
             ttl_s=limits.ttl_s,
             max_sessions=limits.max_sessions,
             max_total_tokens=limits.max_total_tokens,
+            lease_s=limits.lease_s,
+            refusal=refusal,
         )
 
     @property
@@ -176,30 +211,39 @@ class SessionStore:
             )
         return Mutation(session, offset, append, max_tokens, images)
 
-    def begin_generate(self, mutation: Mutation, running: Running | None = None) -> Session:
+    def begin_generate(self, mutation: Mutation, claim: str) -> Session:
         """Apply a checked Generate (at once: nothing may run between the check and
-        this); the session runs `running` until `end_generate`. RESOURCE_EXHAUSTED if the
-        server's token bound has no room for the call, even with idle sessions evicted."""
+        this); the session runs under `claim` until `end_generate`. RESOURCE_EXHAUSTED if
+        the server's token bound has no room for the call, even with idle sessions
+        evicted."""
         session, offset = mutation.session, mutation.offset
         tail = session.tokens[offset:]
         charge = offset + len(mutation.append) + mutation.max_tokens + len(tail)
-        self.lifecycle.begin(session, charge, running)
-        session.undo = _Undo(offset, tail, [b for b in session.images if b.end > offset])
-        del session.tokens[offset:]
-        session.images = [block for block in session.images if block.end <= offset]
+        self.lifecycle.begin(session, charge, claim)
+        session.undo = Undo(offset, tail, [b for b in session.images if b.end > offset])
+        session.cut(offset)
         session.tokens.extend(mutation.append)
         session.images.extend(mutation.images)
+        self.table.changed(session)
         return session
 
-    def append_decoded(self, session: Session, token_ids: Sequence[int]) -> None:
-        session.tokens.extend(token_ids)
-
-    def end_generate(self, session: Session, *, rollback: bool = False) -> None:
-        """Free the session; with `rollback`, first undo the call's mutation."""
-        undo = session.undo
-        if rollback and undo is not None:
-            del session.tokens[undo.offset :]
-            session.tokens.extend(undo.tail)
-            session.images = [b for b in session.images if b.end <= undo.offset] + undo.images
-        session.undo = None
+    def end_generate(
+        self, session_id: str, claim: str, decoded: Sequence[int], *, rollback: bool = False
+    ) -> None:
+        """Free the session `claim` runs on, which keeps the `decoded` tokens, or with
+        `rollback` is put back as before the call. Nothing if the session has gone (it
+        was closed: the call was cancelled); ABORTED if the claim lapsed and the session
+        was taken back."""
+        session = self.lifecycle.claimed(session_id, claim)
+        if session is None:
+            return
+        if rollback:
+            session.rollback()
+        else:
+            session.tokens.extend(decoded)
+            session.undo = None
         self.lifecycle.end(session, len(session.tokens))
+
+    def renew(self, session_id: str, claim: str) -> bool:
+        """Extend the lease of a running Generate; False once its session has gone."""
+        return self.lifecycle.renew(session_id, claim)

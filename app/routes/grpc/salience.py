@@ -57,7 +57,7 @@ class _Salience:
         async def call(data: bytes, context: Context) -> Any:
             try:
                 self._drain.check_open()
-                return self._runner.unary(method.name, decode(method.request, data))
+                return await self._runner.unary(method.name, decode(method.request, data))
             except Exception as exc:
                 await abort(context, exc)
 

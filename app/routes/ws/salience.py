@@ -75,7 +75,7 @@ async def salience_socket(websocket: WebSocket) -> None:
 
 async def _call(pump: WebSocketPump, runner: SalienceRunner, calls: CallIds, call: Call) -> None:
     if call.method != "Generate":
-        await pump.send(envelope.response(call, runner.unary(call.method, call.request)))
+        await pump.send(envelope.response(call, await runner.unary(call.method, call.request)))
         return
     calls.check(call)
     generation = await runner.start_generate(call.request)
