@@ -16,6 +16,8 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # a store that replicas share
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SWITCHBOARD_", extra="forbid")
@@ -208,6 +210,13 @@ class Settings(BaseSettings):
             raise ValueError(f"evergreen_file_root {value} is not a directory")
         return value
 
+    @field_validator("salience_store")
+    @classmethod
+    def _check_salience_store(cls, value: str) -> str:
+        if value not in ("", "memory") and not value.startswith(_REDIS_SCHEMES):
+            raise ValueError(f"salience_store {value!r} is neither `memory` nor a redis:// URL")
+        return value
+
     @field_validator("lora_modules")
     @classmethod
     def _check_lora_modules(cls, value: list[str]) -> list[str]:
@@ -228,7 +237,7 @@ class Settings(BaseSettings):
         """`salience_store`, or the Responses store's Redis, or `memory`."""
         if self.salience_store:
             return self.salience_store
-        if self.responses_store.startswith(("redis://", "rediss://", "unix://")):
+        if self.responses_store.startswith(_REDIS_SCHEMES):
             return self.responses_store
         return "memory"
 

@@ -36,7 +36,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if engine is not None:
             app.state.engine = engine
-            async with serve_grpc(app), _runners_closed(app):
+            async with _runners_closed(app), serve_grpc(app):
                 yield
             return
         from app.engine.vllm.startup import start_engine
@@ -44,7 +44,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         started = await start_engine(settings)
         app.state.engine = started
         try:
-            async with serve_grpc(app), _runners_closed(app):
+            async with _runners_closed(app), serve_grpc(app):
                 yield
         finally:
             started.shutdown()
@@ -76,8 +76,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
 @asynccontextmanager
 async def _runners_closed(app: FastAPI) -> AsyncIterator[None]:
-    """On the way out, the Responses API's background runs end, and its store and the
-    Salience sessions' close (before the engine stops), if anything used them."""
+    """On the way out, once the gRPC server has ended its calls, the Responses API's
+    background runs end, and its store and the Salience sessions' close (before the
+    engine stops), if anything used them."""
     try:
         yield
     finally:

@@ -1,9 +1,12 @@
-"""State that outlives a request: the Responses API's stored responses.
+"""State that outlives a request: the Responses API's stored responses, and Salience's
+sessions.
 
-- `base`: the contract every store keeps (records by id, time to live, a size bound, a
-  cancel flag per id) and its errors;
+- `base`: the contract every response store keeps (records by id, time to live, a size
+  bound, a cancel flag per id) and its errors;
 - `sqlite`: the embedded default, one file under the state directory, surviving restarts;
-- `redis`: one Redis shared by every replica.
+- `redis`: one Redis shared by every replica;
+- `sessions`: where Salience sessions live (the contract, and the process's own store);
+  `redis_sessions`: one Redis that replicas share (`--salience-store`).
 
 `open_store(location, ...)` picks one from `--responses-store`: a `redis://` or
 `rediss://` URL, or a file path for SQLite (`sqlite:///abs/path` is taken too).

@@ -1,0 +1,472 @@
+"""Salience sessions on their stores (`app.store.sessions`): the same rules kept in this
+process (`MemorySessions`) and in a real redis-server that replicas share
+(`RedisSessions`, started here on a free loopback port), driven through the session layer
+(`SalienceRunner`) on the fake engine, as the transports drive it.
+
+Both stores: open, Generate, fork, dump and close; drift and the busy rule; the session
+cap and the token bound, least recently used first; TTL on a fake clock; a failed call
+rolled back; calls racing for the last places keep the bounds exact. Redis only: replicas
+(runners with a store each, on one Redis) serving one session in turns; a Generate on one
+replica making the session busy on another, and a CloseSession on the other cancelling
+it; an owner that vanished mid-Generate (its lease lapses: the session is as it was, its
+late end is ABORTED); images decoded on the replica that needs them; the store touched
+per call, never per token; an unreachable store failing the call UNAVAILABLE.
+
+How these fail when the store is wrong: a session one replica wrote is NOT_FOUND or
+stale on the other; two Generates run on one session; a session stays busy after its
+owner vanished, or keeps the dead call's append; the totals (`n`, `total`) drift from
+the records after concurrent calls; a Generate writes the store per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from app.admission import Admission
+from app.engine.base import DecodedImage, GenerationRequest, VisionInfo
+from app.errors import (
+    Aborted,
+    EngineError,
+    FailedPrecondition,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+from app.protocols.salience.lifecycle import Eviction
+from app.protocols.salience.sessions import Limits
+from app.sessions.salience import SalienceRunner
+from app.store.redis_sessions import RedisSessions
+from app.store.sessions import MemorySessions, SessionBackend
+from schemas import salience_pb2 as pb
+from tests.fake_engine import FakeEngine
+from tests.redis_server import redis_server
+from tests.waits import until
+
+TTL = 60.0
+Finish = pb.GenerateDone.FinishReason
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
+@dataclasses.dataclass
+class Fleet:
+    """Replicas on one store (each `replica()` its own runner, and with Redis its own
+    client), on one fake clock; closed at the end of the test."""
+
+    kind: str
+    url: str
+    clock: Clock = dataclasses.field(default_factory=Clock)
+    runners: list[SalienceRunner] = dataclasses.field(default_factory=list)
+    _memory: MemorySessions | None = None
+
+    def ticks(self, n: int) -> Iterator[int]:
+        """`range(n)`, the clock a second later at each step (calls made at the same
+        instant are in no order: a shared store orders ties by session id)."""
+        for i in range(n):
+            self.clock.now += 1
+            yield i
+
+    def store(self, lease_s: float = 5.0) -> SessionBackend:
+        if self.kind == "redis":
+            return RedisSessions(
+                self.url, ttl_s=TTL, lease_s=lease_s, vision=None, clock=self.clock
+            )
+        if self._memory is None:
+            self._memory = MemorySessions(self.clock)
+        return self._memory
+
+    def replica(
+        self, engine: FakeEngine | None = None, *, lease_s: float = 5.0, **limits: Any
+    ) -> SalienceRunner:
+        engine = engine or FakeEngine(step_delay=0.002)
+        store = self.store(lease_s)
+        if engine.info.vision is not None and isinstance(store, RedisSessions):
+            store = RedisSessions(
+                self.url, ttl_s=TTL, lease_s=lease_s, vision=engine.info.vision, clock=self.clock
+            )
+        bounds = Limits(
+            max_model_len=engine.info.max_model_len,
+            ttl_s=TTL,
+            lease_s=store.lease_s,
+            max_images=4,
+            **limits,
+        )
+        runner = SalienceRunner(engine, Admission(None, None), store, bounds)
+        self.runners.append(runner)
+        return runner
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def fleet(request: pytest.FixtureRequest) -> AsyncIterator[Fleet]:
+    url = ""
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+        redis.Redis.from_url(url).flushdb()
+    fleet = Fleet(request.param, url)
+    yield fleet
+    for runner in fleet.runners:
+        await runner.close()
+
+
+@pytest.fixture
+async def redis_fleet(redis_url: str) -> AsyncIterator[Fleet]:
+    redis.Redis.from_url(redis_url).flushdb()
+    fleet = Fleet("redis", redis_url)
+    yield fleet
+    for runner in fleet.runners:
+        await runner.close()
+
+
+async def open_session(runner: SalienceRunner) -> str:
+    opened = await runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"))
+    assert isinstance(opened, pb.OpenSessionResponse)
+    return opened.session_id
+
+
+async def dump(runner: SalienceRunner, sid: str) -> list[int]:
+    dumped = await runner.unary("DumpSession", pb.DumpSessionRequest(session_id=sid))
+    assert isinstance(dumped, pb.DumpSessionResponse)
+    return list(dumped.tokens)
+
+
+async def fork(runner: SalienceRunner, sid: str, at: int) -> str:
+    forked = await runner.unary(
+        "ForkSession", pb.ForkSessionRequest(session_id=sid, at_position=at)
+    )
+    assert isinstance(forked, pb.ForkSessionResponse)
+    return forked.session_id
+
+
+async def close(runner: SalienceRunner, sid: str) -> None:
+    await runner.unary("CloseSession", pb.CloseSessionRequest(session_id=sid))
+
+
+def request(sid: str, offset: int, append: list[int], max_tokens: int = 2, **fields: Any) -> Any:
+    return pb.GenerateRequest(
+        session_id=sid, offset=offset, append_tokens=append, max_tokens=max_tokens, **fields
+    )
+
+
+async def generate(runner: SalienceRunner, call: pb.GenerateRequest) -> list[pb.GenerateEvent]:
+    """A whole Generate; its events (the last one Done)."""
+    events: list[pb.GenerateEvent] = []
+
+    async def emit(event: pb.GenerateEvent) -> None:
+        events.append(event)
+
+    await runner.run_generate(await runner.start_generate(call), emit)
+    return events
+
+
+def running(
+    runner: SalienceRunner, call: pb.GenerateRequest
+) -> tuple[asyncio.Task[None], list[pb.GenerateEvent]]:
+    """A Generate started in a task; its task and the events it has streamed so far."""
+    events: list[pb.GenerateEvent] = []
+
+    async def emit(event: pb.GenerateEvent) -> None:
+        events.append(event)
+
+    async def run() -> None:
+        await runner.run_generate(await runner.start_generate(call), emit)
+
+    return asyncio.create_task(run()), events
+
+
+def done(events: list[pb.GenerateEvent]) -> pb.GenerateDone:
+    assert events and events[-1].HasField("done"), events
+    return events[-1].done
+
+
+# -- both stores -----------------------------------------------------------------------
+
+
+async def test_open_generate_fork_dump_close(fleet: Fleet) -> None:
+    runner = fleet.replica()
+    sid = await open_session(runner)
+    assert done(await generate(runner, request(sid, 0, [1, 2, 3]))).total_tokens == 5
+    assert await dump(runner, sid) == [1, 2, 3, 4, 5]
+    child = await fork(runner, sid, 3)
+    assert await dump(runner, child) == [1, 2, 3]
+    # A truncating call rewinds first; the fork is a session of its own.
+    await generate(runner, request(sid, 1, [9], max_tokens=1, truncating=True))
+    assert await dump(runner, sid) == [1, 9, 10]
+    assert await dump(runner, child) == [1, 2, 3]
+    await close(runner, sid)
+    await close(runner, sid)  # idempotent
+    with pytest.raises(NotFound, match="closed, expired or evicted"):
+        await dump(runner, sid)
+    assert await runner.stats() == (1, 3)
+
+
+async def test_drift_is_refused_and_a_running_session_is_busy(fleet: Fleet) -> None:
+    runner = fleet.replica()
+    sid = await open_session(runner)
+    await generate(runner, request(sid, 0, [1], max_tokens=0))
+    with pytest.raises(FailedPrecondition, match="does not match the session's length 1"):
+        await runner.start_generate(request(sid, 0, [2]))
+    task, events = running(runner, request(sid, 1, [2], max_tokens=200))
+    await until(lambda: len(events) >= 2, "the Generate to stream")
+    with pytest.raises(Aborted, match="session busy"):
+        await runner.start_generate(request(sid, 1, [3]))
+    await task
+    assert done(events).total_tokens == 202
+    await generate(runner, request(sid, 202, [3], max_tokens=1))  # free again
+    assert len(await dump(runner, sid)) == 204
+
+
+async def test_the_cap_evicts_the_least_recently_used_idle_session(fleet: Fleet) -> None:
+    runner = fleet.replica(max_sessions=3)
+    a, b, c = [await open_session(runner) for _ in fleet.ticks(3)]
+    await dump(runner, a)  # a is now the most recently used: b is the least
+    d = await open_session(runner)
+    with pytest.raises(NotFound):
+        await dump(runner, b)
+    task, events = running(runner, request(c, 0, [1], max_tokens=400))
+    await until(lambda: bool(events), "c to run")
+    fleet.clock.now += 1
+    await dump(runner, d)
+    await open_session(runner)  # c runs and d was used: a goes
+    with pytest.raises(NotFound):
+        await dump(runner, a)
+    assert runner.evicted == {Eviction.CAP: 2}
+    await close(runner, c)
+    await task
+    assert done(events).finish_reason == Finish.FINISH_REASON_CANCELLED
+
+
+async def test_the_token_bound_evicts_idle_sessions_then_refuses(fleet: Fleet) -> None:
+    runner = fleet.replica(max_total_tokens=100)
+    old, new = await open_session(runner), await open_session(runner)
+    await generate(runner, request(old, 0, [1] * 40, max_tokens=0))
+    fleet.clock.now += 1
+    await generate(runner, request(new, 0, [1] * 40, max_tokens=0))
+    assert await runner.stats() == (2, 80)
+    # 40 + 50 + 1 more for the new session: the old one makes room.
+    await generate(runner, request(new, 40, [1] * 50, max_tokens=1))
+    with pytest.raises(NotFound):
+        await dump(runner, old)
+    assert runner.evicted == {Eviction.TOKENS: 1} and await runner.stats() == (1, 91)
+    with pytest.raises(ResourceExhausted, match="limit of 100"):
+        await runner.start_generate(request(new, 91, [1] * 20))
+    assert await runner.stats() == (1, 91) and len(await dump(runner, new)) == 91
+
+
+async def test_idle_sessions_expire_and_a_use_restarts_the_ttl(fleet: Fleet) -> None:
+    runner = fleet.replica()
+    idle, used = await open_session(runner), await open_session(runner)
+    fleet.clock.now += TTL - 1
+    await dump(runner, used)
+    fleet.clock.now += 2
+    with pytest.raises(NotFound):
+        await dump(runner, idle)
+    assert await dump(runner, used) == [] and await runner.stats() == (1, 0)
+
+
+async def test_a_failed_generate_leaves_the_session_as_before(fleet: Fleet) -> None:
+    engine = FakeEngine()
+
+    async def broken(request: GenerationRequest) -> Any:
+        raise EngineError("the engine failed")
+        yield  # pragma: no cover
+
+    runner = fleet.replica(engine)
+    sid = await open_session(runner)
+    await generate(runner, request(sid, 0, [1, 2, 3], max_tokens=1))
+    engine.generate = broken  # type: ignore[method-assign]
+    with pytest.raises(EngineError):
+        await generate(runner, request(sid, 1, [7, 8], truncating=True))
+    assert await dump(runner, sid) == [1, 2, 3, 4]
+    assert await runner.stats() == (1, 4)
+
+
+async def test_a_call_cancelled_from_outside_keeps_what_was_decoded(fleet: Fleet) -> None:
+    runner = fleet.replica()
+    sid = await open_session(runner)
+    task, events = running(runner, request(sid, 0, [1, 2], max_tokens=400))
+    await until(lambda: len(events) >= 3, "three tokens")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    tokens = await dump(runner, sid)
+    assert tokens[:5] == [1, 2, 3, 4, 5] and len(tokens) < 402
+    await generate(runner, request(sid, len(tokens), [], max_tokens=1))  # not busy
+
+
+async def test_calls_racing_for_the_last_places_keep_the_bounds_exact(fleet: Fleet) -> None:
+    replicas = [fleet.replica(max_sessions=5, max_total_tokens=60) for _ in range(3)]
+    sessions = [await open_session(replicas[0]) for _ in range(3)]
+
+    async def churn(index: int) -> None:
+        runner = replicas[index % 3]
+        for turn in range(4):
+            try:
+                sid = await open_session(runner)
+                await generate(runner, request(sid, 0, [1] * (index + turn + 1), max_tokens=2))
+                await dump(runner, sessions[turn % 3])
+            except (NotFound, ResourceExhausted, Aborted):
+                pass  # evicted by another, or no room: the bounds at work
+
+    await asyncio.gather(*(churn(i) for i in range(9)))
+    held, charged = await replicas[0].stats()
+    assert held <= 5 and charged <= 60
+    if fleet.kind == "redis":
+        client = redis.Redis.from_url(fleet.url)
+        prefix = "switchboard:salience:"
+        ids = {m.decode() for m in client.zrange(prefix + "lru", 0, -1)}
+        records = {k.decode().removeprefix(prefix + "s:") for k in client.keys(prefix + "s:*")}
+        assert ids == records and len(ids) == held
+        lengths = [client.strlen(prefix + "t:" + i) // 4 for i in ids]
+        assert sum(lengths) == charged  # every session idle: charged what it holds
+
+
+# -- replicas on one Redis ----------------------------------------------------------
+
+
+async def test_any_replica_serves_any_call_of_a_session(redis_fleet: Fleet) -> None:
+    a, b = redis_fleet.replica(), redis_fleet.replica()
+    sid = await open_session(a)
+    await generate(b, request(sid, 0, [1, 2, 3], max_tokens=2))
+    child = await fork(a, sid, 4)
+    assert await dump(b, child) == [1, 2, 3, 4]
+    await generate(a, request(sid, 5, [9], max_tokens=1))
+    assert await dump(b, sid) == [1, 2, 3, 4, 5, 9, 10]
+    await close(b, sid)
+    with pytest.raises(NotFound):
+        await dump(a, sid)
+    assert await a.stats() == await b.stats() == (1, 4)  # the store's, fleet-wide
+
+
+async def test_a_generate_on_one_replica_makes_the_session_busy_on_every_other(
+    redis_fleet: Fleet,
+) -> None:
+    engine = FakeEngine(max_model_len=8192, step_delay=0.002)
+    a, b = redis_fleet.replica(engine, lease_s=0.5), redis_fleet.replica(lease_s=0.5)
+    sid = await open_session(a)
+    task, events = running(a, request(sid, 0, [1], max_tokens=5000))
+    await until(lambda: len(events) >= 2, "A's Generate to stream")
+    with pytest.raises(Aborted, match="session busy"):
+        await b.start_generate(request(sid, 0, [1]))
+    await asyncio.sleep(0.6)  # past one lease: A's keeper renews it
+    with pytest.raises(Aborted, match="session busy"):
+        await b.start_generate(request(sid, 0, [1]))
+    # CloseSession on B: A learns it when it next renews (a fifth of the lease).
+    await close(b, sid)
+    await asyncio.wait_for(task, 5)
+    assert done(events).finish_reason == Finish.FINISH_REASON_CANCELLED
+    assert len(events) < 5000 and a.running(sid) is None
+
+
+async def test_a_vanished_owner_leaves_the_session_as_it_was_once_its_lease_lapses(
+    redis_fleet: Fleet,
+) -> None:
+    owner, other = redis_fleet.replica(lease_s=5), redis_fleet.replica(lease_s=5)
+    sid = await open_session(owner)
+    await generate(owner, request(sid, 0, [1, 2, 3], max_tokens=1))
+    # The owner applies a truncating Generate, then vanishes before running it: no
+    # renewal, no end (as a replica killed mid-call).
+    generation = await owner.start_generate(request(sid, 2, [7], truncating=True, max_tokens=9))
+    await owner.close()  # its keeper stops
+    assert await dump(other, sid) == [1, 2, 7]  # the append, applied at once
+    with pytest.raises(Aborted, match="session busy"):
+        await other.start_generate(request(sid, 3, [8]))
+    redis_fleet.clock.now += 5.1  # the lease runs out
+    assert await dump(other, sid) == [1, 2, 3, 4]
+    events = await generate(other, request(sid, 4, [8], max_tokens=1))
+    assert done(events).total_tokens == 6
+    # The owner comes back and ends its call: its claim is gone, its tokens are not kept.
+    revived = redis_fleet.replica(lease_s=5)
+    with pytest.raises(Aborted, match="lost session"):
+        await revived._transact(generation.call.end, content=[sid])
+    assert await dump(other, sid) == [1, 2, 3, 4, 8, 9]
+
+
+async def test_a_generate_writes_the_store_at_its_start_and_end_only(redis_fleet: Fleet) -> None:
+    runner = redis_fleet.replica(lease_s=60)  # no renewal within the call
+    sid = await open_session(runner)
+    client = redis.Redis.from_url(redis_fleet.url)
+
+    def calls(command: str) -> int:
+        stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+        return int(stats.get("calls", 0))
+
+    before = {c: calls(c) for c in ("exec", "append", "hset", "set")}
+    events = await generate(runner, request(sid, 0, [1, 2, 3], max_tokens=300))
+    assert done(events).completion_tokens == 300
+    after = {c: calls(c) for c in before}
+    assert after["exec"] - before["exec"] == 2  # the start and the end
+    assert after["append"] - before["append"] == 2  # the append, then the decoded tokens
+    assert after["set"] == before["set"]  # never the whole token list
+    assert len(await dump(runner, sid)) == 303
+
+
+async def test_images_are_decoded_on_the_replica_that_needs_them(redis_fleet: Fleet) -> None:
+    start, pad, end = 5, 7, 6
+    decoded_on: list[str] = []
+
+    def engine(name: str) -> FakeEngine:
+        def read(data: bytes, mime: str) -> DecodedImage:
+            decoded_on.append(name)
+            return DecodedImage(pixels=(name, data), digest=data.hex(), pad_tokens=2)
+
+        fake = FakeEngine(step_delay=0.001)
+        vision = VisionInfo(start, pad, end, max_images=4, read_image=read)
+        fake._info = dataclasses.replace(fake.info, vision=vision)
+        return fake
+
+    a_engine, b_engine = engine("a"), engine("b")
+    a, b = redis_fleet.replica(a_engine), redis_fleet.replica(b_engine)
+    sid = await open_session(a)
+    image = pb.ImageAttachment(bytes=b"png!", mime="image/png", pad_range_start=1, pad_range_end=5)
+    await generate(a, request(sid, 0, [1, start, pad, pad, end], max_tokens=1, images=[image]))
+    assert decoded_on == ["a"]
+    await generate(b, request(sid, 6, [2], max_tokens=1))
+    await generate(b, request(sid, 8, [3], max_tokens=1))
+    assert decoded_on == ["a", "b"]  # once on B, then from its cache
+    sent = b_engine.requests[-1].images
+    assert [(i.start, i.end, i.image.pixels) for i in sent] == [(1, 5, ("b", b"png!"))]
+    # A fork carries the image; truncating to its block's start drops it.
+    child = await fork(b, sid, 5)
+    await generate(a, request(child, 5, [4], max_tokens=1))
+    assert [i.image.digest for i in a_engine.requests[-1].images] == [b"png!".hex()]
+    await generate(a, request(sid, 1, [4], max_tokens=1, truncating=True))
+    assert a_engine.requests[-1].images == ()
+
+
+async def test_a_store_that_cannot_be_reached_fails_the_call_unavailable() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = RedisSessions(f"redis://127.0.0.1:{port}/0", ttl_s=TTL, lease_s=5, vision=None)
+    engine = FakeEngine()
+    runner = SalienceRunner(engine, Admission(None, None), store, Limits(max_model_len=512))
+    try:
+        with pytest.raises(Unavailable, match=r"session store .* is unavailable") as failed:
+            await open_session(runner)
+        assert failed.value.grpc_status == "UNAVAILABLE"
+        # A call that needs no session still works.
+        manifest = await runner.unary("GetReadoutManifest", pb.GetReadoutManifestRequest())
+        assert isinstance(manifest, pb.ReadoutManifest)
+        assert runner.evicted == {}
+    finally:
+        await runner.close()
