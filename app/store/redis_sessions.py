@@ -5,7 +5,7 @@ Keys, under a prefix (`switchboard:salience:` by default):
 
     s:<id>        hash: the lifetime (phase, used, charged, held, claim, lease) and the
                   content but the tokens: images (their blocks and digests), and while
-                  a Generate runs, its undo (undo, tail)
+                  a Generate runs, its undo (undo, tail); `v`, the tokens' version
     t:<id>        the tokens, little-endian uint32: appended to, rewritten only when a
                   call cuts them
     lru           sorted set of the held sessions by last use (the order of expiry and
@@ -31,6 +31,9 @@ A Generate touches the store at its start and at its end, never per token: its s
 is written with the append at the start (under the call's claim and lease) and with the
 decoded tokens (appended to `t:<id>`) at the end; the lease is renewed in between by the
 replica's keeper (`app.sessions.salience`), one transaction for all its running calls.
+Each replica keeps the tokens of the sessions it last read or wrote (up to
+`_CACHED_TOKENS`), by version: a call reads a session's tokens from Redis only if they
+changed since (a Generate's end never does, nor the next call on the same replica).
 
 Time is wall-clock (`time.time`), shared by replicas (keep them NTP-synchronised). Redis
 that cannot be reached (refused, timed out) is `store_unavailable`, for that call; run it
@@ -68,10 +71,12 @@ _ATTEMPTS = 64  # a call whose reads keep changing under it is UNAVAILABLE past 
 _ROUNDS = 16  # loads of one attempt; the rules ask for at most sessions, front, totals
 _IMAGE_MARGIN_S = 300.0  # how long an image outlives the TTL of the sessions holding it
 _IMAGES_DECODED = 64  # decoded images kept per replica
+_CACHED_TOKENS = 16 << 20  # tokens kept per replica (64 MiB), of the sessions used last
 
-# ARGV: prefix, front size, number of content ids, the content ids, the lifetime ids.
-# Reads only: the totals, the front of `lru` (not watched), each session with content
-# (record and tokens), each session's lifetime fields.
+# ARGV: prefix, front size, number of content ids, each content id and the version of its
+# tokens the caller holds ("" if none), the lifetime ids. Reads only: the totals, the
+# front of `lru` (not watched), each session with content (record, and the tokens unless
+# the caller holds their version), each session's lifetime fields.
 _LOAD = """
 local prefix, k, nc = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {redis.call('GET', prefix .. 'n'), redis.call('GET', prefix .. 'total')}
@@ -80,13 +85,18 @@ if k > 0 then out[3] = redis.call('ZRANGE', prefix .. 'lru', 0, k - 1, 'WITHSCOR
 out[4] = redis.call('ZCARD', prefix .. 'lru')
 local content = {}
 for i = 1, nc do
-    local id = ARGV[3 + i]
-    content[i] = {redis.call('HGETALL', prefix .. 's:' .. id),
-                  redis.call('GET', prefix .. 't:' .. id)}
+    local id, held = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
+    local record = redis.call('HGETALL', prefix .. 's:' .. id)
+    local version = redis.call('HGET', prefix .. 's:' .. id, 'v')
+    if held ~= '' and version == held then
+        content[i] = {record, false}
+    else
+        content[i] = {record, redis.call('GET', prefix .. 't:' .. id) or ''}
+    end
 end
 out[5] = content
 local lifetimes = {}
-for i = 4 + nc, #ARGV do
+for i = 4 + 2 * nc, #ARGV do
     lifetimes[#lifetimes + 1] = redis.call('HMGET', prefix .. 's:' .. ARGV[i],
         'phase', 'used', 'charged', 'held', 'claim', 'lease')
 end
@@ -105,7 +115,7 @@ class _Loaded:
 
     watched: set[str] = field(default_factory=set)
     records: dict[str, dict[bytes, bytes] | None] = field(default_factory=dict)
-    tokens: dict[str, bytes] = field(default_factory=dict)
+    tokens: dict[str, array[int]] = field(default_factory=dict)
     lifetimes: dict[str, list[bytes | None]] = field(default_factory=dict)
     front: list[tuple[str, float]] = field(default_factory=list)
     complete: bool = False
@@ -136,6 +146,8 @@ class RedisSessions:
         self._client: aioredis.Redis | None = None
         self._where = _redacted(url)
         self._decoded: OrderedDict[str, DecodedImage] = OrderedDict()
+        self._cached: OrderedDict[str, tuple[int, array[int]]] = OrderedDict()
+        self._cached_tokens = 0
 
     def _redis(self) -> aioredis.Redis:
         # Made on first use, on the loop that uses it (a client belongs to one loop).
@@ -194,8 +206,12 @@ class RedisSessions:
                 want = missing
                 continue
             pipe.multi()
-            self._write(pipe, snapshot, loaded)
+            kept = self._write(pipe, snapshot, loaded)
             await pipe.execute()
+            for session_id in snapshot.removed:
+                self._forget(session_id)
+            for session_id, version, tokens in kept:
+                self._keep(session_id, version, tokens)
             return result
         raise RuntimeError("the session rules asked for more than the store holds")
 
@@ -222,8 +238,9 @@ class RedisSessions:
         if keys or first:  # WATCH before any read (a key never written, if none)
             await pipe.watch(*(keys or [prefix + "unwritten"]))
             loaded.watched.update(keys)
-        args = (prefix, 1 if first else 0, len(content), *content, *lives)
-        count, total, front, size, records, lifetimes = await pipe.eval(_LOAD, 0, *args)
+        held = [(i, str(self._cached[i][0]) if i in self._cached else "") for i in content]
+        args = (prefix, 1 if first else 0, len(content), *(a for pair in held for a in pair))
+        count, total, front, size, records, lifetimes = await pipe.eval(_LOAD, 0, *args, *lives)
         if prefix + "total" in loaded.watched:
             loaded.count, loaded.total = int(count or 0), int(total or 0)
         if first:
@@ -234,7 +251,10 @@ class RedisSessions:
         for session_id, (record, tokens) in zip(content, records, strict=True):
             fields = _pairs(record)
             loaded.records[session_id] = fields or None
-            loaded.tokens[session_id] = bytes(tokens or b"")
+            # The version this replica holds (None from Redis), or the tokens read.
+            loaded.tokens[session_id] = (
+                self._cached[session_id][1] if tokens is None else _tokens(tokens)
+            )
         for session_id, values in zip(lives, lifetimes, strict=True):
             loaded.lifetimes[session_id] = values
         # A session the order named must be there, last used when the order says.
@@ -249,7 +269,7 @@ class RedisSessions:
     def _snapshot(self, loaded: _Loaded) -> Snapshot[Session]:
         sessions: dict[str, Session | None] = {}
         for session_id, fields in loaded.records.items():
-            tokens = loaded.tokens.get(session_id, b"")
+            tokens = loaded.tokens[session_id]
             sessions[session_id] = (
                 None if fields is None else self._session(session_id, fields, tokens)
             )
@@ -265,9 +285,11 @@ class RedisSessions:
             tokens=loaded.total,
         )
 
-    def _session(self, session_id: str, fields: Mapping[bytes, bytes], tokens: bytes) -> Session:
+    def _session(
+        self, session_id: str, fields: Mapping[bytes, bytes], tokens: array[int]
+    ) -> Session:
         session = _lifetime(session_id, [fields.get(name.encode()) for name in _LIFETIME])
-        session.tokens = _tokens(tokens)
+        session.tokens = array("I", tokens)  # the rules change their own copy
         session.stored = len(session.tokens)
         session.images = [self._image(ref) for ref in orjson.loads(fields.get(b"images", b"[]"))]
         undo = fields.get(b"undo")
@@ -282,18 +304,28 @@ class RedisSessions:
         decoded = self._decoded.get(digest) or DecodedImage(_UNLOADED, digest, pads)
         return PromptImage(start, end, decoded)
 
-    def _write(self, pipe: Any, snapshot: Snapshot[Session], loaded: _Loaded) -> None:
+    def _write(
+        self, pipe: Any, snapshot: Snapshot[Session], loaded: _Loaded
+    ) -> list[tuple[str, int, array[int]]]:
+        """Queue the writes of what the rules changed; the tokens of each session read or
+        written with its content, with their version once these writes are done."""
         prefix, images_ms = self.prefix, int((self.ttl_s + _IMAGE_MARGIN_S) * 1000)
         for session_id in snapshot.removed:
             if session_id not in snapshot.added:
                 pipe.delete(prefix + "s:" + session_id, prefix + "t:" + session_id)
                 pipe.zrem(prefix + "lru", session_id)
+        kept = []
         for session_id, session in snapshot.dirty.items():
             old = loaded.records.get(session_id) or {}
             fields = dict(zip(_LIFETIME, _lifetime_fields(session), strict=True))
             if session_id in snapshot.content:
                 fields.update(_content_fields(session))
-                self._write_tokens(pipe, session, len(loaded.tokens.get(session_id, b"")) // 4)
+                version = int(old.get(b"v", b"0"))
+                stored = len(loaded.tokens.get(session_id, ()))
+                if self._write_tokens(pipe, session, stored):
+                    version += 1
+                    fields["v"] = str(version).encode()
+                kept.append((session_id, version, session.tokens))
                 for block in (*session.images, *(session.undo.images if session.undo else ())):
                     pipe.pexpire(prefix + "img:" + block.image.digest, images_ms)
             changed = {k: v for k, v in fields.items() if old.get(k.encode()) != v}
@@ -304,14 +336,36 @@ class RedisSessions:
             pipe.incrby(prefix + "n", snapshot.count_change)
         if snapshot.tokens_change:
             pipe.incrby(prefix + "total", snapshot.tokens_change)
+        for session_id, record in loaded.records.items():  # read, not changed: as read
+            if record is not None and session_id not in snapshot.dirty:
+                kept.append((session_id, int(record.get(b"v", b"0")), loaded.tokens[session_id]))
+        return [entry for entry in kept if entry[0] not in snapshot.removed]
 
-    def _write_tokens(self, pipe: Any, session: Session, stored: int) -> None:
+    def _write_tokens(self, pipe: Any, session: Session, stored: int) -> bool:
+        """Queue the write of the session's tokens, if they changed; whether they did."""
         key = self.prefix + "t:" + session.session_id
-        if session.stored == stored:  # what the store holds is intact: append the rest
-            if len(session.tokens) > stored:
-                pipe.append(key, _bytes(session.tokens[stored:]))
-        else:
+        if session.stored != stored:  # cut below what the store holds: rewrite them
             pipe.set(key, _bytes(session.tokens))
+        elif len(session.tokens) > stored:  # what the store holds is intact: append
+            pipe.append(key, _bytes(session.tokens[stored:]))
+        else:
+            return False
+        return True
+
+    def _keep(self, session_id: str, version: int, tokens: array[int]) -> None:
+        self._forget(session_id)
+        if len(tokens) > _CACHED_TOKENS:
+            return
+        self._cached[session_id] = (version, tokens)
+        self._cached_tokens += len(tokens)
+        while self._cached_tokens > _CACHED_TOKENS:
+            _, (_, oldest) = self._cached.popitem(last=False)
+            self._cached_tokens -= len(oldest)
+
+    def _forget(self, session_id: str) -> None:
+        entry = self._cached.pop(session_id, None)
+        if entry is not None:
+            self._cached_tokens -= len(entry[1])
 
     # -- images ------------------------------------------------------------------------
 

@@ -418,6 +418,33 @@ async def test_a_generate_writes_the_store_at_its_start_and_end_only(redis_fleet
     assert len(await dump(runner, sid)) == 303
 
 
+async def test_a_replica_reads_a_sessions_tokens_only_when_another_changed_them(
+    redis_fleet: Fleet,
+) -> None:
+    engine = FakeEngine(max_model_len=40_000)
+    a, b = redis_fleet.replica(engine, lease_s=60), redis_fleet.replica(engine, lease_s=60)
+    client = redis.Redis.from_url(redis_fleet.url)
+
+    def sent() -> int:  # bytes Redis has sent its clients so far
+        return int(client.info("stats")["total_net_output_bytes"])
+
+    sid = await open_session(a)
+    await generate(a, request(sid, 0, [1] * 30_000, max_tokens=0))  # 120 KB of tokens
+    before = sent()
+    await generate(a, request(sid, 30_000, [2], max_tokens=4))
+    assert sent() - before < 10_000  # A wrote them: it holds them
+    before = sent()
+    await generate(b, request(sid, 30_005, [3], max_tokens=4))
+    assert 120_000 < sent() - before < 130_000  # B reads them once, not at its end too
+    before = sent()
+    tokens = await dump(a, sid)  # changed by B since A held them: read again
+    assert len(tokens) == 30_010 and tokens[30_005:] == [3, 4, 5, 6, 7]
+    assert 120_000 < sent() - before < 130_000
+    before = sent()
+    assert await dump(a, sid) == tokens
+    assert sent() - before < 10_000
+
+
 async def test_images_are_decoded_on_the_replica_that_needs_them(redis_fleet: Fleet) -> None:
     start, pad, end = 5, 7, 6
     decoded_on: list[str] = []
