@@ -98,6 +98,16 @@ def tiny_lora_dir() -> Path:
     return tiny_lora_path()
 
 
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server for the tests of stores that replicas share (each test
+    flushes what it uses first)."""
+    from tests.redis_server import redis_server
+
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
 @pytest.fixture(autouse=True)
 def _sockets_ended() -> Iterator[None]:
     """Fail a test that leaves a `tests.asgi_wire.Wire`'s app running: the app's handler

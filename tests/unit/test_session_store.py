@@ -45,7 +45,6 @@ from app.store.redis_sessions import RedisSessions
 from app.store.sessions import MemorySessions, SessionBackend
 from schemas import salience_pb2 as pb
 from tests.fake_engine import FakeEngine
-from tests.redis_server import redis_server
 from tests.waits import until
 
 TTL = 60.0
@@ -58,12 +57,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as url:
-        yield url
 
 
 @dataclasses.dataclass
