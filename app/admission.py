@@ -27,16 +27,17 @@ admission-to-running times), at least `min_retry_after_s`.
 
 Draining (`close`): once closed, every admission is refused as `Overloaded` (the server is
 going away; another replica, or this one restarted, takes the retry), and `cut` marks the
-tickets still in flight so that `generate` ends them as `Overloaded` once the engine has
-aborted their requests (the drain does that, `app.drain`).
+tickets still in flight so that `generate` (or `run`) ends them as `Overloaded` once the
+engine has aborted their requests (the drain does that, `app.drain`).
 
 Counters count units: a call of several units (`admit_all`) is admitted whole or refused
 whole, and a refused call adds all its units to `refused`, none to `admitted`.
 
 The rule itself does no I/O and knows no framework; single-threaded by design (the event
-loop's thread), like the engine seam it guards. `generate` is the one wrapper every
-protocol runs an admitted request through: it moves the ticket to running on the
-engine's first event and releases it however the request ends.
+loop's thread), like the engine seam it guards. `generate` (events pulled) and `run`
+(events pushed) are the wrappers every protocol runs an admitted request through: they
+move the ticket to running on the engine's first event and release it however the
+request ends.
 """
 
 from __future__ import annotations
@@ -278,6 +279,38 @@ class Admission:
         if waited:
             wait = self._clock() - ticket.admitted_at
             self._wait_s += _EWMA_WEIGHT * (wait - self._wait_s)
+
+
+async def run(
+    engine: Engine,
+    request: GenerationRequest,
+    ticket: Ticket,
+    receive: Callable[[TokenEvent], None],
+) -> None:
+    """`engine.run(request, receive)` on `ticket`, as `generate` runs it: running from the
+    first event, released however it ends; the ticket's call `cut` by a drain ends it as
+    `Overloaded` (its final "abort" event is not handed on)."""
+    cut = False
+
+    def hand_on(event: TokenEvent) -> None:
+        nonlocal cut
+        ticket.running()
+        if ticket.cut and event.finish_reason == "abort":
+            cut = True
+            return
+        receive(event)
+
+    try:
+        if ticket.cut:
+            raise ticket._owner.shutting_down()
+        if request.prompt_token_ids is not None:
+            ticket.measured(len(request.prompt_token_ids))
+        ticket.request_id = request.request_id
+        await engine.run(request, hand_on)
+        if cut:
+            raise ticket._owner.shutting_down()
+    finally:
+        ticket.release()
 
 
 async def generate(

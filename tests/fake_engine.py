@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from app.engine.base import (
     ChatPrompt,
@@ -161,6 +161,16 @@ class FakeEngine:
                     return
         finally:
             self.running.discard(request.request_id)
+
+    async def run(self, request: GenerationRequest, receive: Callable[[TokenEvent], None]) -> None:
+        # Pushed from the engine's side, as the real engine hands them on (a subclass that
+        # changes `generate` changes this too).
+        events = self.generate(request)
+        try:
+            async for event in events:
+                receive(event)
+        finally:
+            await events.aclose()
 
     @staticmethod
     def _prompt_logprobs(prompt: list[int], k: int | None) -> list[TokenLogprob | None] | None:

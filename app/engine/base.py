@@ -9,7 +9,8 @@ Invariants:
   deltas (only what is new since the previous event); exactly one event, the last, has
   `finish_reason` set.
 - Closing the iterator returned by `generate` (the consumer stopped, the client went
-  away) aborts the engine request. No request outlives its consumer.
+  away), or cancelling a `run`, aborts the engine request. No request outlives its
+  consumer.
 """
 
 from __future__ import annotations
@@ -277,6 +278,14 @@ class Engine(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
         """Run one request; raises `app.errors` classes (ModelNotFound, InvalidRequest,
         ContextLengthExceeded, EngineError) before the first event or from the iterator."""
+        ...
+
+    async def run(self, request: GenerationRequest, receive: Callable[[TokenEvent], None]) -> None:
+        """Run one request, its events pushed: `receive(event)` is called for each, in
+        order, from wherever the engine hands them on (vLLM's: its one loop per step, so
+        the caller's task wakes once, at the end, not per event); returns after the last.
+        Raises as `generate` does; an exception from `receive` is raised as it is, and
+        the request aborted. Cancelling the awaiting task aborts the request."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

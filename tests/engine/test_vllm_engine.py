@@ -37,54 +37,46 @@ def test_events_are_deltas_with_one_final(live_server: LiveServer) -> None:
     assert "".join(e.text for e in events) == engine.tokenizer.decode(ids)
 
 
-def _vllm_counts() -> dict[str, float]:
-    """vLLM's own Prometheus counters, summed over their labels."""
-    from prometheus_client import REGISTRY
-
-    names = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
-    counts = dict.fromkeys(names, 0.0)
-    counts["vllm:request_success_total"] = 0.0
-    for metric in REGISTRY.collect():
-        for sample in metric.samples:
-            if sample.name in counts:
-                counts[sample.name] += sample.value
-    return counts
-
-
-@pytest.mark.parametrize("logprobs", [None, 2])
-def test_vllm_counts_each_request_exactly_on_either_output_path(
-    live_server: LiveServer, logprobs: int | None
-) -> None:
-    """A plain request's outputs are taken from vLLM's output processor as deltas
-    (app.engine.vllm.deltas: its request state is a DeltaState while it runs), one with
-    logprobs as vLLM's RequestOutputs; either way vLLM's own metrics (what the endpoint
-    picker and dashboards read) count it exactly once, with its every token."""
-    from app.engine.vllm.deltas import DeltaState
+@pytest.mark.parametrize("kind", ["plain", "logprobs", "prompt logprobs"])
+def test_the_consumer_serves_every_kind_of_request(live_server: LiveServer, kind: str) -> None:
+    """Plain requests, logprobs and prompt logprobs alike run on the process's consumer of
+    the engine core's outputs (app.engine.vllm.consumer: the request's state in vLLM is a
+    StepState while it runs), and come back as the converter made them on AsyncLLM's
+    path. Its metrics: tests/engine/test_vllm_metrics.py."""
+    from app.engine.vllm.consumer import StepState
 
     engine = live_server.engine
-    prompt = list(range(10, 42))
-    request = GenerationRequest(
-        f"eng-count-{logprobs}", prompt_token_ids=prompt, sampling=greedy(17, logprobs=logprobs)
-    )
+    prompt = engine.tokenizer.encode("def add(a, b):")
+    options = {"logprobs": {"logprobs": 2}, "prompt logprobs": {"prompt_logprobs": 2}}
+    sampling = greedy(7, **options.get(kind, {}))
     states: set[str] = set()
 
-    async def run() -> list[TokenEvent]:
+    async def run(request_id: str) -> list[TokenEvent]:
         events = []
-        async for event in engine.generate(request):
+        async for event in engine.generate(
+            GenerationRequest(request_id, prompt_token_ids=prompt, sampling=sampling)
+        ):
             events.append(event)
             for state in engine._llm.output_processor.request_states.values():
-                if state.external_req_id == request.request_id:
+                if state.external_req_id == request_id:
                     states.add(type(state).__name__)
         return events
 
-    before = _vllm_counts()
-    events = live_server.call(run())
-    after = _vllm_counts()
-    assert sum(len(e.token_ids) for e in events) == 17
-    assert states == {"RequestState" if logprobs else DeltaState.__name__}
-    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 17
-    assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == len(prompt)
-    assert after["vllm:request_success_total"] - before["vllm:request_success_total"] == 1
+    async def on_asyncllm() -> list[TokenEvent]:
+        engine._stepwise = False
+        try:
+            return await run(f"eng-kind-asyncllm-{kind}")
+        finally:
+            engine._stepwise = True
+
+    ours = live_server.call(run(f"eng-kind-{kind}"))
+    assert states == {StepState.__name__}
+    theirs = live_server.call(on_asyncllm())
+    assert "RequestState" in states
+    assert [e._replace(num_cached_tokens=0) for e in ours] == [
+        e._replace(num_cached_tokens=0) for e in theirs
+    ]
+    assert sum(len(e.token_ids) for e in ours) == 7
 
 
 def test_a_stop_string_ends_a_plain_request_in_vllm_too(live_server: LiveServer) -> None:
@@ -179,13 +171,22 @@ def test_closing_the_iterators_aborts(live_server: LiveServer, abort_workload: W
     live_server.call(close_after_the_first_event())
 
 
-def test_cancelling_the_consumers_aborts(live_server: LiveServer, abort_workload: Workload) -> None:
+@pytest.mark.parametrize("pushed", [False, True])
+def test_cancelling_the_consumers_aborts(
+    live_server: LiveServer, abort_workload: Workload, pushed: bool
+) -> None:
+    """Cancelling the task that pulls a request's events, or that waits while they are
+    pushed (`run`), aborts it in vLLM."""
     engine = live_server.engine
+
+    def consume(request: GenerationRequest) -> Any:
+        return engine.run(request, lambda event: None) if pushed else _run(engine, request)
 
     async def cancel_midway() -> None:
         watch = await AbortWatch.start(engine, abort_workload)
         tasks = [
-            asyncio.create_task(_run(engine, r)) for r in _workload(abort_workload, "eng-cancel")
+            asyncio.create_task(consume(r))
+            for r in _workload(abort_workload, f"eng-cancel-{pushed}")
         ]
         await watch.all_in_engine()
         for task in tasks:
@@ -236,33 +237,68 @@ def test_bad_requests_raise_app_errors(
     assert live_server.running_requests() == 0
 
 
-@pytest.mark.parametrize("source", ["deltas", "converter"])
+@pytest.mark.parametrize("source", ["consumer", "pushed", "converter"])
 def test_a_bug_of_ours_in_the_generate_loop_is_not_a_client_error(
     live_server: LiveServer, monkeypatch: pytest.MonkeyPatch, source: str
 ) -> None:
-    """Only calls into vLLM are mapped: a built-in error in our own conversion of its
-    outputs (deltas for a plain request, RequestOutputs for one with logprobs) escapes as
-    itself (the transport makes it an InternalError), never as InvalidRequest, and the
-    request is aborted in the engine all the same."""
+    """Only calls into vLLM are mapped: a built-in error in our own handling of its
+    outputs (the consumer's events, pulled or pushed, or AsyncLLM's RequestOutputs
+    converted) escapes as itself (the transport makes it an InternalError), never as
+    InvalidRequest, and the request is aborted in the engine all the same."""
     from app.engine.vllm import convert, engine
 
     def broken(*args: Any) -> None:
         raise ValueError("a bug in our converter")
 
-    if source == "deltas":
+    request = GenerationRequest(f"eng-bug-{source}", prompt_text="x = 1", sampling=greedy(200))
+    live = live_server.engine
+
+    async def run() -> None:
+        if source == "pushed":
+            await live.run(request, broken)
+        elif source == "converter":
+            live._stepwise = False
+            try:
+                await _run(live, request)
+            finally:
+                live._stepwise = True
+        else:
+            await _run(live, request)
+
+    if source == "consumer":
         monkeypatch.setattr(engine, "merge_deltas", broken)
-        sampling = greedy(200)
-    else:
+    elif source == "converter":
         monkeypatch.setattr(convert.EventConverter, "convert", broken)
-        sampling = greedy(200, logprobs=1)
-    request = GenerationRequest(f"eng-bug-{source}", prompt_text="x = 1", sampling=sampling)
     with pytest.raises(ValueError, match="a bug in our converter"):
-        live_server.call(_run(live_server.engine, request))
+        live_server.call(run())
 
     async def unfinished() -> int:  # vLLM's own count, not our wrapper's
-        return int(live_server.engine._llm.get_num_unfinished_requests())
+        return int(live._llm.get_num_unfinished_requests())
 
     assert live_server.call(unfinished()) == 0
+
+
+def test_pushed_events_are_the_pulled_ones(live_server: LiveServer) -> None:
+    """`run` hands on, from the consumer's loop, the events `generate` yields: the same
+    deltas, one final, a stop string ending the text before it."""
+    engine = live_server.engine
+    base = GenerationRequest("eng-push-ref", prompt_text="import os", sampling=greedy(40))
+    text = "".join(e.text for e in live_server.call(_run(engine, base)))
+    start = next(i for i in range(5, len(text) - 3) if text.index(text[i : i + 3]) == i)
+    stop = text[start : start + 3]
+    for options in (greedy(40), greedy(40, stop=(stop,)), greedy(9, logprobs=1)):
+        request = GenerationRequest("eng-push", prompt_text="import os", sampling=options)
+        pulled = live_server.call(_run(engine, request))
+        pushed: list[TokenEvent] = []
+        live_server.call(engine.run(request, pushed.append))
+        # Steps may merge differently: compare what they add up to, then the ends.
+        assert [t for e in pushed for t in e.token_ids] == [t for e in pulled for t in e.token_ids]
+        assert "".join(e.text for e in pushed) == "".join(e.text for e in pulled)
+        assert pushed[-1].finish_reason == pulled[-1].finish_reason
+        assert pushed[-1].stop_reason == pulled[-1].stop_reason
+        assert [e.finish_reason is None for e in pushed[:-1]] == [True] * (len(pushed) - 1)
+        assert pushed[0].prompt_token_ids == pulled[0].prompt_token_ids
+    assert live_server.wait_idle() == 0
 
 
 def test_a_prompt_over_the_context_is_ours_to_refuse_before_vllm(live_server: LiveServer) -> None:

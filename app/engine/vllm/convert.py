@@ -15,7 +15,9 @@ from app.engine.base import FinishReason, SamplingOptions, TokenEvent, TokenLogp
 from app.errors import InvalidRequest
 
 
-def _token_logprob(token_id: int, position: Mapping[int, Any], k: int) -> TokenLogprob:
+def token_logprob(token_id: int, position: Mapping[int, Any], k: int) -> TokenLogprob:
+    """vLLM's logprobs of one position (its `Logprob`s by token id) as the seam's: the
+    token's own, and the top `k` by rank, best first."""
     chosen = position.get(token_id)
     top = {
         tid: lp.logprob
@@ -78,7 +80,7 @@ class EventConverter:
                 self._pending_prompt_logprobs.append(None)
                 continue
             token_id = self._prompt_ids[start + offset]
-            self._pending_prompt_logprobs.append(_token_logprob(token_id, position, self._prompt_k))
+            self._pending_prompt_logprobs.append(token_logprob(token_id, position, self._prompt_k))
 
     def convert(self, output: RequestOutput) -> TokenEvent | None:
         self._prompt_logprobs(output)
@@ -89,7 +91,7 @@ class EventConverter:
         logprobs = None
         if self._k is not None and completion.logprobs is not None:
             logprobs = [
-                _token_logprob(tid, position, self._k)
+                token_logprob(tid, position, self._k)
                 for tid, position in zip(token_ids, completion.logprobs, strict=False)
             ]
         first = self._first

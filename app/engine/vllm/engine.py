@@ -2,8 +2,12 @@
 
 It turns neutral `GenerationRequest`s into vLLM calls (always token-id prompts, so every
 protocol shares one tokenisation and vLLM's prefix cache sees identical prefixes) and
-vLLM's `RequestOutput`s into neutral `TokenEvent` deltas (`app.engine.vllm.convert`).
-Every call into vLLM goes through `map_engine_errors`.
+the engine core's outputs into neutral `TokenEvent` deltas: through the process's one
+consumer of those outputs (`app.engine.vllm.consumer`), or, where it cannot serve,
+through AsyncLLM's own path and `app.engine.vllm.convert` (chosen in `_consumed`). A
+request's events are pulled (`generate`: an async iterator, its task woken once per step
+that has output) or pushed (`run`: handed to a callback from the consumer's loop, its
+task woken once at the end). Every call into vLLM goes through `map_engine_errors`.
 
 A vision-language model (`app.engine.vllm.vision`) takes images: a request's images go
 to vLLM as multimodal data next to its token ids (`app.engine.images` says how the
@@ -12,7 +16,7 @@ would be taken for an image's placeholder the next time the text is sent back.
 
 Invariants:
 - A request whose consumer stops (closes the iterator, or its task is cancelled) is
-  aborted in the engine before `generate`'s iterator finishes closing.
+  aborted in the engine before `generate`'s iterator (or `run`) finishes closing.
 - `num_running_requests()` counts requests between submission and their final event.
 - `engine_requests()` is the engine core's own count (its scheduler's running + waiting),
   as reported with the outputs of its latest step: it drops only once the engine core has
@@ -25,9 +29,9 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from vllm.inputs import TokensPrompt
 from vllm.inputs.engine import TokensInput, tokens_input
@@ -48,8 +52,8 @@ from app.engine.images import collapse_blocks
 from app.engine.readout_client import ReadoutBatcher, ReadoutTracker
 from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY
 from app.engine.validation import check_prompt, validate_sampling
+from app.engine.vllm.consumer import Delta, Sink, StepConsumer, merge_deltas
 from app.engine.vllm.convert import EventConverter, check_expansion, prompt_only
-from app.engine.vllm.deltas import add_delta_request, merge_deltas
 from app.engine.vllm.errors import map_engine_errors
 from app.engine.vllm.lora import check_adapter
 from app.engine.vllm.params import sampling_params
@@ -76,8 +80,11 @@ class VllmEngine:
         # app.engine.batch_gate); None elsewhere, and then no request waits for anything.
         lora_on_cpu = info.max_loras > 0 and current_platform.is_cpu()
         self._gate = BatchGate() if lora_on_cpu else None
-        # Deltas hand on every step's tokens: not with an engine-level stream interval.
-        self._deltas = llm.output_processor.stream_interval == 1
+        self._consumer = StepConsumer(llm)
+        self._consumer.start()
+        # The consumer hands on every step's tokens: not with an engine-level stream
+        # interval, which keeps AsyncLLM's path for every request (see `_consumed`).
+        self._stepwise: bool = llm.output_processor.stream_interval == 1
 
     def shutdown(self) -> None:
         self._llm.shutdown()
@@ -148,7 +155,8 @@ class VllmEngine:
         with map_engine_errors():
             await self._llm.abort(request_id)
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+    def _prepare(self, request: GenerationRequest) -> _Prepared:
+        """The request checked and in vLLM's terms."""
         if request.prompt_token_ids is not None:
             prompt_ids = list(request.prompt_token_ids)
         else:
@@ -168,18 +176,34 @@ class VllmEngine:
         params = sampling_params(
             options, readouts, vision.token_ids if vision is not None else frozenset()
         )
-        tracker = ReadoutTracker(request.readout_ranges, len(prompt_ids)) if readouts else None
-        output_tokens = 0
-        plain = options.logprobs is None and options.prompt_logprobs is None
-        if self._deltas and plain and not request.images:
-            events = self._delta_events(prompt_ids, params, request, lora)
-        else:
-            events = self._converted_events(prompt_ids, params, request, lora, options)
-        release = (
-            await self._gate.enter(exclusive=options.prompt_logprobs is not None)
-            if self._gate is not None
-            else _nothing
+        return _Prepared(prompt_ids, options, params, lora, readouts is not None, prefill_only)
+
+    def _consumed(self) -> bool:
+        """The one choice of output path. The consumer serves every request (plain,
+        logprobs, prompt logprobs, images, readouts, LoRA, stop strings, priorities; `n`
+        is one engine request per choice here) unless an engine-level stream interval
+        above 1 is set: it hands on every step's tokens, and AsyncLLM's path holds them
+        back as the interval asks."""
+        return self._stepwise
+
+    async def _enter_gate(self, prepared: _Prepared) -> Callable[[], None]:
+        """Wait for the batch gate (`app.engine.batch_gate`); its release."""
+        if self._gate is None:
+            return _nothing
+        return await self._gate.enter(exclusive=prepared.options.prompt_logprobs is not None)
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        prepared = self._prepare(request)
+        prompt_ids = prepared.prompt_ids
+        tracker = (
+            ReadoutTracker(request.readout_ranges, len(prompt_ids)) if prepared.readouts else None
         )
+        output_tokens = 0
+        if self._consumed():
+            events = self._consumed_events(prepared, request)
+        else:
+            events = self._converted_events(prepared, request)
+        release = await self._enter_gate(prepared)
         self._running.add(request.request_id)
         try:
             # Only the calls into vLLM are mapped (in the two sources): a bug of ours
@@ -189,7 +213,7 @@ class VllmEngine:
                 if tracker is not None and tracker.due(output_tokens):
                     taken = await self._readouts.take(request.request_id)
                     event = event._replace(readouts=taken)
-                if prefill_only:
+                if prepared.prefill_only:
                     yield event._replace(
                         token_ids=[],
                         text="",
@@ -206,7 +230,7 @@ class VllmEngine:
                 # Closing the events aborts the request if it has not finished; shield
                 # it so a cancelled consumer still completes the abort.
                 await asyncio.shield(events.aclose())
-                if readouts is not None:
+                if prepared.readouts:
                     with map_engine_errors():
                         await asyncio.shield(
                             self._llm.collective_rpc("readout_drop", args=(request.request_id,))
@@ -214,30 +238,68 @@ class VllmEngine:
             finally:
                 release()  # after the abort: vLLM handles it before the next request
 
-    async def _delta_events(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        request: GenerationRequest,
-        lora: LoRARequest | None,
+    async def run(self, request: GenerationRequest, receive: Callable[[TokenEvent], None]) -> None:
+        prepared = self._prepare(request)
+        if prepared.readouts or prepared.prefill_only or not self._consumed():
+            # Readouts are fetched from the worker between events (an await each), and a
+            # prefill-only request reshapes its one event: they are pulled.
+            async for event in self.generate(request):
+                receive(event)
+            return
+        release = await self._enter_gate(prepared)
+        self._running.add(request.request_id)
+        sink = Sink()
+        internal_id: str | None = None
+        first, finished = True, False
+
+        def hand_on(delta: Delta) -> None:
+            nonlocal first, finished
+            event = merge_deltas([delta], prepared.prompt_ids if first else None)
+            first = False
+            finished = event.finish_reason is not None
+            receive(event)
+
+        try:
+            with map_engine_errors():
+                internal_id = await self._add(prepared, request, sink)
+            sink.push(hand_on)
+            # Only the calls into vLLM are mapped: a receiver's exception (a bug of ours)
+            # is raised as it is.
+            with map_engine_errors():
+                await sink.wait_pushed(lambda: finished)
+        finally:
+            try:
+                self._running.discard(request.request_id)
+                if internal_id is not None and not finished:
+                    await asyncio.shield(self._llm.abort(internal_id, internal=True))
+            finally:
+                release()
+
+    async def _add(self, prepared: _Prepared, request: GenerationRequest, sink: Sink) -> str:
+        """Submit to the consumer; vLLM's internal request id."""
+        return await self._consumer.add(
+            request.request_id,
+            self._prompt(prepared.prompt_ids, request),
+            prepared.params,
+            sink,
+            prompt_ids=prepared.prompt_ids,
+            lora_request=prepared.lora,
+            priority=request.priority,
+        )
+
+    async def _consumed_events(
+        self, prepared: _Prepared, request: GenerationRequest
     ) -> AsyncGenerator[TokenEvent, None]:
-        """A request with no logprobs and no images, its outputs taken as `Delta`s
-        (`app.engine.vllm.deltas`)."""
+        """The request's outputs from the consumer (`app.engine.vllm.consumer`), pulled."""
+        sink = Sink()
         with map_engine_errors():
-            internal_id, sink = await add_delta_request(
-                self._llm,
-                request.request_id,
-                tokens_input(prompt_ids),
-                params,
-                lora_request=lora,
-                priority=request.priority,
-            )
+            internal_id = await self._add(prepared, request, sink)
         first, finished = True, False
         try:
             while not finished:
                 with map_engine_errors():
                     deltas = sink.take_nowait() or await sink.take()
-                event = merge_deltas(deltas, prompt_ids if first else None)
+                event = merge_deltas(deltas, prepared.prompt_ids if first else None)
                 first = False
                 finished = event.finish_reason is not None
                 yield event
@@ -246,19 +308,19 @@ class VllmEngine:
                 await asyncio.shield(self._llm.abort(internal_id, internal=True))
 
     async def _converted_events(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        request: GenerationRequest,
-        lora: LoRARequest | None,
-        options: SamplingOptions,
+        self, prepared: _Prepared, request: GenerationRequest
     ) -> AsyncGenerator[TokenEvent, None]:
-        """A request with logprobs or images: vLLM's `RequestOutput`s, converted."""
+        """AsyncLLM's path: vLLM's `RequestOutput`s, converted."""
+        prompt_ids = prepared.prompt_ids
         prompt = self._prompt(prompt_ids, request)
         stream = self._llm.generate(
-            prompt, params, request.request_id, lora_request=lora, priority=request.priority
+            prompt,
+            prepared.params,
+            request.request_id,
+            lora_request=prepared.lora,
+            priority=request.priority,
         )
-        converter = EventConverter(prompt_ids, options)
+        converter = EventConverter(prompt_ids, prepared.options)
         echo_due = bool(request.images)
         try:
             while True:
@@ -322,6 +384,17 @@ class VllmEngine:
         # Every tensor-parallel rank computes the same residual stream; rank 0's suffices.
         taken: dict[str, list[tuple[int, bytes]]] = per_worker[0]
         return taken
+
+
+class _Prepared(NamedTuple):
+    """A request checked and in vLLM's terms (`VllmEngine._prepare`)."""
+
+    prompt_ids: list[int]
+    options: SamplingOptions
+    params: SamplingParams
+    lora: LoRARequest | None
+    readouts: bool  # readouts asked for: taken from the worker between events
+    prefill_only: bool  # max_tokens 0: one token sampled and dropped
 
 
 def _nothing() -> None:

@@ -11,7 +11,7 @@ Every failure of a POST, authentication included, answers an `InferResponse` car
 one `Error` whose code is also the HTTP status (`graphpipe_error`, the renderer this
 API's routes carry): never FastAPI's JSON error body, never a bare 500. A prompt that
 fails, or a client that disconnects, closes every generation of its batch
-(`merge_generations`), and closing a generation aborts its engine request.
+(`run_generations`), and closing a generation aborts its engine request.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from app.routes.deps import EngineDep, SettingsDep, check_credentials, get_admis
 from app.routes.http.bodies import documented
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.http.errors import api_router, retry_headers
-from app.routes.http.generations import merge_generations
+from app.routes.http.generations import run_generations
 from app.routes.http.json import OrjsonResponse
 from schemas.graphpipe_json import GraphPipeErrors, GraphPipeMetadata
 
@@ -82,8 +82,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 async def _generate(engine: Engine, core: InferCore, tickets: Tickets) -> None:
     """Run every prompt of the batch at once, each on its ticket; the first failure ends
     them all."""
-    async for index, event in merge_generations(engine, core.requests, tickets):
-        core.feed(index, event)
+    await run_generations(engine, core.requests, tickets, core.feed)
 
 
 def _octet(body: bytes | memoryview, status_code: int = 200) -> Response:

@@ -10,10 +10,13 @@
    templating, tokenizing, compiling a constraint's grammar and decoding images block,
    and a render thread of its own keeps them from stalling every stream. A build that
    fails gives its admission places back;
-3. streamed: a 200 `text/event-stream` of the core's events (`opening`, one batch per
-   engine event, `closing`, `[DONE]` where the API ends with it); an error after the
-   first byte goes in the stream, in the API's shape (`Core.failure`); not streamed: the
-   core's `result()` as JSON, or the error, raised for the route's renderer.
+3. the engine requests run with their events pushed (`run_generations`: the engine hands
+   each one on from its own loop, and the call's task waits once, for the end);
+   streamed: a 200 `text/event-stream` of the core's events (`opening`, one write per
+   engine event, `closing`, `[DONE]` where the API ends with it), written as they come;
+   an error after the first byte goes in the stream, in the API's shape
+   (`Core.failure`); not streamed: each event fed to the core, then its `result()` as
+   JSON, or the error, raised for the route's renderer.
 
 Whatever ends a call (the last event, an error, the client leaving), its engine requests
 are closed, which aborts any still running, and its admission places are given back.
@@ -24,7 +27,7 @@ An exception inside a call becomes what the client is told through
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -32,13 +35,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.admission import Admission, Tickets
-from app.engine.base import Engine
+from app.engine.base import Engine, TokenEvent
 from app.errors import client_error
-from app.protocols.core import Core
+from app.protocols.core import Core, Event
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
-from app.routes.http.generations import merge_generations
+from app.routes.http.generations import run_generations
 from app.routes.http.json import OrjsonResponse
-from app.routes.http.sse import DONE, EventStream, sse
+from app.routes.http.sse import DONE, PushedStream, sse
 
 T = TypeVar("T")
 
@@ -72,7 +75,7 @@ async def serve_call(
         tickets.release()
         raise
     if stream:
-        return EventStream(_stream(engine, core, tickets), tickets)
+        return PushedStream(lambda write: _stream(engine, core, tickets, write), tickets)
     try:
         with tickets:
             await unless_disconnected(request.receive, collect(engine, core, tickets))
@@ -86,22 +89,28 @@ async def serve_call(
 
 async def collect(engine: Engine, core: Core, tickets: Tickets) -> None:
     """Run `core`'s requests to their end, feeding it every event (not streamed)."""
-    async for index, event in merge_generations(engine, core.requests, tickets):
-        core.feed(index, event)
+    await run_generations(engine, core.requests, tickets, core.feed)
 
 
-async def _stream(engine: Engine, core: Core, tickets: Tickets) -> AsyncGenerator[bytes, None]:
-    """The call as SSE: one generator, no nesting, since its loop runs once per token."""
+def _encoded(events: list[Event]) -> bytes:
+    return b"".join(sse(body, name) for name, body in events)
+
+
+async def _stream(
+    engine: Engine, core: Core, tickets: Tickets, write: Callable[[bytes], None]
+) -> None:
+    """The call as SSE: each engine event's frames written in one go, as it comes."""
+
+    def on_event(index: int, event: TokenEvent) -> None:
+        events = core.events(index, event)
+        if events:
+            write(_encoded(events))
+
     try:
-        for name, body in core.opening():
-            yield sse(body, name)
-        async for index, token_event in merge_generations(engine, core.requests, tickets):
-            for name, body in core.events(index, token_event):
-                yield sse(body, name)
-        for name, body in core.closing():
-            yield sse(body, name)
+        write(_encoded(core.opening()))
+        await run_generations(engine, core.requests, tickets, on_event)
+        write(_encoded(core.closing()))
     except Exception as exc:  # the stream has started: the error goes in it
-        for name, body in core.failure(client_error(exc)):
-            yield sse(body, name)
+        write(_encoded(core.failure(client_error(exc))))
     if core.ends_with_done:
-        yield DONE
+        write(DONE)

@@ -1,6 +1,7 @@
-"""The hand-over of vLLM's outputs as deltas (app.engine.vllm.deltas), without an engine:
-the sink's order, waking and errors, and one event made of the deltas that arrived
-together. The path itself runs on real vLLM in tests/engine/test_vllm_engine.py."""
+"""The hand-over of the engine core's outputs by the consumer (app.engine.vllm.consumer),
+without an engine: the sink's order, waking and errors, pulled or pushed; one event made
+of the deltas that arrived together. The consumer itself runs on real vLLM in
+tests/engine/test_vllm_engine.py and tests/engine/test_vllm_metrics.py."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 
 # Imported as test_engine_errors imports vLLM: its first import of vllm.v1.engine warns
 # (torch.jit) in vLLM's own code, nothing to do with these tests.
-deltas = pytest.importorskip("app.engine.vllm.deltas")
-Delta, DeltaSink, merge_deltas = deltas.Delta, deltas.DeltaSink, deltas.merge_deltas
+consumer = pytest.importorskip("app.engine.vllm.consumer")
+Delta, Sink, merge_deltas = consumer.Delta, consumer.Sink, consumer.merge_deltas
 
 
 def _delta(ids: list[int], text: str, finish: str | None = None, stop: str | None = None) -> Delta:
@@ -20,7 +21,7 @@ def _delta(ids: list[int], text: str, finish: str | None = None, stop: str | Non
 
 def test_the_sink_hands_over_what_arrived_in_order_and_wakes_its_reader() -> None:
     async def scenario() -> list[list[Delta]]:
-        sink = DeltaSink()
+        sink = Sink()
         assert sink.take_nowait() == []
         reader = asyncio.ensure_future(sink.take())
         await asyncio.sleep(0)
@@ -46,7 +47,7 @@ def test_an_error_from_vllm_reaches_the_reader_waiting_or_not() -> None:
     from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
     async def scenario() -> None:
-        sink = DeltaSink()
+        sink = Sink()
         reader = asyncio.ensure_future(sink.take())
         await asyncio.sleep(0)
         sink.put(RuntimeError("the output handler failed"))
@@ -55,10 +56,53 @@ def test_an_error_from_vllm_reaches_the_reader_waiting_or_not() -> None:
         assert isinstance(raised.value.__cause__, RuntimeError)
         with pytest.raises(EngineGenerateError):
             sink.take_nowait()
-        dead = DeltaSink()
+        dead = Sink()
         dead.put(EngineDeadError())
         with pytest.raises(EngineDeadError):
             await dead.take()
+
+    asyncio.run(scenario())
+
+
+def test_a_pushed_sink_gives_each_delta_at_once_and_wakes_its_task_at_the_end() -> None:
+    async def scenario() -> list[Delta]:
+        sink = Sink()
+        got: list[Delta] = []
+        sink.put(_delta([1], "a"))  # before the receiver: given first
+        sink.push(got.append)
+        assert got == [_delta([1], "a")]
+        waiting = asyncio.ensure_future(sink.wait_pushed(lambda: got[-1].finish_reason is not None))
+        await asyncio.sleep(0)
+        sink.put(_delta([2], "b"))
+        assert got[-1] == _delta([2], "b")  # at once, in the putting code's turn
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        sink.put(_delta([3], "c", "length"))
+        await asyncio.wait_for(waiting, 1)
+        return got
+
+    assert [d.token_ids for d in asyncio.run(scenario())] == [[1], [2], [3]]
+
+
+def test_a_receiver_that_raises_ends_the_pushed_sink_with_its_own_exception() -> None:
+    """A bug of ours in the receiver is raised to its task as it is (not as the engine's),
+    and never reaches vLLM's loop that put the delta."""
+
+    async def scenario() -> None:
+        sink = Sink()
+
+        def receive(delta: Delta) -> None:
+            if delta.token_ids == [2]:
+                raise KeyError("ours")
+
+        sink.push(receive)
+        waiting = asyncio.ensure_future(sink.wait_pushed(lambda: False))
+        await asyncio.sleep(0)
+        sink.put(_delta([1], "a"))
+        sink.put(_delta([2], "b"))  # raises inside: the sink keeps it
+        sink.put(_delta([3], "c"))
+        with pytest.raises(KeyError):
+            await asyncio.wait_for(waiting, 1)
 
     asyncio.run(scenario())
 
