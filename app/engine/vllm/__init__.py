@@ -1,12 +1,16 @@
 """vLLM behind the engine seam (`app.engine.base`): the only package that imports vLLM
 (with `app.engine.readout_worker`, which runs inside vLLM's workers).
 
-- `engine`: `VllmEngine`, the one in-process `AsyncLLM`: generate, abort, LoRA, readouts.
+- `engine`: `VllmEngine`, the one in-process `AsyncLLM`: generate and run, abort, LoRA,
+  readouts.
+- `consumer`: the one consumer of the engine core's outputs, a loop per engine step over
+  vLLM's own request states, in place of AsyncLLM's output handler.
 - `startup`: building it from `Settings` (engine arguments, CPU host, tools, vision,
   readouts), and what the process does once it runs (the environment cache, the heap).
 - `errors`: vLLM's exceptions -> `app.errors`, in one place (`map_engine_errors`).
 - `params`: neutral `SamplingOptions` -> vLLM's `SamplingParams`.
-- `convert`: vLLM's `RequestOutput` deltas -> neutral `TokenEvent`s (logprobs included).
+- `convert`: AsyncLLM's `RequestOutput` deltas -> neutral `TokenEvent`s (logprobs
+  included), and vLLM's logprobs as the seam's.
 - `tokenizer`: the engine's tokenizer and vLLM's chat renderer behind `Tokenizer`.
 - `stats`: the engine core's own request counts, from its scheduler stats.
 - `vision`: how a vision-language model lays images into its prompt.
