@@ -13,7 +13,10 @@ its own in the results; the table gives each server's slowest start against its 
 
 Targets, one alive at a time, each start fresh and warmed:
 - switchboard: `switchboard serve` as it starts by default;
-- switchboard pinned: `--pin-frontend true` (its frontend kept off the engine's core);
+- switchboard, engine not niced: `--engine-niceness 0`, its engine's processes left at
+  the frontend's priority (as every start was before issue 32; see docs/benchmarks.md);
+- switchboard pinned (not by default): `--pin-frontend true`, its frontend kept off the
+  engine's core;
 - vllm serve: `vllm serve` with its Python frontend (bench/vllm_serve.py);
 - vllm serve (Rust): the same with `VLLM_USE_RUST_FRONTEND=1`;
 - bare engine: vLLM's `AsyncLLM` in process, no HTTP, the same prompts and concurrency
@@ -66,9 +69,10 @@ from harness import (
 INPUT_LEN, OUTPUT_LEN = 128, 64
 PROMPTS = {1: 32, 16: 320, 64: 1024}  # concurrency -> requests per run
 SWITCHBOARD, PINNED = "switchboard", "switchboard pinned"
+UNNICED = "switchboard, engine not niced"  # --engine-niceness 0: as before issue 32
 VLLM, RUST = "vllm serve", "vllm serve (Rust)"
 BARE, FLOOR = "bare engine", "transport floor"
-SERVERS = (SWITCHBOARD, PINNED, VLLM, RUST)
+SERVERS = (SWITCHBOARD, UNNICED, VLLM, RUST)
 STARTS_WITHIN = 0.8  # issue 32: every start within 0.8x of the median start's tok/s
 
 
@@ -76,6 +80,7 @@ def targets(names: list[str]) -> list[Target]:
     every = {
         SWITCHBOARD: lambda: switchboard(SWITCHBOARD),
         PINNED: lambda: switchboard(PINNED, "--pin-frontend", "true"),
+        UNNICED: lambda: switchboard(UNNICED, "--engine-niceness", "0"),
         VLLM: lambda: vllm_serve(VLLM),
         RUST: lambda: vllm_serve(RUST, rust=True),
         BARE: lambda: Target(BARE, child=bare_engine_round),
@@ -93,10 +98,11 @@ def measure(pinned: bool) -> Callable[[Server, Round], Figures]:
         for c, prompts in PROMPTS.items():
             with server.meter() as m:
                 result = rust_load(server.port, c, prompts, round_.seed(c), pinned=pinned)
-            if m.tokens != prompts * OUTPUT_LEN:
+            if m.tokens != result["completed"] * OUTPUT_LEN:
                 raise RuntimeError(f"{server.target.name}: {m.tokens:.0f} tokens, {prompts} asked")
             out[c] = {**m.figures(), **_latencies(result)}
             out[c]["output_tok_s"] = m.tokens / result["duration"]  # the client's clock
+            out[c]["lost_to_keep_alive"] = prompts - result["completed"]
             print(f"  {server.target.name} c={c}: {_line(out[c])}", flush=True)
         return out
 
@@ -285,6 +291,13 @@ def verdicts(results: Results) -> list[str]:
                 f"- c={c}: Switchboard's CPU per token above the bare engine's and the SSE "
                 f"floor's: {spread(above, 1)} us."
             )
+    if {SWITCHBOARD, UNNICED} <= have:
+        for c in (16, 64):
+            lines.append(
+                f"- c={c}: the engine niced (the default) over not: "
+                f"{spread(results.within(SWITCHBOARD, UNNICED, c, SPEED), 2)}x tok/s, "
+                f"{spread(results.within(SWITCHBOARD, UNNICED, c, CPU), 2)}x frontend CPU/token."
+            )
     goals = [
         (64, CPU, VLLM, "<=", 0.6),
         (64, SPEED, VLLM, ">=", 1.0),
@@ -363,7 +376,7 @@ def table(results: Results, args: argparse.Namespace) -> str:
         f"- c={c} {starts_line(results, target, c)}"
         for c in (16, 64)
         for target in results.raw
-        if target in SERVERS
+        if target != BARE
     ]
     refs = ", ".join(f"{r.host_reference_us:.2f}" for r in results.rounds)
     loads = ", ".join(f"{r.load_average[0]:.1f}" for r in results.rounds)
@@ -397,7 +410,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--starts", type=int, default=2, help="fresh starts per target a round")
-    parser.add_argument("--targets", nargs="+", default=[*SERVERS, BARE])
+    parser.add_argument(
+        "--targets", nargs="+", default=[*SERVERS, BARE], choices=[*SERVERS, PINNED, BARE]
+    )
     parser.add_argument("--pinned-client", action="store_true")
     parser.add_argument("--no-publish", action="store_true", help="print, write nothing")
     parser.add_argument("--bare-engine-child", metavar="SEEDS")

@@ -517,8 +517,9 @@ def rust_load(
     tokens each (`ignore_eos`). `pinned`: on `CLIENT_CORE` at real-time priority, where it
     never takes the frontend's core (at normal priority there it read each stream in
     bursts behind the OpenMP threads); else wherever the kernel puts it, as a client on
-    the same host would run. Its result JSON; a run whose requests did not all complete
-    is kept in /tmp and refused."""
+    the same host would run. Its result JSON (`completed` of the `prompts`); a run with a
+    failure other than a lost keep-alive race, or more than 1% of them, is kept in /tmp
+    and refused."""
     from vllm_rs import vllm_rs
 
     place = ["taskset", "-c", str(CLIENT_CORE), *REALTIME] if pinned else []
@@ -535,11 +536,19 @@ def rust_load(
         subprocess.run(command, check=True, capture_output=True, timeout=600)
         text = (Path(out) / "r.json").read_text()
     result: Figures = json.loads(text)
-    if result["completed"] != prompts or result["failed"]:
+    errors = [e for e in result.get("errors", []) if e]
+    # The one failure tolerated: a pooled connection the server closed as idle just as the
+    # client sent on it (hyper's "connection closed before message completed"), which an
+    # unpinned client stalled for seconds meets now and then; the request never ran.
+    raced = all(_KEEP_ALIVE_RACE in e for e in errors) and len(errors) <= prompts // 100
+    if result["completed"] + len(errors) != prompts or (errors and not raced):
         kept = Path(tempfile.mkstemp(prefix="rust-load-refused-", suffix=".json")[1])
         kept.write_text(text)
         raise RuntimeError(f"{result['completed']} of {prompts} requests completed; see {kept}")
     return result
+
+
+_KEEP_ALIVE_RACE = "connection closed before message completed"
 
 
 # -- results ------------------------------------------------------------------------------

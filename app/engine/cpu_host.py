@@ -1,6 +1,6 @@
 """What vLLM's CPU build needs from its host: a KV cache size chosen up front, prompts
-prefilled whole, the frontend kept off the cores the engine's OpenMP threads spin on, and
-a compile cache that loads.
+prefilled whole, engine processes that give way to the frontend, the frontend kept off
+the cores the engine's OpenMP threads spin on when asked, and a compile cache that loads.
 
 KV cache: with no size given, vLLM's CPU worker reserves `gpu_memory_utilization` (0.92)
 of its NUMA node and refuses to start when the page cache holds part of it ("Available
@@ -29,6 +29,20 @@ seven runs), the kernel's own placement streamed as many tokens per second (0.99
 against unpinned at 64 streams, the median of the runs' medians) and the pinned frontend,
 sharing one core with the engine core's busy loop, spent ~10% more CPU per token (0.82x
 to 1.13x); none of those runs showed the bursts.
+
+Engine niceness: vLLM's CPU build runs a scheduling process (its engine core) and a
+worker process, and each waits for the other by spinning (`sched_yield` in a loop, for
+up to a second after its last message): under load the worker's OpenMP thread, bound to
+one core, and the engine core's loop on the other keep both cores busy even between
+steps. The frontend and any client on the host share a core with a spinner, and which
+core each lands on, decided by the kernel at start and kept by its wake-ups, decided how
+fast the start served: measured per thread under an unpinned load, the slow starts (a
+third to half of the fast ones' tokens per second, for the server's whole life) had the
+client beside the spinning worker and the frontend beside the engine core's loop.
+`renice_engine` gives every thread of the engine's processes a niceness (10 by default,
+`--engine-niceness`): the spinning then yields to whatever else wants the core, and the
+engine's own work still has every core that nothing else wants. Threads made later
+inherit it.
 
 Compilation: vLLM 0.32 with torch 2.10 or later saves each compiled model as an AOT
 artifact and loads it at the next start, but on the CPU build (no inductor) the loaded
@@ -115,6 +129,32 @@ def engine_cpus(everything: frozenset[int]) -> frozenset[int]:
             if cpus < everything:
                 bound |= cpus
     return frozenset(bound)
+
+
+def _engine_threads() -> Iterable[int]:
+    """The thread ids of every process under this one."""
+    for child in psutil.Process().children(recursive=True):
+        try:
+            threads = child.threads()
+        except psutil.Error:
+            continue
+        yield from (thread.id for thread in threads)
+
+
+def renice_engine(niceness: int) -> int:
+    """Set `niceness` on every thread of the engine's processes (this process's
+    children); how many threads were set. Raising a niceness needs no privilege."""
+    if niceness == 0 or not hasattr(os, "setpriority"):
+        return 0
+    done = 0
+    for thread in _engine_threads():
+        try:
+            os.setpriority(os.PRIO_PROCESS, thread, niceness)
+        except OSError:  # the thread ended meanwhile
+            continue
+        done += 1
+    logger.info("engine threads at niceness %d (%d threads)", niceness, done)
+    return done
 
 
 def pin_frontend() -> frozenset[int] | None:

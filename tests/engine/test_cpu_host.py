@@ -1,5 +1,6 @@
-"""With `--pin-frontend`, the frontend keeps off the engine's cores on vLLM's CPU build (the
-live server, started with it, pinned this process once its engine had started)."""
+"""On vLLM's CPU build: with `--pin-frontend`, the frontend keeps off the engine's cores (the
+live server, started with it, pinned this process once its engine had started); the
+engine's processes run niced (`--engine-niceness`, 10 by default), this one does not."""
 
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ def test_the_frontend_runs_off_the_engine_cores(live_server: LiveServer) -> None
         except OSError:
             continue
         assert not allowed & bound, f"thread {thread.id} may run on engine cores {bound}"
+
+
+def test_the_engine_gives_way_to_the_frontend(live_server: LiveServer) -> None:
+    engine = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if child.name().startswith("VLLM::")
+    ]
+    assert engine, "no engine process under this one"
+    niceness = {os.getpriority(os.PRIO_PROCESS, t.id) for p in engine for t in p.threads()}
+    assert niceness == {live_server.app.state.settings.engine_niceness} == {10}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == 0
 
 
 def test_prompts_are_prefilled_whole(live_server: LiveServer) -> None:

@@ -29,6 +29,7 @@ from app.engine.base import EngineInfo, ReadoutManifest
 from app.engine.concepts import Concepts, load_concepts
 from app.engine.cpu_host import (
     pin_frontend,
+    renice_engine,
     with_cpu_kv_cache,
     with_whole_prefills,
     without_aot_compile,
@@ -121,8 +122,10 @@ async def start_engine(settings: Settings) -> VllmEngine:
 async def _started(
     llm: AsyncLLM, settings: Settings, concepts: Concepts | None, counts: SchedulerCounts
 ) -> VllmEngine:
-    if current_platform.is_cpu() and settings.pin_frontend:
-        pin_frontend()
+    if current_platform.is_cpu():
+        renice_engine(settings.engine_niceness)
+        if settings.pin_frontend:
+            pin_frontend()
     # vLLM reads its settings from the environment on every access (an os.getenv per
     # `envs.X`, several per engine step: 3% of the frontend's CPU at 32 streams) until
     # the cache is on, as vLLM's own engine processes turn it on once started.
