@@ -117,6 +117,15 @@ class Ticket(_Releasing):
             self._owner._queued_tokens += tokens - self.tokens
         self.tokens = tokens
 
+    def start(self, request: GenerationRequest) -> None:
+        """Before the engine is asked to run `request` on this ticket: refused if a drain
+        cut it already; the prompt's real size and the engine request noted."""
+        if self.cut:
+            raise self._owner.shutting_down()
+        if request.prompt_token_ids is not None:
+            self.measured(len(request.prompt_token_ids))
+        self.request_id = request.request_id
+
     def running(self) -> None:
         """The engine has started this request: it leaves the queue."""
         if self.queued and not self.released:
@@ -301,11 +310,7 @@ async def run(
         receive(event)
 
     try:
-        if ticket.cut:
-            raise ticket._owner.shutting_down()
-        if request.prompt_token_ids is not None:
-            ticket.measured(len(request.prompt_token_ids))
-        ticket.request_id = request.request_id
+        ticket.start(request)
         await engine.run(request, hand_on)
         if cut:
             raise ticket._owner.shutting_down()
@@ -320,11 +325,7 @@ async def generate(
     however it ends; the ticket's call `cut` by a drain ends it as `Overloaded`. Closing
     this iterator closes the engine's, which aborts the request (the seam's invariant)."""
     try:
-        if ticket.cut:
-            raise ticket._owner.shutting_down()
-        if request.prompt_token_ids is not None:
-            ticket.measured(len(request.prompt_token_ids))
-        ticket.request_id = request.request_id
+        ticket.start(request)
         events = engine.generate(request)
         try:
             async for event in events:

@@ -40,11 +40,7 @@ async def run_generations(
         for finished in asyncio.as_completed(tasks):
             await finished
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await _cancel_all(tasks)
 
 
 async def merge_generations(
@@ -86,8 +82,13 @@ async def merge_generations(
             else:
                 yield item  # type: ignore[misc]
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await _cancel_all(tasks)
+
+
+async def _cancel_all(tasks: Sequence[asyncio.Future[None]]) -> None:
+    """Cancel every branch and wait for each to end (which aborts its engine request)."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
