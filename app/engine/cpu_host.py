@@ -131,9 +131,9 @@ def engine_cpus(everything: frozenset[int]) -> frozenset[int]:
     return frozenset(bound)
 
 
-def _engine_threads() -> Iterable[int]:
-    """The thread ids of every process under this one."""
-    for child in psutil.Process().children(recursive=True):
+def _engine_threads(parent: psutil.Process) -> Iterable[int]:
+    """The thread ids of every process under `parent`."""
+    for child in parent.children(recursive=True):
         try:
             threads = child.threads()
         except psutil.Error:
@@ -141,13 +141,14 @@ def _engine_threads() -> Iterable[int]:
         yield from (thread.id for thread in threads)
 
 
-def renice_engine(niceness: int) -> int:
-    """Set `niceness` on every thread of the engine's processes (this process's
-    children); how many threads were set. Raising a niceness needs no privilege."""
+def renice_engine(niceness: int, parent: psutil.Process | None = None) -> int:
+    """Set `niceness` on every thread of the engine's processes (the children of
+    `parent`, this process by default); how many threads were set. Raising a niceness
+    needs no privilege."""
     if niceness == 0 or not hasattr(os, "setpriority"):
         return 0
     done = 0
-    for thread in _engine_threads():
+    for thread in _engine_threads(parent or psutil.Process()):
         try:
             os.setpriority(os.PRIO_PROCESS, thread, niceness)
         except OSError:  # the thread ended meanwhile

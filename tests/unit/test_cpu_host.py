@@ -61,31 +61,37 @@ def test_a_chosen_compile_cache_is_kept(monkeypatch: pytest.MonkeyPatch) -> None
     assert envs.VLLM_USE_AOT_COMPILE is True
 
 
-# A child with a second thread, and a grandchild: as vLLM's engine core and its worker.
-_ENGINE = """
-import subprocess, sys, threading, time
-threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
-subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+# Two threads each: a child that stands for the frontend, its child for vLLM's engine.
+_TWO_THREADS = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start()"
+_FRONTEND = f"""
+import subprocess, sys, time
+{_TWO_THREADS}
+subprocess.Popen([sys.executable, "-c", {_TWO_THREADS!r}])
 print("up", flush=True)
-time.sleep(60)
 """
 
 
 def test_every_thread_of_the_engines_processes_is_niced() -> None:
-    child = subprocess.Popen([sys.executable, "-c", _ENGINE], stdout=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", _FRONTEND], stdout=subprocess.PIPE)
     try:
         assert child.stdout is not None and child.stdout.readline() == b"up\n"
+        # Only the tree under the frontend given is touched (not the test session's other
+        # children, such as a redis-server fixture).
+        frontend = psutil.Process(child.pid)
         deadline = time.monotonic() + 10
-        while len(psutil.Process(child.pid).children()) < 1 and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            processes = frontend.children()
+            threads = [t.id for p in processes for t in p.threads()]
+            if len(threads) == 2:
+                break
             time.sleep(0.05)
-        processes = [psutil.Process(child.pid), *psutil.Process(child.pid).children()]
-        threads = [t.id for p in processes for t in p.threads()]
-        assert len(threads) >= 3
-        assert renice_engine(0) == 0  # off: nothing touched
+        assert len(processes) == 1 and len(threads) == 2
+        assert renice_engine(0, frontend) == 0  # off: nothing touched
         assert {os.getpriority(os.PRIO_PROCESS, t) for t in threads} == {0}
-        assert renice_engine(10) >= len(threads)
+        assert renice_engine(10, frontend) == len(threads)
         assert {os.getpriority(os.PRIO_PROCESS, t) for t in threads} == {10}
-        assert os.getpriority(os.PRIO_PROCESS, 0) == 0  # this process (the frontend) is not
+        frontend_threads = {t.id for t in frontend.threads()}
+        assert {os.getpriority(os.PRIO_PROCESS, t) for t in frontend_threads} == {0}
     finally:
         for process in psutil.Process(child.pid).children(recursive=True):
             process.kill()
