@@ -32,7 +32,12 @@ vLLM's engine) over the run, per token of vLLM's own count. Engine ITL: the mean
 Writes bench/results/frontends.json and the table between the `bench:frontends` markers.
 
     flock /tmp/switchboard-engine.lock .venv/bin/python bench/frontends.py \
-        [--rounds 3] [--starts 2] [--targets ...] [--pinned-client]
+        [--rounds 3] [--starts 2] [--targets ...] [--pinned-client] [--more RESULTS]
+
+A run publishes when it measured Switchboard, both of vLLM's frontends and the bare engine.
+Every start takes a minute or two: split a long run into runs short enough to hold the
+engine lock for (`--no-publish` first, then `--more` the results.json it names, whose
+rounds the next run continues).
 """
 
 from __future__ import annotations
@@ -415,6 +420,9 @@ def main() -> None:
     )
     parser.add_argument("--pinned-client", action="store_true")
     parser.add_argument("--no-publish", action="store_true", help="print, write nothing")
+    parser.add_argument(
+        "--more", type=Path, metavar="RESULTS", help="continue the rounds of this results file"
+    )
     parser.add_argument("--bare-engine-child", metavar="SEEDS")
     parser.add_argument("--floor-child", nargs=2, metavar=("STREAMS", "TICK_MS"))
     args = parser.parse_args()
@@ -427,13 +435,18 @@ def main() -> None:
         print("RESULT " + json.dumps(_floor_child(streams, tick_ms)), flush=True)
         return
     harness.tiny_model()
+    earlier = Results.from_record(json.loads(args.more.read_text())) if args.more else None
+    if earlier is not None:
+        args.targets = list(earlier.raw)
     results = run_rounds(
         targets(args.targets),
         measure(args.pinned_client),
         rounds=args.rounds,
         starts=args.starts,
         name="frontends",
+        earlier=earlier,
     )
+    args.rounds = len(results.rounds)
     figures = {
         "input_len": INPUT_LEN,
         "output_len": OUTPUT_LEN,
@@ -442,7 +455,7 @@ def main() -> None:
         "client": "pinned" if args.pinned_client else "unpinned",
         **results.record(),
     }
-    if args.no_publish or set(args.targets) != {*SERVERS, BARE}:
+    if args.no_publish or not {SWITCHBOARD, VLLM, RUST, BARE} <= set(args.targets):
         print(table(results, args))
         print(json.dumps(figures))
         return

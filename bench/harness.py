@@ -431,6 +431,17 @@ class Results:
         """What bench/results keeps: every round and every start."""
         return {"rounds": [asdict(r) for r in self.rounds], "raw": self.raw}
 
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Results:
+        """The results `record()` kept (to re-render a table, or to run more rounds)."""
+        results = cls(record["raw"])
+        results.raw = record["raw"]
+        results.rounds = [
+            Round(r["index"], tuple(r["order"]), tuple(r["load_average"]), r["host_reference_us"])
+            for r in record["rounds"]
+        ]
+        return results
+
 
 def _at(figures: Any, path: Sequence[Any]) -> float:
     for key in path:
@@ -447,16 +458,23 @@ def run_rounds(
     starts: int = 1,
     port: int = PORT,
     grpc_port: int = GRPC_PORT,
+    earlier: Results | None = None,
 ) -> Results:
     """Every target, `starts` fresh starts each, in each of `rounds` rounds: one server
     alive at a time, `measure(server, round)` per start (a `child` target runs its child
     instead). Logs, and the figures so far after each start (should a later one fail),
-    go to a temporary directory named `name`, printed first."""
+    go to a temporary directory named `name`, printed first. `earlier`: the rounds of an
+    earlier run of the same targets, continued (round numbers, seeds and orders go on
+    from them), so that a long run can be split into runs short enough to hold the
+    engine lock for."""
     logs = Path(tempfile.mkdtemp(prefix=f"{name}-"))
     print(f"logs in {logs}", flush=True)
-    results = Results(t.name for t in targets)
+    results = earlier or Results(t.name for t in targets)
     by_name = {t.name: t for t in targets}
-    for r in range(rounds):
+    if set(results.raw) != set(by_name):
+        raise ValueError(f"earlier rounds of {sorted(results.raw)}, not {sorted(by_name)}")
+    first = len(results.rounds)
+    for r in range(first, first + rounds):
         round_ = Round(r, tuple(order_of(list(by_name), r)), os.getloadavg(), host_reference())
         results.rounds.append(round_)
         print(

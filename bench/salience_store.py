@@ -294,9 +294,7 @@ def republish() -> None:
     record = json.loads((harness.RESULTS / "salience-store.json").read_text())
     engine = None
     if record["engine"] is not None:
-        engine = Results(record["engine"]["raw"])
-        engine.raw = record["engine"]["raw"]
-        engine.rounds = [Round(**r) for r in record["engine"]["rounds"]]
+        engine = Results.from_record(record["engine"])
     harness.write_table("salience-store", table(record["in_process"], engine))
 
 
