@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any
 
 from app.engine.base import (
     ChatPrompt,
@@ -177,3 +178,27 @@ class FakeEngine:
         if k is None:
             return None
         return [None] + [_logprob(t, k) for t in prompt[1:]]
+
+
+def vllm_tool_support(
+    tokenizer: Any, model: str, structured_outputs: Any = None, **kwargs: Any
+) -> Any:
+    """Switchboard's vLLM tool support for `--tool-call-parser hermes
+    --enable-auto-tool-choice`, over a stand-in for vLLM's `AsyncLLM` holding only what it
+    reads (the tokenizer, the model's name, the `--structured-outputs-config`: vLLM's
+    default unless given): planning and parsing tested without an engine. `kwargs` go to
+    `VllmToolSupport` (its reasoning parser)."""
+    import types
+
+    from vllm.config import StructuredOutputsConfig
+
+    from app.engine.vllm.tools import VllmToolSupport
+
+    llm = types.SimpleNamespace(
+        get_tokenizer=lambda: tokenizer,
+        model_config=types.SimpleNamespace(model=model),
+        vllm_config=types.SimpleNamespace(
+            structured_outputs_config=structured_outputs or StructuredOutputsConfig()
+        ),
+    )
+    return VllmToolSupport(llm, "hermes", True, "auto", **kwargs)  # type: ignore[arg-type]

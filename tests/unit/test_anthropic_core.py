@@ -30,7 +30,7 @@ from app.protocols.conversation.plan import plan_conversation
 from app.routes.http.bodies import validate
 from schemas.anthropic import AnthropicMessagesRequest
 from tests.conftest import tiny_model_path
-from tests.fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine, vllm_tool_support
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}}
 TOOLS = [
@@ -61,12 +61,9 @@ def info() -> Any:
     --enable-auto-tool-choice` plans and parses with."""
     from vllm.tokenizers import get_tokenizer
 
-    from app.engine.vllm.tools import VllmToolSupport
-
     tokenizer = get_tokenizer(str(tiny_model_path()))
-    config = types.SimpleNamespace(model=str(tiny_model_path()))
-    llm = types.SimpleNamespace(get_tokenizer=lambda: tokenizer, model_config=config)
-    return replace(FakeEngine().info, tools=VllmToolSupport(llm, "hermes", True, "auto"))  # type: ignore[arg-type]
+    support = vllm_tool_support(tokenizer, str(tiny_model_path()))
+    return replace(FakeEngine().info, tools=support)
 
 
 def _body(**fields: Any) -> AnthropicMessagesRequest:

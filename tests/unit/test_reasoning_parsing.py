@@ -28,7 +28,7 @@ from app.engine.base import TokenEvent
 from app.protocols.openai.chat import ChatCore
 from schemas.openai import ChatCompletionRequest
 from tests.conftest import tiny_model_path
-from tests.fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine, vllm_tool_support
 
 PARSER = "deepseek_r1"
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -58,13 +58,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture(scope="module")
 def switchboard(tokenizer: Any) -> Any:
-    from app.engine.vllm.tools import VllmToolSupport
-
-    llm = types.SimpleNamespace(
-        get_tokenizer=lambda: tokenizer,
-        model_config=types.SimpleNamespace(model=str(tiny_model_path())),
-    )
-    support = VllmToolSupport(llm, "hermes", True, "auto", reasoning_parser=PARSER)  # type: ignore[arg-type]
+    support = vllm_tool_support(tokenizer, str(tiny_model_path()), reasoning_parser=PARSER)
     return replace(FakeEngine().info, tools=support)
 
 

@@ -36,7 +36,7 @@ from app.engine.base import TokenEvent
 from app.protocols.openai.chat import ChatCore
 from schemas.openai import ChatCompletionRequest
 from tests.conftest import tiny_model_path
-from tests.fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine, vllm_tool_support
 
 WEATHER = {
     "type": "object",
@@ -163,10 +163,7 @@ def model_config() -> Any:
 def switchboard(tokenizer: Any, model_config: Any) -> Any:
     """The chat core with Switchboard's vLLM tool support (what `VllmEngine` builds for
     `--tool-call-parser hermes --enable-auto-tool-choice`), over the fake engine's info."""
-    from app.engine.vllm.tools import VllmToolSupport
-
-    llm = types.SimpleNamespace(get_tokenizer=lambda: tokenizer, model_config=model_config)
-    return replace(FakeEngine().info, tools=VllmToolSupport(llm, "hermes", True, "auto"))
+    return replace(FakeEngine().info, tools=vllm_tool_support(tokenizer, model_config.model))
 
 
 @pytest.fixture(scope="module")

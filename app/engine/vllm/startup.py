@@ -155,7 +155,6 @@ async def _started(
             settings.enable_auto_tool_choice,
             settings.tool_strict_level,
             reasoning_parser=llm.vllm_config.structured_outputs_config.reasoning_parser or None,
-            no_whitespace=bool(llm.vllm_config.structured_outputs_config.disable_any_whitespace),
         ),
     )
     if concepts is not None and settings.readout_concepts is not None:

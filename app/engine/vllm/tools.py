@@ -14,11 +14,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pydantic
+from vllm.config import StructuredOutputsConfig
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_tool_calls
 from vllm.exceptions import VLLMValidationError
 from vllm.parser import ParserManager
 from vllm.renderers.chat_utils import make_tool_call_id
+from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from app.engine.constraints import Constraint
@@ -33,51 +35,21 @@ from app.engine.tools import (
     ToolPlan,
     ToolSpec,
 )
+from app.engine.vllm.call_grammar import forced_call
 from app.errors import ConfigError, InvalidRequest
 
 
-def _tight(node: Any) -> Any:
-    """A structural tag whose JSON allows at most one whitespace character in a row:
-    what `--structured-outputs-config '{"disable_any_whitespace": true}'` asks of the
-    JSON vLLM constrains, which vLLM 0.32 applies to schemas and JSON objects but not to
-    the JSON inside a tool call's structural tag, where a random model then pads the
-    arguments with whitespace until `max_tokens`. xgrammar's `max_whitespace_cnt` must
-    be positive; one character between JSON tokens still bounds the call's length, so a
-    forced call always ends."""
-    if isinstance(node, dict):
-        tight = {key: _tight(value) for key, value in node.items()}
-        if tight.get("type") == "json_schema" and "json_schema" in tight:
-            tight["max_whitespace_cnt"] = 1
-        return tight
-    if isinstance(node, list):
-        return [_tight(value) for value in node]
-    return node
-
-
-def _constraint(
-    request: ChatCompletionRequest, param: str, no_whitespace: bool
-) -> Constraint | None:
-    outputs = request.structured_outputs
-    if outputs is None:
-        return None
+def _unchanged(outputs: StructuredOutputsParams, constraint: Constraint | None) -> bool:
+    """vLLM's parser left the call's own response format (`constraint`) as it was: it
+    only ever sets a structural tag (never a client's) or a JSON schema."""
     if outputs.structural_tag is not None:
-        tag = outputs.structural_tag
-        if no_whitespace:
-            tag = json.dumps(_tight(json.loads(tag)))
-        return Constraint("structural_tag", tag, param)
-    if outputs.json is not None:
-        spec = outputs.json if isinstance(outputs.json, str) else json.dumps(outputs.json)
-        return Constraint("json", spec, param)
-    return None
-
-
-def _same(a: Constraint, b: Constraint) -> bool:
-    """The same constraint, whatever its param (JSON schemas compared as values)."""
-    if a.kind != b.kind:
         return False
-    if a.kind == "json" and isinstance(a.spec, str) and isinstance(b.spec, str):
-        return bool(json.loads(a.spec) == json.loads(b.spec))
-    return a.spec == b.spec
+    if outputs.json is None:
+        return True
+    if constraint is None or constraint.kind != "json" or not isinstance(constraint.spec, str):
+        return False
+    schema = outputs.json if not isinstance(outputs.json, str) else json.loads(outputs.json)
+    return bool(schema == json.loads(constraint.spec))
 
 
 def _structured_outputs(constraint: Constraint) -> dict[str, Any]:
@@ -174,16 +146,15 @@ class VllmToolSupport:
         strict_level: str,
         *,
         reasoning_parser: str | None = None,
-        no_whitespace: bool = False,
     ) -> None:
         """`reasoning_parser`: vLLM's reasoning parser for the model's format, as the
         engine's `--reasoning-parser` names it (None: the output holds no reasoning to
-        read). `no_whitespace`: the server's structured outputs allow no whitespace
-        inside JSON (`disable_any_whitespace`), which forced calls then follow too."""
+        read). Forced calls follow the engine's `--structured-outputs-config` (its
+        backend and whitespace rule), as any constrained output does."""
         self._tokenizer = llm.get_tokenizer()
         self._model_config = llm.model_config
+        self._grammar_config: StructuredOutputsConfig = llm.vllm_config.structured_outputs_config
         self._auto = auto
-        self._no_whitespace = no_whitespace
         self._reasoning = bool(reasoning_parser)
         try:
             self._parser_cls = ParserManager.get_parser(
@@ -273,9 +244,10 @@ class VllmToolSupport:
         def new_parser() -> _Parser:
             return _Parser(parser_cls(self._tokenizer, adjusted.tools, **kwargs), adjusted)
 
-        forced = _constraint(adjusted, fields.tool_choice, self._no_whitespace)
-        if forced is not None and constraint is not None and _same(forced, constraint):
-            forced = None  # vLLM left the response format as it was
+        forced = None
+        outputs = adjusted.structured_outputs
+        if outputs is not None and not _unchanged(outputs, constraint):
+            forced = forced_call(outputs, self._grammar_config, fields.tool_choice)
         return ToolPlan(
             forced,
             new_parser,
