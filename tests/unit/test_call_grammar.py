@@ -28,6 +28,7 @@ from app.engine.vllm.call_grammar import json_grammar
 from app.errors import InvalidRequest
 from tests.conftest import tiny_model_path
 from tests.fake_engine import vllm_tool_support
+from tests.json_text import whitespace_outside_strings
 
 _VOCAB = [bytes([i]) for i in range(256)] + [b"<end>"]
 _END = 256
@@ -85,23 +86,6 @@ def walks(grammar: xgr.CompiledGrammar, seed: int, count: int = WALKS) -> Iterat
             if matcher.is_terminated():
                 yield bytes(out)
                 break
-
-
-def whitespace_outside_strings(text: str) -> bool:
-    inside = escaped = False
-    for c in text:
-        if inside:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                inside = False
-        elif c == '"':
-            inside = True
-        elif c in " \t\r\n":
-            return True
-    return False
 
 
 def check_json(text: bytes, schema: dict[str, Any], whitespace: bool) -> Any:
@@ -190,53 +174,103 @@ def support(**config: Any) -> Any:
     return vllm_tool_support(tokenizer, str(tiny_model_path()), StructuredOutputsConfig(**config))
 
 
-@pytest.mark.parametrize(
-    ("choice", "parallel"),
-    [("required", None), ("required", False), (NamedTool("get_weather"), None)],
-)
-def test_every_forced_call_the_grammar_admits_is_read_back_by_the_parser(
+CHOICES = [("required", None), ("required", False), (NamedTool("get_weather"), None)]
+
+
+def read_back(plan: Any, output: str, choice: Any, parallel: bool | None, seed: int) -> None:
+    """The constraint and the parser agree: `output` (a text the constraint admitted) is
+    read back, whole and streamed at random cuts, as calls of the offered tools, the
+    strict one's arguments valid for its schema, every call's an object, and the streamed
+    arguments (the model's own text) with no whitespace outside strings."""
+    names = {"get_weather"} if isinstance(choice, NamedTool) else {t.name for t in TOOLS}
+    parsed = plan.new_parser().parse(output, [])
+    assert parsed.tool_calls, output
+    if parallel is False or isinstance(choice, NamedTool):
+        assert len(parsed.tool_calls) == 1
+    for call in parsed.tool_calls:
+        assert call.name in names
+        schema = BOUNDED if call.name == "get_weather" else {"type": "object"}
+        check_json(call.arguments.encode(), schema, whitespace=True)
+    parser = plan.new_parser()
+    cuts = sorted(random.Random(seed).sample(range(1, len(output)), min(6, len(output) - 1)))
+    pieces = [output[a:b] for a, b in zip([0, *cuts], [*cuts, len(output)], strict=True)]
+    streamed: dict[int, list[str]] = {}
+    for i, piece in enumerate(pieces):
+        first, last = i == 0, i == len(pieces) - 1
+        delta = parser.feed(piece, [], prompt_token_ids=[] if first else None, finished=last)
+        for d in delta.tool_calls:
+            entry = streamed.setdefault(d.index, ["", ""])
+            entry[0] += d.name or ""
+            entry[1] += d.arguments or ""
+    whole = [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls]
+    assert [(n, json.loads(a)) for n, a in streamed.values()] == whole, output
+    for _, arguments in streamed.values():
+        assert not whitespace_outside_strings(arguments), output
+
+
+@pytest.mark.parametrize(("choice", "parallel"), CHOICES)
+def test_xgrammar_forced_calls_are_read_back_by_the_parser(
     compiler: xgr.GrammarCompiler, choice: Any, parallel: bool | None
 ) -> None:
-    """The constraint and the parser agree: each admitted text is read back (whole, and
-    streamed at random cuts) as calls of the offered tools, the strict one's arguments
-    valid for its schema, every call's an object, and no whitespace in them."""
     tools = support(backend="xgrammar", disable_any_whitespace=True)
     plan = tools.plan(TOOLS, choice, parallel, ToolFields(), None, {})
     assert plan.constraint is not None and plan.constraint.kind == "structural_tag"
     assert '"json_schema"' not in str(plan.constraint.spec)  # every schema lowered
     grammar = compiler.compile_structural_tag(str(plan.constraint.spec))
-    names = {"get_weather"} if isinstance(choice, NamedTool) else {t.name for t in TOOLS}
-    rng = random.Random(7)
-    count = 0
-    for text in walks(grammar, seed=3, count=60):
-        count += 1
-        output = text.decode()
-        parsed = plan.new_parser().parse(output, [])
-        assert parsed.tool_calls, output
-        if parallel is False or isinstance(choice, NamedTool):
-            assert len(parsed.tool_calls) == 1
-        for call in parsed.tool_calls:
-            assert call.name in names
-            schema = BOUNDED if call.name == "get_weather" else {"type": "object"}
-            check_json(call.arguments.encode(), schema, whitespace=True)
-        # Streamed: the same calls, their argument fragments joining to the same JSON
-        # (streamed arguments are the model's own text: checked for whitespace too).
-        parser = plan.new_parser()
-        cuts = sorted(rng.sample(range(1, len(output)), min(6, len(output) - 1)))
-        pieces = [output[a:b] for a, b in zip([0, *cuts], [*cuts, len(output)], strict=True)]
-        streamed: dict[int, list[str]] = {}
-        for i, piece in enumerate(pieces):
-            first, last = i == 0, i == len(pieces) - 1
-            delta = parser.feed(piece, [], prompt_token_ids=[] if first else None, finished=last)
-            for d in delta.tool_calls:
-                entry = streamed.setdefault(d.index, ["", ""])
-                entry[0] += d.name or ""
-                entry[1] += d.arguments or ""
-        whole = [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls]
-        assert [(n, json.loads(a)) for n, a in streamed.values()] == whole, output
-        for _, arguments in streamed.values():
-            assert not whitespace_outside_strings(arguments), output
-    assert count >= 30  # (walks past 800 bytes dropped: calls without end)
+    texts = list(walks(grammar, seed=3, count=60))
+    assert len(texts) >= 30  # (walks past 800 bytes dropped: calls without end)
+    for i, text in enumerate(texts):
+        read_back(plan, text.decode(), choice, parallel, seed=i)
+
+
+@pytest.fixture(scope="module")
+def llguidance_tokenizer() -> Any:
+    from llguidance.hf import from_tokenizer
+    from transformers import AutoTokenizer
+
+    return from_tokenizer(AutoTokenizer.from_pretrained(str(tiny_model_path())))
+
+
+def guidance_walks(grammar: str, tokenizer: Any, seed: int, count: int) -> Iterator[str]:
+    """As `walks`, with llguidance's matcher over the tiny model's own tokens."""
+    import llguidance
+
+    rng = random.Random(seed)
+    eos = tokenizer.eos_token
+    for _ in range(count):
+        matcher = llguidance.LLMatcher(tokenizer, grammar)
+        tokens: list[int] = []
+        while len(tokens) < 300 and not matcher.is_stopped():
+            bits = np.unpackbits(
+                np.frombuffer(matcher.compute_bitmask(), np.uint8), bitorder="little"
+            )
+            allowed = [int(t) for t in np.flatnonzero(bits[: tokenizer.vocab_size]) if t != eos]
+            if matcher.is_accepting() and (not allowed or rng.random() < 0.3):
+                yield tokenizer.decode_str(tokens)
+                break
+            tokens.append(rng.choice(allowed))
+            assert matcher.consume_token(tokens[-1]), matcher.get_error()
+        else:
+            if matcher.is_stopped():
+                yield tokenizer.decode_str(tokens)
+
+
+@pytest.mark.parametrize(("choice", "parallel"), CHOICES)
+def test_guidance_forced_calls_are_read_back_by_the_parser(
+    llguidance_tokenizer: Any, choice: Any, parallel: bool | None
+) -> None:
+    """The guidance backend: the tag as Lark, schemas inline, read back the same."""
+    import llguidance
+
+    tools = support(backend="guidance", disable_any_whitespace=True)
+    plan = tools.plan(TOOLS, choice, parallel, ToolFields(), None, {})
+    assert plan.constraint is not None and plan.constraint.kind == "grammar"
+    grammar = llguidance.grammar_from("grammar", str(plan.constraint.spec))
+    assert llguidance.LLMatcher.validate_grammar(grammar, llguidance_tokenizer) == ""
+    texts = list(guidance_walks(grammar, llguidance_tokenizer, seed=5, count=40))
+    assert len(texts) >= 20
+    for i, text in enumerate(texts):
+        read_back(plan, text, choice, parallel, seed=i)
 
 
 def test_a_non_strict_tools_arguments_are_an_object() -> None:
@@ -247,12 +281,21 @@ def test_a_non_strict_tools_arguments_are_an_object() -> None:
     assert grammars and all(g == json_grammar({"type": "object"}, True) for g in grammars)
 
 
-@pytest.mark.parametrize("backend", ["guidance", "outlines", "lm-format-enforcer"])
-def test_a_backend_that_cannot_force_a_call_is_a_400(backend: str) -> None:
-    tools = support(backend=backend)
+@pytest.mark.parametrize(
+    ("backend", "choice", "tools"),
+    [
+        ("outlines", "required", TOOLS),
+        ("lm-format-enforcer", NamedTool("note"), TOOLS),
+        ("guidance", "auto", TOOLS),  # auto over a strict tool: a triggered tag
+    ],
+)
+def test_a_backend_that_cannot_force_a_call_is_a_400(
+    backend: str, choice: Any, tools: tuple[ToolSpec, ...]
+) -> None:
+    support_ = support(backend=backend)
     fields = ToolFields(tool_choice="tool_choice")
     with pytest.raises(InvalidRequest) as raised:
-        tools.plan(TOOLS, "required", None, fields, None, {})
+        support_.plan(tools, choice, None, fields, None, {})
     assert raised.value.param == "tool_choice" and backend in raised.value.message
     # auto over tools that are not strict forces nothing: any backend serves it
-    assert tools.plan(TOOLS[1:], "auto", None, fields, None, {}).constraint is None
+    assert support_.plan(TOOLS[1:], "auto", None, fields, None, {}).constraint is None

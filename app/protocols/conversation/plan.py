@@ -11,7 +11,8 @@ client's field. `plan_conversation` is the one place these become engine request
 1. the tools are planned by the engine's tool support (which forces `required` and
    named choices with a constraint, may combine an `auto` choice with a response
    format, as `vllm serve` does, and gives the parser that reads calls and, with a
-   reasoning parser, reasoning back out of each choice's text);
+   reasoning parser, reasoning back out of each choice's text); a forced call is never
+   cut by the client's stop strings or stop tokens (they could only cut the call);
 2. the messages are rendered by the model's chat template (`Tokenizer.render_chat`,
    token for token what `vllm serve` renders), and each image's block is widened to the
    pad tokens its vision encoder makes;
@@ -153,6 +154,10 @@ def plan_conversation(call: Conversation, info: EngineInfo, tokenizer: Tokenizer
     if tool_plan is not None:
         if tool_plan.constraint is not None:
             options = replace(options, constraint=tool_plan.constraint)
+            if call.tool_choice == "required" or isinstance(call.tool_choice, NamedTool):
+                # The forced calls are the whole answer: a stop string or token could only
+                # cut one, and the answer would finish without the call it promised.
+                options = replace(options, stop=(), stop_token_ids=())
         if tool_plan.skip_special_tokens is not None:
             options = replace(options, skip_special_tokens=tool_plan.skip_special_tokens)
     options = validate_sampling(options, info, call.fields, n=call.n)
