@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -70,17 +69,6 @@ class Thing(BaseModel):
 @pytest.fixture(scope="module")
 def client(live_server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def compact(tiny_model_dir: Path) -> dict[str, int]:
-    """logit_bias against whitespace-only tokens: vLLM's structural tags for tool calls
-    let JSON whitespace run freely, and a random model rarely stops writing it."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    ids = [i for i in range(len(tok)) if (text := tok.decode([i])) and not text.strip()]
-    return {str(i): -100 for i in ids}
 
 
 def _chat_prompt_tokens(
@@ -206,7 +194,6 @@ def test_parse_returns_a_parsed_pydantic_object(
 def test_forced_strict_tools_validate(
     client: openai.OpenAI,
     live_server: LiveServer,
-    compact: dict[str, int],
     tool_choice: str | dict[str, Any],
     names: tuple[str, ...],
 ) -> None:
@@ -218,7 +205,7 @@ def test_forced_strict_tools_validate(
             tool_choice=tool_choice,
             parallel_tool_calls=False,
             max_output_tokens=200,
-            extra_body={"seed": seed, "logit_bias": compact},
+            extra_body={"seed": seed},
         )
         calls = [item for item in response.output if item.type == "function_call"]
         assert len(calls) == 1, response.output
@@ -228,7 +215,7 @@ def test_forced_strict_tools_validate(
 
 
 def test_a_streamed_call_adds_up_through_the_sdk_helpers(
-    client: openai.OpenAI, live_server: LiveServer, compact: dict[str, int]
+    client: openai.OpenAI, live_server: LiveServer
 ) -> None:
     with client.responses.stream(
         model=live_server.model,
@@ -236,7 +223,7 @@ def test_a_streamed_call_adds_up_through_the_sdk_helpers(
         tools=TOOLS,
         tool_choice={"type": "function", "name": "get_weather"},
         max_output_tokens=200,
-        extra_body={"seed": 7, "logit_bias": compact},
+        extra_body={"seed": 7},
     ) as stream:
         events = list(stream)
         final = stream.get_final_response()
@@ -281,16 +268,14 @@ def test_auto_reads_a_hermes_call_as_a_function_call_item(
     assert streamed.output[1].arguments == response.output[1].arguments
 
 
-def test_function_call_output_round_trip(
-    client: openai.OpenAI, live_server: LiveServer, compact: dict[str, int]
-) -> None:
+def test_function_call_output_round_trip(client: openai.OpenAI, live_server: LiveServer) -> None:
     first = client.responses.create(
         model=live_server.model,
         input="What is the weather in Paris?",
         tools=TOOLS,
         tool_choice={"type": "function", "name": "get_weather"},
         max_output_tokens=200,
-        extra_body={"seed": 1, "logit_bias": compact},
+        extra_body={"seed": 1},
     )
     (call,) = [item for item in first.output if item.type == "function_call"]
     answer = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21"}
