@@ -150,7 +150,9 @@ def test_chat(
             parallel_tool_calls=False,
             max_tokens=MAX_TOKENS,
             n=CHAT_N,
-            seed=seed,
+            # Choice j of a request seeded s is seeded s + j: no two answers the same draw
+            # (streamed ones neither: the same draw streamed would be the same answer).
+            seed=(1000 if stream else 0) + seed * CHAT_N,
         )
         if not stream:
             return _chat_answers(await client.chat.completions.create(**kwargs), None)
@@ -272,7 +274,7 @@ def test_parallel_calls_finish_with_calls_or_are_cut_honestly(
             tool_choice="required",
             max_tokens=60,
             n=CHAT_N,
-            seed=100 + seed,
+            seed=2000 + seed * CHAT_N,
         )
         return _chat_answers(result, None)
 
