@@ -237,32 +237,29 @@ def _same_item(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
     constraint = mine["structured_outputs"] or {}
     theirs_named = {k: peer["structured_outputs"][k] for k in constraint}
     if "structural_tag" in constraint:
-        # A forced call's tag is vLLM's own, except that ours holds its JSON to the
-        # server's `disable_any_whitespace` (at most one whitespace in a row), which vLLM
-        # 0.32 leaves out of structural tags.
+        # A forced call's tag is vLLM's own, except that each JSON schema in it is the
+        # grammar xgrammar makes of it under the server's `disable_any_whitespace`, its
+        # strings corrected (app/engine/vllm/call_grammar.py; vLLM 0.32 compiles a tag's
+        # schemas with free whitespace, and xgrammar's strings take raw controls).
         tag, peer_tag = (json.loads(c["structural_tag"]) for c in (constraint, theirs_named))
-        assert _whitespace_bounds(tag) and set(_whitespace_bounds(tag)) == {1}
-        assert _without_whitespace_bounds(tag) == _without_whitespace_bounds(peer_tag)
+        assert '"json_schema"' in json.dumps(peer_tag)
+        assert tag == _schemas_as_grammars(peer_tag)
     else:
         assert theirs_named == constraint
 
 
-def _whitespace_bounds(node: Any) -> list[Any]:
-    if isinstance(node, dict):
-        own = [node["max_whitespace_cnt"]] if node.get("type") == "json_schema" else []
-        return own + [b for v in node.values() for b in _whitespace_bounds(v)]
-    if isinstance(node, list):
-        return [b for v in node for b in _whitespace_bounds(v)]
-    return []
+def _schemas_as_grammars(node: Any) -> Any:
+    from app.engine.vllm.json_grammar import json_grammar
 
-
-def _without_whitespace_bounds(node: Any) -> Any:
     if isinstance(node, dict):
-        return {
-            k: _without_whitespace_bounds(v) for k, v in node.items() if k != "max_whitespace_cnt"
-        }
+        if node.get("type") == "json_schema":
+            schema = node["json_schema"]  # a tool that is not strict: still an object
+            schema = {"type": "object"} if schema is True else schema
+            whitespace = not STRUCTURED_OUTPUTS["disable_any_whitespace"]
+            return {"type": "grammar", "grammar": json_grammar(schema, whitespace)}
+        return {k: _schemas_as_grammars(v) for k, v in node.items()}
     if isinstance(node, list):
-        return [_without_whitespace_bounds(v) for v in node]
+        return [_schemas_as_grammars(v) for v in node]
     return node
 
 

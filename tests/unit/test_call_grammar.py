@@ -23,8 +23,9 @@ import pytest
 import xgrammar as xgr
 from vllm.config import StructuredOutputsConfig
 
+from app.engine.constraints import Constraint
 from app.engine.tools import NamedTool, ToolFields, ToolSpec
-from app.engine.vllm.call_grammar import json_grammar
+from app.engine.vllm.json_grammar import json_grammar, lowered
 from app.errors import InvalidRequest
 from tests.conftest import tiny_model_path
 from tests.fake_engine import vllm_tool_support
@@ -299,3 +300,22 @@ def test_a_backend_that_cannot_force_a_call_is_a_400(
     assert raised.value.param == "tool_choice" and backend in raised.value.message
     # auto over tools that are not strict forces nothing: any backend serves it
     assert support_.plan(TOOLS[1:], "auto", None, fields, None, {}).constraint is None
+
+
+def test_a_response_format_on_xgrammar_is_its_corrected_grammar() -> None:
+    """Response formats get the same corrected JSON (`lowered`, where the engine runs a
+    constraint and where it checks one); what vLLM would not give xgrammar is left to it."""
+    config = StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
+    schema = Constraint("json", json.dumps(BOUNDED), "response_format")
+    assert lowered(schema, config) == Constraint(
+        "grammar", json_grammar(BOUNDED, False), "response_format"
+    )
+    any_object = lowered(Constraint("json_object", None, "p"), StructuredOutputsConfig())
+    assert any_object == Constraint("grammar", json_grammar({"type": "object"}, True), "p")
+    multiple_of = Constraint("json", json.dumps({"type": "integer", "multipleOf": 3}), "p")
+    for constraint, other in [
+        (schema, StructuredOutputsConfig(backend="guidance")),
+        (multiple_of, config),  # a feature xgrammar lacks: `auto` falls back to guidance
+        (Constraint("regex", "a+", "p"), config),
+    ]:
+        assert lowered(constraint, other) is constraint

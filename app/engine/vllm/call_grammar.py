@@ -11,16 +11,9 @@ to the backend as it is, and what the backend then admits is not what the parser
 1. The server's `--structured-outputs-config` never reaches a tag: vLLM applies
    `disable_any_whitespace` to `json` and `json_object` constraints only, so a call's JSON
    admits any whitespace (a random model pads it until `max_tokens`).
-2. xgrammar 0.2.8's JSON grammar admits text that is not JSON, or not the schema's:
-   - a string with `minLength`/`maxLength` is any character but `"`, `\\`, CR and LF
-     repeated (mlc-ai/xgrammar#800): raw control characters (`\\x13`, `\\t`), which
-     `json.loads` refuses ("Invalid control character"), and no escapes at all;
-   - every string admits UTF-8-encoded surrogates (bytes ED A0-BF xx): not UTF-8, they
-     come back as three U+FFFD each, so a bounded string comes back over its bound;
-   - `\\u` escapes of surrogates, which `json.loads` reads into a string no UTF-8
-     encoder takes;
-   - with whitespace disabled, its arrays and objects of any values still separate items
-     with ", " (mlc-ai/xgrammar#945, fixed after 0.2.8).
+2. xgrammar 0.2.8's JSON grammar admits text that is not JSON, or not the schema's (raw
+   control characters in bounded strings, surrogates, ", " with whitespace disabled:
+   `app.engine.vllm.json_grammar`).
 3. A tool that is not strict has its arguments as any JSON value (`5`, `[]`), where every
    API promises an object.
 
@@ -36,103 +29,23 @@ So the constraint is lowered here, before the engine sees it, for the server's b
 - the others (outlines, lm-format-enforcer) take no grammar of that kind: a clear 400
   naming `tool_choice`, never a grammar the backend misreads.
 
-Invariant (tests/unit/test_call_grammar.py walks the grammars byte by byte at random):
-every text a lowered JSON grammar admits parses with `json.loads`, is valid for the
-schema, and holds no whitespace outside strings when the server disables it; it is UTF-8
-too, but in a string with a `pattern`: xgrammar matches those with its regex automaton,
-which takes overlong and surrogate encodings (E0 9C 90, ED A0 80) for characters. Read
-back as U+FFFD each, still JSON, they can take a bounded pattern over its bound; only a
-model that writes bytes no text holds (a random one) meets it.
+Invariant (tests/unit/test_call_grammar.py walks the lowered tags at random and feeds
+each text to vLLM's hermes parser): every call the constraint admits is read back as a
+call, whole and streamed.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 from typing import Any
 
-import xgrammar as xgr
 from vllm.config import StructuredOutputsConfig
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.structured_output.backend_guidance import process_for_additional_properties
 
 from app.engine.constraints import Constraint
+from app.engine.vllm.json_grammar import json_grammar
 from app.errors import InvalidRequest
-
-# Code points no JSON string may hold raw (controls) or as UTF-8 at all (surrogates),
-# as xgrammar's character classes write them.
-_NEVER_RAW = (r"\0-\x1f", r"\ud800-\udfff")
-_HEX = "[A-Fa-f0-9]"
-# xgrammar 0.2.8's escape rule, and the same without `\u` escapes of surrogates (D800-DFFF).
-_ESCAPE = f'basic_escape ::= (([\\"\\\\/bfnrt]) | ("u" {_HEX} {_HEX} {_HEX} {_HEX}))'
-_ESCAPE_NO_SURROGATES = (
-    f'basic_escape ::= (([\\"\\\\/bfnrt]) | ("u" [0-9A-Ca-cE-Fe-f] {_HEX} {_HEX} {_HEX})'
-    f' | ("u" [Dd] [0-7] {_HEX} {_HEX}))'
-)
-# A bounded string's one character: a lone negated class (after `_classes`), to which
-# the escapes are added.
-_BOUNDED_CHARACTER = re.compile(r"^(\w+_characters) ::= \(\((\[\^[^\n]*\])\)\)$", re.M)
-# The generic arrays' and objects' separators: ", " (xgrammar#945) becomes ","
-_LOOSE_SEPARATOR = re.compile(r'^(basic_array_items|basic_object_properties) ::= \(\(", " ', re.M)
-
-
-def _literal_end(text: str, start: int, close: str) -> int:
-    """The index just past the `close` that ends the literal or class opened at `start`
-    (backslash escapes skipped)."""
-    i = start + 1
-    while text[i] != close:
-        i += 2 if text[i] == "\\" else 1
-    return i + 1
-
-
-def _classes(ebnf: str) -> str:
-    """Every negated class (in this grammar, only ever a string's characters) also
-    excludes controls and surrogates. (A string `pattern` is a `Regex(...)` rule, whose
-    literal is skipped like any other.)"""
-    out = []
-    i = 0
-    while i < len(ebnf):
-        c = ebnf[i]
-        if c == '"':
-            end = _literal_end(ebnf, i, '"')
-            out.append(ebnf[i:end])
-            i = end
-        elif c == "[":
-            end = _literal_end(ebnf, i, "]")
-            body = ebnf[i:end]
-            if body.startswith("[^"):
-                body = body[:-1] + "".join(r for r in _NEVER_RAW if r not in body) + "]"
-            out.append(body)
-            i = end
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
-
-@functools.lru_cache(maxsize=256)
-def _json_grammar(schema: str, whitespace: bool) -> str:
-    grammar = xgr.Grammar.from_json_schema(
-        schema,
-        any_whitespace=whitespace,
-        separators=None if whitespace else (",", ":"),
-        strict_mode=True,  # as xgrammar compiles a structural tag's schemas
-    )
-    ebnf = _classes(str(grammar)).replace(_ESCAPE, _ESCAPE_NO_SURROGATES)
-    ebnf = _BOUNDED_CHARACTER.sub(r'\1 ::= ((\2) | ("\\\\" basic_escape))', ebnf)
-    if not whitespace:
-        ebnf = _LOOSE_SEPARATOR.sub(r'\1 ::= (("," ', ebnf)
-    return ebnf
-
-
-def json_grammar(schema: Any, whitespace: bool) -> str:
-    """xgrammar's EBNF for `schema` (a JSON schema, or True: any value), corrected as the
-    module says; `whitespace` False: none between JSON tokens. Raises ValueError (or
-    RuntimeError) for a schema xgrammar cannot convert."""
-    # Key order kept: xgrammar has the model write properties in the schema's order.
-    text = json.dumps(schema if schema is not True else {})
-    return _json_grammar(text, whitespace)
 
 
 def _arguments(schema: Any) -> Any:

@@ -55,6 +55,7 @@ from app.engine.validation import check_prompt, validate_sampling
 from app.engine.vllm.consumer import Delta, Sink, StepConsumer, merge_deltas
 from app.engine.vllm.convert import EventConverter, check_expansion, prompt_only
 from app.engine.vllm.errors import map_engine_errors
+from app.engine.vllm.json_grammar import lowered
 from app.engine.vllm.lora import check_adapter
 from app.engine.vllm.params import sampling_params
 from app.engine.vllm.stats import SchedulerCounts
@@ -72,6 +73,7 @@ class VllmEngine:
         self._counts = counts
         self._info = info
         self._tokenizer = tokenizer
+        self._grammar = llm.vllm_config.structured_outputs_config
         self._loras: dict[str, LoraAdapter] = {}
         self._next_lora_id = 1
         self._running: set[str] = set()
@@ -165,6 +167,8 @@ class VllmEngine:
         # (vLLM has no exception type for it).
         options = validate_sampling(request.sampling, self._info, prefill_only=True)
         check_prompt(prompt_ids, options.max_tokens, self._info)
+        # As the engine's checker checked it: a JSON schema on xgrammar, corrected.
+        options = replace(options, constraint=lowered(options.constraint, self._grammar))
         # vLLM always samples at least one token: a prefill-only request (scoring) samples
         # one and drops it.
         prefill_only = options.max_tokens == 0

@@ -1,5 +1,7 @@
 """Neutral `Constraint`s -> vLLM's `StructuredOutputsParams`, and the engine's check that
-its structured-output backend can compile one (`EngineInfo.check_constraint`).
+its structured-output backend can compile one (`EngineInfo.check_constraint`): the
+constraint as the engine enforces it (`app.engine.vllm.json_grammar.lowered`: a JSON
+schema on xgrammar is its corrected grammar), checked and run alike.
 
 vLLM side of the seam (imports vLLM). The check is vLLM's own request validation
 (`SamplingParams.verify`, which picks the backend as `--structured-outputs-config`
@@ -19,6 +21,7 @@ from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from app.engine.constraints import Constraint
+from app.engine.vllm.json_grammar import lowered
 from app.errors import InvalidRequest
 
 
@@ -44,8 +47,9 @@ def constraint_checker(llm: AsyncLLM) -> Callable[[Constraint], None]:
     processor = llm.input_processor
 
     def check(constraint: Constraint) -> None:
+        enforced = lowered(constraint, config.structured_outputs_config)
         try:
-            params = SamplingParams(structured_outputs=structured_outputs(constraint))
+            params = SamplingParams(structured_outputs=structured_outputs(enforced))
             params.verify(
                 llm.model_config,
                 config.speculative_config,
