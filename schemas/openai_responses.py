@@ -138,6 +138,8 @@ class ResponsesRequest(VllmSampling):
     text: ResponsesTextConfig | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None  # echoed: vLLM's prefix cache needs no key
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
     top_logprobs: int | None = None

@@ -24,6 +24,7 @@ from app.sessions.responses import ResponsesRunner
 from app.store.sqlite import SqliteStore
 from schemas.openai_responses import ResponsesRequest
 from tests.fake_engine import FakeEngine
+from tests.open_responses import event_errors, schema_errors
 
 
 def _core(engine: FakeEngine, context: list[Any] | None = None, **body: Any) -> ResponsesCore:
@@ -37,7 +38,15 @@ def _core(engine: FakeEngine, context: list[Any] | None = None, **body: Any) -> 
         model="fake",
         context=context or [],
         input_items=read_input(request.input),
+        clock=lambda: 7.9,
     )
+
+
+def _in_spec(events: list[Any]) -> None:
+    """Every event, and every response it carries, as the Open Responses spec's schemas
+    require them (tests/open_responses.py)."""
+    for _, body in events:
+        assert event_errors(body) == [], body
 
 
 def _events(texts: list[str], finish: str = "length") -> list[TokenEvent]:
@@ -60,11 +69,18 @@ def test_read_input_normal_form_and_errors() -> None:
     items = read_input(
         [
             {"role": "user", "content": "a"},
-            {"type": "message", "role": "assistant", "content": "b", "id": "msg_given"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": "b",
+                "id": "msg_given",
+                "phase": "final_answer",
+            },
             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
             {"type": "function_call_output", "call_id": "c1", "output": "r"},
         ]
     )
+    assert items[1]["phase"] == "final_answer" and "phase" not in items[0]
     assert [i["type"] for i in items] == ["message"] * 2 + ["function_call", "function_call_output"]
     assert items[0]["content"] == [{"type": "input_text", "text": "a"}]
     assert items[1]["id"] == "msg_given" and items[1]["content"][0]["type"] == "output_text"
@@ -77,6 +93,8 @@ def test_read_input_normal_form_and_errors() -> None:
         ),
         ([{"role": "user", "content": [{"type": "input_audio"}]}], "input.0.content.0.type"),
         ([{"type": "item_reference", "id": "x"}], "input.0.type"),
+        ([{"role": "user", "content": "a", "phase": "commentary"}], "input.0.phase"),
+        ([{"role": "assistant", "content": "a", "phase": "draft"}], "input.0.phase"),
         ([7], "input.0"),
     ]:
         with pytest.raises(InvalidRequest) as raised:
@@ -128,8 +146,9 @@ def test_the_stream_adds_up_to_the_whole_answer() -> None:
         "response.incomplete",
     ]
     assert [body["sequence_number"] for _, body in events] == list(range(len(events)))
+    _in_spec(events)
     final = events[-1][1]["response"]
-    assert final["status"] == "incomplete"
+    assert final["status"] == "incomplete" and final["completed_at"] is None
     assert final["incomplete_details"] == {"reason": "max_output_tokens"}
     (item,) = final["output"]
     assert {body.get("item_id", item["id"]) for _, body in events[3:-1]} == {item["id"]}
@@ -152,10 +171,13 @@ def test_an_empty_answer_is_one_empty_message_streamed_or_not() -> None:
     events += streamed.closing()
     final = events[-1][1]["response"]
     assert events[-1][0] == "response.completed"
+    assert final["completed_at"] == 7  # the clock's, in whole seconds
     assert [i["content"][0]["text"] for i in final["output"]] == [""]
     whole = _core(engine)
     whole.feed(0, _events([""], "stop")[0])
-    assert [i["content"][0]["text"] for i in whole.result()["output"]] == [""]
+    answer = whole.result()
+    assert schema_errors("ResponseResource", answer) == []
+    assert [i["content"][0]["text"] for i in answer["output"]] == [""]
 
 
 def test_a_stored_response_replays_as_its_stream_did() -> None:
@@ -170,6 +192,7 @@ def test_a_stored_response_replays_as_its_stream_did() -> None:
     collapse = [name for i, (name, _) in enumerate(live) if name != live[i - 1][0] or i == 0]
     assert [name for name, _ in replayed] == collapse
     assert [body["sequence_number"] for _, body in replayed] == list(range(len(replayed)))
+    _in_spec(replayed)
     assert replayed[-1][1]["response"] == final
     record = StoredResponse(final, list(core.input_items), [])
     assert StoredResponse.decode(record.encode()) == record
@@ -181,7 +204,14 @@ def test_failure_ends_the_stream_in_its_shape() -> None:
     core.opening()
     core.events(0, _events(["a", "b"])[0])
     error, failed = core.failure(ContextLengthExceeded("too long", param="input"))
+    _in_spec([error, failed])
     assert error[0] == "error" and error[1]["param"] == "input"
+    assert error[1]["error"] == {
+        "type": "invalid_request_error",
+        "code": "400",
+        "message": "too long",
+        "param": "input",
+    }
     assert failed[0] == "response.failed"
     response = failed[1]["response"]
     assert response["status"] == "failed"

@@ -27,7 +27,8 @@ came before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -97,6 +98,24 @@ def plan_with_truncation(
     return best
 
 
+def echoed_format(body: ResponsesRequest) -> Body:
+    """`text.format` as a response object echoes it: a `json_schema` format with every
+    field the spec's `JsonSchemaResponseFormat` has (`description` null when not given,
+    `strict` false, OpenAI's default)."""
+    form = body.text.format if body.text is not None and body.text.format else None
+    if form is None or form.type == "text":
+        return {"type": "text"}
+    if form.type == "json_object":
+        return {"type": "json_object"}
+    return {
+        "type": "json_schema",
+        "name": form.name or "",
+        "description": form.description,
+        "schema": form.schema_,
+        "strict": bool(form.strict),
+    }
+
+
 class ResponsesCore:
     ends_with_done = False
 
@@ -111,10 +130,11 @@ class ResponsesCore:
         model: str,
         context: Sequence[Item] = (),
         input_items: Sequence[Item] = (),
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """Plans the call (blocking: build it off the event loop). `context` is the stored
         conversation `previous_response_id` continues; `input_items` the body's input in
-        normal form (`items.read_input`)."""
+        normal form (`items.read_input`); `clock` says when it completed."""
         lora_name = None if model == info.model_name else model
         translated = translate(
             body, context, input_items, info, request_id=response_id, lora_name=lora_name
@@ -135,7 +155,8 @@ class ResponsesCore:
         self._open: _Open | None = None
         self._logprobs: list[Body] = []  # not streamed: every token's
         call = translated.conversation
-        form = body.text.format if body.text is not None and body.text.format else None
+        self._clock = clock
+        self._completed_at: int | None = None
         self._base: Body = {
             "id": response_id,
             "object": "response",
@@ -146,6 +167,8 @@ class ResponsesCore:
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "temperature": call.sampling.temperature,
             "top_p": call.sampling.top_p,
+            "presence_penalty": call.sampling.presence_penalty,
+            "frequency_penalty": call.sampling.frequency_penalty,
             "top_logprobs": body.top_logprobs or 0,
             "tool_choice": echoed_choice(call.tool_choice),
             "tools": echoed_tools(call.tools),
@@ -156,11 +179,11 @@ class ResponsesCore:
             "background": body.background,
             "reasoning": {"effort": None, "summary": None},
             "service_tier": "default",
-            "text": {"format": form.model_dump(by_alias=True, exclude_none=True)}
-            if form is not None
-            else {"format": {"type": "text"}},
+            "text": {"format": echoed_format(body)},
             "truncation": body.truncation or "disabled",
             "user": body.user,
+            "safety_identifier": body.safety_identifier,
+            "prompt_cache_key": body.prompt_cache_key,
         }
 
     # -- what the transport reads ----------------------------------------------------
@@ -185,9 +208,12 @@ class ResponsesCore:
                 "total_tokens": counted.total_tokens,
             }
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        if status == "completed" and self._completed_at is None:
+            self._completed_at = int(self._clock())
         return {
             **self._base,
             "status": status,
+            "completed_at": self._completed_at if status == "completed" else None,
             "output": [dict(item) for item in self._items],
             "error": response_error(error) if error is not None else None,
             "incomplete_details": incomplete,

@@ -16,6 +16,7 @@ from typing import Any
 
 from app.errors import SwitchboardError
 from app.protocols.core import Event
+from app.protocols.openai.errors import error_type
 
 Body = dict[str, Any]
 Built = tuple[str, Body]  # an `Event` whose body is still ours to complete
@@ -133,10 +134,18 @@ class Events:
 
     def error(self, error: SwitchboardError) -> Built:
         code = error.code if error.code is not None else str(error.http_status)
-        return self.error_event(code, error.message, error.param)
+        return self.error_event(code, error.message, error.param, error_type(error))
 
-    def error_event(self, code: str | None, message: str, param: str | None) -> Built:
-        return self._event({"type": "error", "code": code, "message": message, "param": param})
+    def error_event(
+        self, code: str | None, message: str, param: str | None, kind: str = "server_error"
+    ) -> Built:
+        """OpenAI's error event (`code`, `message`, `param` at its top, as the openai SDK
+        reads it) that is also the Open Responses spec's (the same in `error`, with the
+        error's `type`)."""
+        payload = {"type": kind, "code": code, "message": message, "param": param}
+        return self._event(
+            {"type": "error", "code": code, "message": message, "param": param, "error": payload}
+        )
 
 
 def response_error(error: SwitchboardError) -> Body:

@@ -7,7 +7,8 @@ item its normal form with an id, as `GET /v1/responses/{id}/input_items` lists t
 - `message` (`type` may be left out): role user, assistant, system or developer; content
   a string (one `input_text` part, or `output_text` for an assistant) or a list of parts
   `input_text`, `output_text`, `refusal`, `input_image` (a `data:` URL: the server fetches
-  nothing, as the other APIs here);
+  nothing, as the other APIs here); an assistant's `phase` (`commentary`, `final_answer`)
+  is kept;
 - `function_call` (`call_id`, `name`, `arguments` as JSON text): a call the model made;
 - `function_call_output` (`call_id`, `output`: a string or a list of parts): its answer;
 - `reasoning`: reasoning text given back (its `content` parts' text).
@@ -37,6 +38,8 @@ from app.text import load_json
 
 Item = dict[str, Any]
 ROLES = ("user", "assistant", "system", "developer")
+# An assistant message's label (kept and given back, never shown to the model).
+PHASES = ("commentary", "final_answer")
 _TEXT_PARTS = ("input_text", "output_text", "refusal")
 _PREFIXES = {
     "message": "msg",
@@ -114,11 +117,17 @@ def _item(item: Any, where: str) -> Item:
             raise _fail(f"{where}.role", f"must be one of {', '.join(ROLES)}")
         if "content" not in item:
             raise _fail(f"{where}.content", "is required")
-        return {
+        message = {
             "type": "message",
             "role": role,
             "content": _content(item["content"], f"{where}.content", role),
         }
+        phase = item.get("phase")
+        if phase is not None:
+            if role != "assistant" or phase not in PHASES:
+                raise _fail(f"{where}.phase", f"an assistant message's phase is one of {PHASES}")
+            message["phase"] = phase
+        return message
     if kind == "function_call":
         call = {
             "type": "function_call",
