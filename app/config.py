@@ -122,8 +122,16 @@ class Settings(BaseSettings):
         default=25.0,
         ge=0,
         description="On SIGTERM: how long running requests may take to finish before they "
-        "are aborted and sessions are ended. Keep it a few seconds under the pod's grace "
-        "period (Kubernetes' default 30 s) so the engine stops before SIGKILL.",
+        "are aborted and sessions are ended. Keep the pod's grace period above it and "
+        "--drain-grace-s (and any preStop delay) so the engine stops before SIGKILL.",
+    )
+    drain_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="On SIGTERM: how long the listener stays open at least, answering /ready "
+        "with 503 and new work with 503 + Retry-After, so that a router probing /ready "
+        "takes the replica out before its port closes (set it to the router's probe "
+        "interval x failure threshold, plus a probe's timeout).",
     )
 
     # The Responses API's store (app.store)

@@ -16,6 +16,11 @@ The sequence, in order:
    transport calls `check_open()` before it opens a session (refused as `Overloaded`
    once draining), subscribes the session's goodbye when it opens and unsubscribes it
    when the session ends.
+4. `run()` returns no sooner than `grace_s` after `begin()`: until then the listener
+   stays open, answering `/ready` with 503 and new work with refusals, so that a router
+   probing `/ready` takes the replica out on what it answers rather than on connection
+   errors after it has closed (which trip routers' circuit breakers, and keep a replica
+   out long after it is back).
 
 Then the caller stops the server and the engine. Transports never poll the drain: they
 are refused by admission, or called by their goodbye.
@@ -45,12 +50,14 @@ _GOODBYE_S = 5.0
 
 
 class Drain:
-    def __init__(self, admission: Admission, timeout_s: float) -> None:
+    def __init__(self, admission: Admission, timeout_s: float, grace_s: float = 0.0) -> None:
         self.admission = admission
         self.timeout_s = timeout_s
+        self.grace_s = grace_s
         self._goodbyes: set[Goodbye] = set()
         self._on_begin: list[Callable[[], None]] = []
         self.draining = False
+        self._began = 0.0
 
     def refusal(self) -> Overloaded:
         """What a client is told when the drain refuses or ends its work."""
@@ -75,6 +82,7 @@ class Drain:
     def begin(self) -> None:
         if not self.draining:
             self.draining = True
+            self._began = time.monotonic()
             self.admission.close()
             for callback in self._on_begin:
                 callback()
@@ -101,6 +109,7 @@ class Drain:
             await asyncio.wait(
                 [asyncio.ensure_future(_say(g)) for g in goodbyes], timeout=_GOODBYE_S
             )
+        await asyncio.sleep(max(0.0, self._began + self.grace_s - time.monotonic()))
 
     async def _settle(self, deadline: float) -> None:
         while self.admission.in_flight and time.monotonic() < deadline:

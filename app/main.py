@@ -54,7 +54,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.admission = Admission(
         settings.max_queued_requests or None, settings.max_queued_tokens or None
     )
-    app.state.drain = Drain(app.state.admission, settings.drain_timeout_s)
+    app.state.drain = Drain(app.state.admission, settings.drain_timeout_s, settings.drain_grace_s)
     if engine is not None:
         app.state.engine = engine
     install_error_handlers(app, default=openai.openai_error)

@@ -1,5 +1,10 @@
 """SIGTERM during streams on every protocol, against a real `switchboard serve` process.
 
+The signal goes to the server's whole process group, as a terminal's Ctrl-C or systemd's
+stop sends it: vLLM's engine core and worker get it too, and must live on under the drain
+(app/engine/vllm/hold.py), so every ending below is the drain's, never "The engine is not
+running".
+
 ONE subprocess server (the tiny model at an 8k context, no `VLLM_CPU_KVCACHE_SPACE` in its
 environment, so it also proves that serve starts on a CPU host right after the suite has
 filled the page cache) is drained once, by the module's `drained` fixture; each test then
@@ -19,6 +24,8 @@ checks one part of what the clients saw:
   UNAVAILABLE + close 4014, Salience an UNAVAILABLE error frame + close 1001, the gRPC
   Generate the status UNAVAILABLE with retry info, the gRPC Evergreen session its ABORT
   UNAVAILABLE then that status with the same retry info;
+- the listener open, answering `/ready` with 503 (never 200), until the grace period
+  (`--drain-grace-s`, longer than the drain here) has passed, and only then closed;
 - the process gone by itself once the drain is over.
 
 Nothing here times the server: the drain's own timeout is the one clock (readiness turns
@@ -65,6 +72,11 @@ pytestmark = pytest.mark.e2e
 # 1.3 s with others' engines and 3 busy processes beside the server), the short stream
 # ended 0.7-1.5 s after SIGTERM, the long work had run 5-30% of LONG when cut.
 DRAIN_TIMEOUT_S = 4.0
+# How long the listener stays open after SIGTERM at least: past the drain's end, so that
+# the grace, not the drain, decides when it closes. How long after that it closes is not
+# asserted; a poll of /ready every POLL_S tells when it did, to within a poll.
+GRACE_S = DRAIN_TIMEOUT_S + 4
+POLL_S = 0.1
 # What exiting may take past the drain timeout: the cut streams' last words, goodbyes,
 # uvicorn's shutdown and vLLM stopping its engine core (it waits up to 5 s for workers).
 SHUTDOWN_SLACK_S = 20.0
@@ -108,6 +120,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         str(port),
         "--drain-timeout-s",
         str(DRAIN_TIMEOUT_S),
+        "--drain-grace-s",
+        str(GRACE_S),
         "--grpc-port",
         str(grpc_port),
         "--dtype",
@@ -325,8 +339,9 @@ def drained(server: Server) -> dict[str, Any]:
             await asyncio.wait_for(short_started.wait(), 120)
 
             sent_at = time.monotonic()
-            server.process.send_signal(signal.SIGTERM)
+            os.killpg(server.process.pid, signal.SIGTERM)
             short_running = not short_stream.done()
+            readiness = asyncio.create_task(_readiness_until_closed(server, sent_at))
             seen = await _after_sigterm(server, client)
 
             seen["short"] = await short_stream
@@ -341,6 +356,7 @@ def drained(server: Server) -> dict[str, Any]:
             seen["grpc_generate"] = await grpc_generate
             seen["grpc_session"] = await grpc_session
             await channel.close()
+            seen["readiness"] = await readiness
             try:
                 seen["exit"] = await asyncio.to_thread(server.process.wait, EXIT_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -349,6 +365,24 @@ def drained(server: Server) -> dict[str, Any]:
             return seen
 
     return asyncio.run(run())
+
+
+async def _readiness_until_closed(server: Server, sent_at: float) -> dict[str, Any]:
+    """`/ready` every POLL_S from SIGTERM until the listener refuses the connection: the
+    statuses seen, and when (after SIGTERM) the last answer came."""
+    statuses: Counter[int] = Counter()
+    last_answer_s = 0.0
+    async with httpx.AsyncClient(timeout=10) as client:
+        async with asyncio.timeout(DRAIN_TIMEOUT_S + GRACE_S + SHUTDOWN_SLACK_S):
+            while True:
+                try:
+                    answer = await client.get(f"{server.base_url}/ready")
+                except httpx.TransportError:
+                    break
+                statuses[answer.status_code] += 1
+                last_answer_s = time.monotonic() - sent_at
+                await asyncio.sleep(POLL_S)
+    return {"statuses": statuses, "last_answer_s": last_answer_s}
 
 
 async def _evergreen_ending(ws: Any) -> tuple[str, Any]:
@@ -450,6 +484,17 @@ def test_salience_sockets_end_with_an_error_frame_and_going_away(
     assert ending, busy[-5:]
     idle = drained["salience_idle"]
     assert idle[-1] == 1001 and idle[-2]["error"]["code"] == "UNAVAILABLE"
+
+
+def test_the_listener_answers_not_ready_for_the_grace_period(drained: dict[str, Any]) -> None:
+    """A router probing /ready sees the replica leave on a 503, never on a closed port:
+    the listener stays open for --drain-grace-s after SIGTERM, answering 503 (a 200
+    then would call traffic back), well past the drain's own end. A poll answered less
+    than a poll (and its slack on a loaded machine) short of the grace is the listener
+    still open when the grace ends."""
+    readiness = drained["readiness"]
+    assert set(readiness["statuses"]) == {503}, readiness
+    assert readiness["last_answer_s"] >= GRACE_S - 1.0, readiness
 
 
 def test_the_process_exits_after_the_drain(drained: dict[str, Any]) -> None:

@@ -55,6 +55,7 @@ from app.engine.validation import check_prompt, validate_sampling
 from app.engine.vllm.consumer import Delta, Sink, StepConsumer, merge_deltas
 from app.engine.vllm.convert import EventConverter, check_expansion, prompt_only
 from app.engine.vllm.errors import map_engine_errors
+from app.engine.vllm.hold import EngineHold
 from app.engine.vllm.json_grammar import lowered
 from app.engine.vllm.lora import check_adapter
 from app.engine.vllm.params import sampling_params
@@ -67,9 +68,15 @@ class VllmEngine:
     """One `AsyncLLM` for the whole process."""
 
     def __init__(
-        self, llm: AsyncLLM, info: EngineInfo, tokenizer: HfTokenizer, counts: SchedulerCounts
+        self,
+        llm: AsyncLLM,
+        info: EngineInfo,
+        tokenizer: HfTokenizer,
+        counts: SchedulerCounts,
+        hold: EngineHold,
     ) -> None:
         self._llm = llm
+        self._hold = hold
         self._counts = counts
         self._info = info
         self._tokenizer = tokenizer
@@ -89,6 +96,7 @@ class VllmEngine:
         self._stepwise: bool = llm.output_processor.stream_interval == 1
 
     def shutdown(self) -> None:
+        self._hold.release()  # or the engine's processes would ignore vLLM's SIGTERM
         self._llm.shutdown()
 
     @property

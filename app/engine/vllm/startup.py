@@ -3,7 +3,9 @@
 `start_engine` checks every flag and file that needs no engine first (concepts, LoRA
 directories, vLLM's own engine arguments), applies the CPU host's defaults, starts
 vLLM's `AsyncLLM` and gathers what the protocols need to know about it (`EngineInfo`:
-the model's limits, tools, vision, readouts). `freeze_startup_heap` is for
+the model's limits, tools, vision, readouts), its processes held by the server
+(`app.engine.vllm.hold`: they outlive signals meant for the server until it stops
+them). `freeze_startup_heap` is for
 `switchboard serve` once the app is built.
 """
 
@@ -37,6 +39,7 @@ from app.engine.cpu_host import (
 from app.engine.readout_worker import ReadoutWorkerExtension
 from app.engine.vllm.engine import VllmEngine
 from app.engine.vllm.errors import map_engine_errors
+from app.engine.vllm.hold import EngineHold
 from app.engine.vllm.params import model_sampling_defaults
 from app.engine.vllm.stats import SchedulerCounts
 from app.engine.vllm.structured import constraint_checker
@@ -106,21 +109,32 @@ async def start_engine(settings: Settings) -> VllmEngine:
             model_config.get_hidden_size(), model_config.get_total_num_hidden_layers()
         )
     counts = SchedulerCounts()
-    llm = AsyncLLM.from_vllm_config(
-        vllm_config,
-        stat_loggers=[lambda _config, _index: counts],
-        enable_log_requests=bool(args.get("enable_log_requests", False)),
-        disable_log_stats=bool(args.get("disable_log_stats", False)),
-    )
+    # Before the engine's processes start: they learn of the hold from the environment.
+    hold = EngineHold()
     try:
-        return await _started(llm, settings, concepts, counts)
+        llm = AsyncLLM.from_vllm_config(
+            vllm_config,
+            stat_loggers=[lambda _config, _index: counts],
+            enable_log_requests=bool(args.get("enable_log_requests", False)),
+            disable_log_stats=bool(args.get("disable_log_stats", False)),
+        )
     except BaseException:
+        hold.release()
+        raise
+    try:
+        return await _started(llm, settings, concepts, counts, hold)
+    except BaseException:
+        hold.release()
         llm.shutdown()
         raise
 
 
 async def _started(
-    llm: AsyncLLM, settings: Settings, concepts: Concepts | None, counts: SchedulerCounts
+    llm: AsyncLLM,
+    settings: Settings,
+    concepts: Concepts | None,
+    counts: SchedulerCounts,
+    hold: EngineHold,
 ) -> VllmEngine:
     if current_platform.is_cpu():
         renice_engine(settings.engine_niceness)
@@ -161,7 +175,7 @@ async def _started(
         info = replace(
             info, readout=await _setup_readouts(llm, settings.readout_concepts, concepts)
         )
-    engine = VllmEngine(llm, info, tokenizer, counts)
+    engine = VllmEngine(llm, info, tokenizer, counts, hold)
     for name, path in settings.lora_pairs():
         try:
             await engine.load_lora(name, path)
