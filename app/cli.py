@@ -1,5 +1,6 @@
-"""`switchboard`: serve, and build the tiny local models (text, and vision-language for
-images) and a LoRA adapter for the text one.
+"""`switchboard`: serve; start a fleet of replicas behind a router on one machine
+(`app.fleet`); and build the tiny local models (text, and vision-language for images) and
+a LoRA adapter for the text one.
 
 `serve` takes Switchboard's own flags (one per `Settings` field, generated from it) and
 hands every other flag to vLLM's engine-argument parser. vLLM starts its engine core with
@@ -192,11 +193,85 @@ def _serve(argv: list[str]) -> None:
         pass
 
 
+def _fleet_parser() -> argparse.ArgumentParser:
+    from app.fleet.routers import ROUTERS, SMG_POLICIES, VLLM_ROUTER, VLLM_ROUTER_POLICIES
+
+    parser = argparse.ArgumentParser(
+        prog="switchboard fleet",
+        allow_abbrev=False,
+        description="N replicas of `switchboard serve` on this machine, sharing a Redis, "
+        "behind a router (OpenAI and Anthropic APIs) and nginx (websockets, gRPC, "
+        "GraphPipe, the playground); all on 127.0.0.1. Ctrl-C stops the fronts, drains "
+        "the replicas, then stops Redis.",
+        epilog="Every other flag goes to each replica's `switchboard serve` (--model, ...).",
+    )
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--router", choices=ROUTERS, default=VLLM_ROUTER)
+    parser.add_argument(
+        "--policy",
+        default="cache_aware",
+        choices=sorted({*VLLM_ROUTER_POLICIES, *SMG_POLICIES}),
+        help="the router's policy (docs/operations.md says which for which traffic)",
+    )
+    parser.add_argument("--router-port", type=int, default=8000)
+    parser.add_argument("--proxy-port", type=int, default=8080, help="nginx: HTTP and websockets")
+    parser.add_argument("--proxy-grpc-port", type=int, default=50051, help="nginx: gRPC")
+    parser.add_argument("--no-proxy", action="store_true", help="run no nginx")
+    parser.add_argument(
+        "--probe-interval-s", type=int, default=1, help="how often the router probes /ready"
+    )
+    parser.add_argument("--workdir", type=Path, default=Path(".cache/fleet"))
+    return parser
+
+
+def _run_fleet(argv: list[str]) -> None:
+    from app.fleet.fleet import Fleet, RouterSpec, running
+    from app.fleet.routers import Probe
+
+    parser = _fleet_parser()
+    args, serve_args = parser.parse_known_args(argv)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fleet = Fleet(
+        workdir=args.workdir.resolve(),
+        serve_args=serve_args,
+        replicas=args.replicas,
+        routers={"router": RouterSpec(args.router, args.policy, args.router_port)},
+        nginx=not args.no_proxy,
+        nginx_ports=(args.proxy_port, args.proxy_grpc_port),
+        probe=Probe(interval_s=args.probe_interval_s),
+    )
+    stop = asyncio.Event()
+
+    async def wait() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+
+    try:
+        with running(fleet):
+            router = fleet.router()
+            logger.info("%s (%s) on %s", args.router, args.policy, router.url)
+            if not args.no_proxy:
+                proxy = fleet.proxy
+                logger.info("nginx on %s, gRPC on 127.0.0.1:%d", proxy.url, proxy.grpc_port)
+            logger.info("logs in %s; Ctrl-C stops the fleet", fleet.workdir)
+            asyncio.run(wait())
+            logger.info("stopping: the fronts, then each replica's drain")
+    except ConfigError as exc:
+        parser.exit(2, f"switchboard fleet: error: {' '.join(str(exc).split())}\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="switchboard")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
         "serve", help="serve a model (see `switchboard serve --help`)", add_help=False
+    )
+    commands.add_parser(
+        "fleet",
+        help="replicas behind a router on this machine (see `switchboard fleet --help`)",
+        add_help=False,
     )
     tiny = commands.add_parser("make-tiny-model", help="build the tiny local test model")
     tiny.add_argument("dir", type=Path)
@@ -226,6 +301,9 @@ def main(argv: list[str] | None = None) -> None:
     args, rest = parser.parse_known_args(argv)
     if args.command == "serve":
         _serve(rest)
+        return
+    if args.command == "fleet":
+        _run_fleet(rest)
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -10,7 +10,7 @@ only when one of them runs; the text server then sits idle beside it.
 Both live servers also run the native gRPC server, on a free port of their own
 (`LiveServer.grpc_target`). Every other app a test builds has gRPC off: the environment
 sets `SWITCHBOARD_GRPC_PORT=0` for the session, so concurrent test runs never contend for
-the default port.
+the default port, and `SWITCHBOARD_DRAIN_GRACE_S=0`, so that a drain ends with its work.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # app modules load lazily here; see the fixtures
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SWITCHBOARD_TEST_CACHE", ROOT / ".cache"))
 os.environ["SWITCHBOARD_GRPC_PORT"] = "0"  # tests that serve gRPC pass a port
+# A drain returns once its work is done, not after a router's probe interval: the tests
+# of the grace period (tests/e2e/test_drain.py, the fleet's) set one.
+os.environ["SWITCHBOARD_DRAIN_GRACE_S"] = "0"
 # Stored responses go to a file of this run, not to the user's state directory.
 os.environ["SWITCHBOARD_RESPONSES_STORE"] = str(
     Path(tempfile.mkdtemp(prefix="switchboard-tests-")) / "responses.sqlite3"
@@ -331,10 +334,48 @@ def _warm_up(live: LiveServer) -> None:
 SECOND_ENGINES = ("vl_server", "long_server")
 
 
+def _is_fleet(item: pytest.Item) -> bool:
+    return item.path.parent.name == "fleet"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests on a second engine (the image server, the agent CLIs' long-context server)
     run after every other test, in their own order: vLLM's Prometheus gauges belong to
     the process, and a second engine started in it takes them over from the live
     server, whose /metrics tests read them (`vllm:lora_requests_info` went missing once
-    the agent tests, first in collection order, had run)."""
-    items.sort(key=lambda item: any(f in SECOND_ENGINES for f in getattr(item, "fixturenames", ())))
+    the agent tests, first in collection order, had run). The fleet's tests run last of
+    all, in the order of `tests.fleet_setup.MODULES` (the drain, then the restarts, come
+    after everything that needs its replicas as they started)."""
+    from tests.fleet_setup import MODULES
+
+    def order(item: pytest.Item) -> tuple[bool, int, bool]:
+        fleet = _is_fleet(item)
+        return (
+            fleet,
+            MODULES.index(item.path.stem) if fleet else 0,
+            any(f in SECOND_ENGINES for f in getattr(item, "fixturenames", ())),
+        )
+
+    items.sort(key=order)
+    if any(_is_fleet(item) for item in items):
+        first_unit = next((i for i in items if i.path.parent.name == "unit"), None)
+        first_fleet = next(i for i in items if _is_fleet(i))
+        (first_unit or first_fleet).stash[_LAUNCH_FLEET] = True
+
+
+_LAUNCH_FLEET = pytest.StashKey[bool]()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The fleet's replicas start in the background as the unit tests begin (see
+    tests/fleet_setup.py), when the fleet's tests are to run."""
+    if item.stash.get(_LAUNCH_FLEET, False):
+        from tests.fleet_setup import launch
+
+        launch()
+
+
+def pytest_sessionfinish() -> None:
+    from tests.fleet_setup import stop
+
+    stop()

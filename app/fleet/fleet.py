@@ -1,0 +1,209 @@
+"""`Fleet`: N replicas, the Redis they share, routers and nginx in front, on loopback.
+
+Started in dependency order (Redis, the replicas side by side, then the routers, which
+probe replicas that are ready, then nginx) and stopped in reverse: the fronts first, so
+no new work arrives, then each replica's drain, then Redis. `restart(i)` is one step of a
+rolling restart: the replica drains (or is killed), comes back on the same ports, and is
+ready before it returns; the routers take it back on their own probes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.errors import ConfigError
+from app.fleet.members import START_TIMEOUT_S, Member, Nginx, RedisServer, Replica, Router
+from app.fleet.routers import (
+    SMG,
+    VLLM_ROUTER,
+    KvIdentity,
+    Probe,
+    nginx_conf,
+    smg_argv,
+    vllm_router_argv,
+)
+
+# What a replica's own stop may take past its drain: the engine's shutdown.
+_STOP_SLACK_S = 30.0
+_FRONT_STOP_S = 10.0
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """A router of the fleet: which (`vllm-router` or `smg`), its policy, its port (a
+    free one if None)."""
+
+    kind: str = VLLM_ROUTER
+    policy: str = "round_robin"
+    port: int | None = None
+
+
+@dataclass
+class Fleet:
+    """A fleet under `workdir` (logs, Redis's and nginx's files)."""
+
+    workdir: Path
+    serve_args: list[str]
+    replicas: int = 2
+    routers: dict[str, RouterSpec] = field(default_factory=lambda: {"router": RouterSpec()})
+    nginx: bool = False
+    nginx_ports: tuple[int, int] | None = None  # HTTP and gRPC; free ones if None
+    shared_store: bool = True
+    probe: Probe = field(default_factory=Probe)
+    drain_timeout_s: float = 25.0
+    drain_grace_s: float | None = None
+    # On a CPU build, bind each replica's engine to a core of its own, in turn.
+    bind_cores: bool = True
+    # Each replica's environment, changed (None: a variable unset).
+    replica_env: dict[str, str | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._launched = False
+        self.redis = RedisServer("redis", self.workdir) if self.shared_store else None
+        store = self.redis.url if self.redis is not None else None
+        cores = len(os.sched_getaffinity(0))
+        # The replica's own drain flags: its grace covers the routers' probes.
+        grace = self.drain_grace_s
+        if grace is None:
+            grace = self.probe.out_within_s + self.probe.interval_s
+        drain = ["--drain-timeout-s", str(self.drain_timeout_s)]
+        self.members_replicas = [
+            Replica(
+                f"replica-{i}",
+                self.workdir,
+                serve_args=drain + self.serve_args,
+                store=store,
+                cpu_core=i % cores if self.bind_cores else None,
+                drain_grace_s=grace,
+                env=self.replica_env,
+            )
+            for i in range(self.replicas)
+        ]
+        self.fronts: dict[str, Member] = {}
+        for name, spec in self.routers.items():
+            router = Router(name, self.workdir)
+            router.port = spec.port or router.port
+            self.fronts[name] = router
+        if self.nginx:
+            nginx = Nginx("nginx", self.workdir)
+            if self.nginx_ports is not None:
+                nginx.port, nginx.grpc_port = self.nginx_ports
+            self.fronts["nginx"] = nginx
+
+    # -- what tests and clients use --------------------------------------------------
+
+    def router(self, name: str = "router") -> Router:
+        front = self.fronts[name]
+        assert isinstance(front, Router)
+        return front
+
+    @property
+    def proxy(self) -> Nginx:
+        front = self.fronts.get("nginx")
+        if not isinstance(front, Nginx):
+            raise ConfigError("this fleet runs no nginx")
+        return front
+
+    def replica(self, i: int) -> Replica:
+        return self.members_replicas[i]
+
+    # -- life ------------------------------------------------------------------------
+
+    def launch(self) -> None:
+        """Start Redis (ready before anything uses it) and every replica's process,
+        without waiting for the replicas: `start` waits. Idempotent."""
+        if self._launched:
+            return
+        self._launched = True
+        if self.redis is not None:
+            self.redis.start()
+            self.redis.wait_ready()
+        for replica in self.members_replicas:
+            replica.start()
+
+    def start(self) -> None:
+        """`launch`, the replicas ready, then the fronts, each ready."""
+        self.launch()
+        for replica in self.members_replicas:
+            replica.wait_ready()
+        for name, spec in self.routers.items():
+            self._start_router(name, spec)
+        if self.nginx:
+            temp = self.workdir / "temp"
+            temp.mkdir(parents=True, exist_ok=True)
+            self.proxy.conf = nginx_conf(
+                self.members_replicas, self.proxy.port, self.proxy.grpc_port, self.workdir
+            )
+            self.proxy.start()
+        for front in self.fronts.values():
+            front.wait_ready(START_TIMEOUT_S)
+
+    def add_router(self, name: str, spec: RouterSpec) -> Router:
+        """Another router in front of the running fleet, ready when it returns."""
+        self.routers[name] = spec
+        router = Router(name, self.workdir)
+        router.port = spec.port or router.port
+        self.fronts[name] = router
+        self._start_router(name, spec)
+        router.wait_ready(START_TIMEOUT_S)
+        return router
+
+    def remove_router(self, name: str) -> None:
+        self.fronts.pop(name).stop(_FRONT_STOP_S)
+        del self.routers[name]
+
+    def _start_router(self, name: str, spec: RouterSpec) -> None:
+        router = self.router(name)
+        router.argv = self._router_argv(spec, router.port)
+        router.start()
+
+    def stop(self) -> None:
+        for front in self.fronts.values():
+            front.stop(_FRONT_STOP_S)
+        for replica in self.members_replicas:  # every drain at once
+            replica.terminate()
+        for replica in self.members_replicas:
+            replica.stop(self._replica_stop_s)
+        if self.redis is not None:
+            self.redis.stop(_FRONT_STOP_S)
+
+    def restart(self, i: int, *, kill: bool = False) -> None:
+        """Replica `i` drains (SIGTERM) or dies (SIGKILL to its group), then starts again
+        on the same ports; returns once it answers ready."""
+        replica = self.members_replicas[i]
+        if kill:
+            replica.kill()
+        else:
+            replica.stop(self._replica_stop_s)
+        replica.start()
+        replica.wait_ready()
+
+    @property
+    def _replica_stop_s(self) -> float:
+        grace = self.members_replicas[0].drain_grace_s or 0.0
+        return max(self.drain_timeout_s, grace) + _STOP_SLACK_S
+
+    def _router_argv(self, spec: RouterSpec, port: int) -> list[str]:
+        if spec.kind == VLLM_ROUTER:
+            kv = None
+            if spec.policy == "kv_aware":  # the engines' own, read off a replica
+                first = self.members_replicas[0]
+                kv = KvIdentity(first.model_name(), first.block_size())
+            return vllm_router_argv(self.members_replicas, spec.policy, port, self.probe, kv)
+        if spec.kind == SMG:
+            return smg_argv(self.members_replicas, spec.policy, port, self.probe)
+        raise ConfigError(f"unknown router {spec.kind!r}: one of {VLLM_ROUTER}, {SMG}")
+
+
+@contextmanager
+def running(fleet: Fleet) -> Iterator[Fleet]:
+    """`fleet` started, and stopped however the block ends (a failed start included)."""
+    try:
+        fleet.start()
+        yield fleet
+    finally:
+        fleet.stop()
