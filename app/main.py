@@ -23,7 +23,15 @@ from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
 from app.metrics import install_metrics
-from app.routes.apis import anthropic, graphpipe, openai, playground, probes, responses
+from app.routes.apis import (
+    anthropic,
+    compaction,
+    graphpipe,
+    openai,
+    playground,
+    probes,
+    responses,
+)
 from app.routes.grpc.server import serve_grpc
 from app.routes.http.bodies import collect_definitions
 from app.routes.http.errors import install_error_handlers
@@ -62,6 +70,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         probes,
         openai,
         anthropic,
+        compaction,
         responses,
         graphpipe,
         salience,

@@ -155,6 +155,17 @@ class ResponsesRequest(VllmSampling):
     structured_outputs: dict[str, Any] | None = None
 
 
+class CompactRequest(_Body):
+    """POST /v1/responses/compact: the conversation to compact (the stored one of
+    `previous_response_id`, then `input`), and the model that writes its summary."""
+
+    model: str
+    input: str | list[InputItem] | None = None
+    previous_response_id: str | None = None
+    instructions: str | None = None
+    prompt_cache_key: str | None = None  # taken, as on POST /v1/responses: nothing to key
+
+
 # -- what the server answers (documentation) ---------------------------------------------
 
 
@@ -246,6 +257,7 @@ class ResponseObject(_Open):
     id: str
     object: Literal["response"]
     created_at: int
+    completed_at: int | None
     status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
     model: str
     output: list[ResponsesOutputItem]
@@ -256,6 +268,8 @@ class ResponseObject(_Open):
     parallel_tool_calls: bool
     temperature: float | None
     top_p: float | None
+    presence_penalty: float
+    frequency_penalty: float
     tool_choice: str | dict[str, Any]
     tools: list[dict[str, Any]]
     max_output_tokens: int | None
@@ -266,6 +280,25 @@ class ResponseObject(_Open):
     truncation: str
     usage: ResponseUsage | None
     user: str | None
+    safety_identifier: str | None
+    prompt_cache_key: str | None
+
+
+class ResponsesCompaction(_Open):
+    type: Literal["compaction"]
+    id: str
+    encrypted_content: str
+
+
+class CompactedResponse(_Open):
+    """POST /v1/responses/compact: the conversation's user messages as they were, then
+    one `compaction` item standing for the rest (give them back as `input`)."""
+
+    id: str
+    object: Literal["response.compaction"]
+    created_at: int
+    output: list[dict[str, Any]]
+    usage: ResponseUsage
 
 
 class ResponsesDeleted(_Open):
@@ -355,6 +388,7 @@ class ResponsesErrorEvent(_Event):
     code: str | None
     message: str
     param: str | None
+    error: dict[str, Any]  # the same with the error's `type` (the Open Responses spec's shape)
 
 
 STREAM_EVENTS: tuple[type[BaseModel], ...] = (

@@ -16,13 +16,14 @@ from app.admission import Admission
 from app.drain import Drain
 from app.engine.base import TokenEvent
 from app.errors import ContextLengthExceeded, InvalidRequest
+from app.protocols.openai.responses.compaction import SUMMARY_REQUEST, compacted, summary_call
 from app.protocols.openai.responses.core import ResponsesCore
 from app.protocols.openai.responses.events import replay
-from app.protocols.openai.responses.items import messages, read_input
+from app.protocols.openai.responses.items import SUMMARY_HEAD, messages, read_input
 from app.protocols.openai.responses.record import StoredResponse
 from app.sessions.responses import ResponsesRunner
 from app.store.sqlite import SqliteStore
-from schemas.openai_responses import ResponsesRequest
+from schemas.openai_responses import CompactRequest, ResponsesRequest
 from tests.fake_engine import FakeEngine
 from tests.open_responses import event_errors, schema_errors
 
@@ -40,6 +41,15 @@ def _core(engine: FakeEngine, context: list[Any] | None = None, **body: Any) -> 
         input_items=read_input(request.input),
         clock=lambda: 7.9,
     )
+
+
+USAGE = {
+    "input_tokens": 1,
+    "output_tokens": 1,
+    "total_tokens": 2,
+    "input_tokens_details": {"cached_tokens": 0},
+    "output_tokens_details": {"reasoning_tokens": 0},
+}
 
 
 def _in_spec(events: list[Any]) -> None:
@@ -100,6 +110,52 @@ def test_read_input_normal_form_and_errors() -> None:
         with pytest.raises(InvalidRequest) as raised:
             read_input(bad)
         assert raised.value.param == param
+
+
+def test_a_compacted_window_keeps_the_user_messages_and_reads_back_its_summary() -> None:
+    conversation = read_input(
+        [
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "answer"},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "r"},
+            {"role": "user", "content": "second"},
+        ]
+    )
+    answer = {
+        "output": [
+            {"type": "message", "content": [{"type": "output_text", "text": "S\u00e9 \ud800"}]}
+        ],
+        "usage": {"input_tokens": 1},
+    }
+    window = compacted(conversation, answer, created_at=5)
+    assert schema_errors("CompactResource", {**window, "usage": USAGE}) == []
+    assert [item["type"] for item in window["output"]] == ["message", "message", "compaction"]
+    assert window["output"][:2] == [conversation[0], conversation[4]]
+    assert window["usage"] == answer["usage"] and window["created_at"] == 5
+    # Given back with a new question, the summary is the assistant's turn before it.
+    again = read_input([*window["output"], {"role": "user", "content": "third"}])
+    chat = messages(again, FakeEngine().info, lambda i: f"input.{i}")
+    assert [m.role for m in chat] == ["user", "user", "assistant", "user"]
+    assert chat[2].text() == SUMMARY_HEAD + "S\u00e9 \ud800"
+    forged = {"type": "compaction", "encrypted_content": "gAAAAB-someone-else's"}
+    with pytest.raises(InvalidRequest) as raised:
+        read_input([forged])
+    assert raised.value.param == "input.0.encrypted_content"
+
+
+def test_a_compaction_is_a_responses_call_that_asks_for_a_summary_last() -> None:
+    call = summary_call(
+        CompactRequest.model_validate(
+            {"model": "m", "input": "hi", "instructions": "be brief", "previous_response_id": "r"}
+        )
+    )
+    assert call.input == [
+        {"type": "message", "role": "user", "content": "hi"},
+        {"type": "message", "role": "user", "content": SUMMARY_REQUEST},
+    ]
+    assert (call.instructions, call.previous_response_id) == ("be brief", "r")
+    assert (call.truncation, call.store, call.stream) == ("auto", False, False)
 
 
 def test_an_assistant_turn_holds_its_text_reasoning_and_calls() -> None:

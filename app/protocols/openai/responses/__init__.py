@@ -9,7 +9,9 @@
   the stream's events;
 - `events`: every stream event's shape, for the live stream and for a stored response
   replayed;
-- `record`: what the store keeps of a response.
+- `record`: what the store keeps of a response;
+- `compaction`: POST /v1/responses/compact, a conversation made into a window to go on
+  with (its summary carried by a `compaction` item, which `items` reads back).
 
 Running it (admission, the store, background runs, cancel) is `app.sessions.responses`;
 the HTTP routes are `app.routes.apis.responses`.

@@ -2,7 +2,8 @@
 into one normal form, and that form turned into the conversation core's neutral messages.
 
 `read_input(value)` checks a body's `input` (a string, or a list of items) and gives each
-item its normal form with an id, as `GET /v1/responses/{id}/input_items` lists them:
+item its normal form with an id (and a message, call or output its `status`, completed),
+as `GET /v1/responses/{id}/input_items` lists them:
 
 - `message` (`type` may be left out): role user, assistant, system or developer; content
   a string (one `input_text` part, or `output_text` for an assistant) or a list of parts
@@ -11,7 +12,9 @@ item its normal form with an id, as `GET /v1/responses/{id}/input_items` lists t
   is kept;
 - `function_call` (`call_id`, `name`, `arguments` as JSON text): a call the model made;
 - `function_call_output` (`call_id`, `output`: a string or a list of parts): its answer;
-- `reasoning`: reasoning text given back (its `content` parts' text).
+- `reasoning`: reasoning text given back (its `content` parts' text);
+- `compaction`: what `POST /v1/responses/compact` made of earlier turns (`compaction_item`):
+  its summary, read back as an assistant's turn.
 
 Every error is an `InvalidRequest` naming the item and field as the client wrote them
 (`input.2.call_id`). Output items of a stored response (`message`, `function_call`,
@@ -26,6 +29,7 @@ blocking: call it where the conversation is planned, off the event loop.
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,7 +50,14 @@ _PREFIXES = {
     "function_call": "fc",
     "function_call_output": "fco",
     "reasoning": "rs",
+    "compaction": "cmp",
 }
+_KINDS = ", ".join(_PREFIXES)
+# A compaction's `encrypted_content`: this mark, then the summary's UTF-8 in base64url.
+# Opaque to clients, not secret (the summary is text a client could send as a message).
+_COMPACTED = "sbc1."
+# How a compaction's summary reads to the model, as the assistant's turn it stands for.
+SUMMARY_HEAD = "A summary of the conversation before this point:\n"
 
 
 def new_id(prefix: str) -> str:
@@ -55,6 +66,28 @@ def new_id(prefix: str) -> str:
 
 def _fail(where: str, message: str) -> InvalidRequest:
     return InvalidRequest(f"{where}: {message}", param=where)
+
+
+def compaction_item(summary: str) -> Item:
+    """The item a compaction's `summary` travels in, as clients give it back."""
+    data = base64.urlsafe_b64encode(summary.encode("utf-8", "surrogatepass")).decode("ascii")
+    return {"id": new_id("cmp"), "type": "compaction", "encrypted_content": _COMPACTED + data}
+
+
+def compacted_summary(item: Item, where: str = "input") -> str:
+    """The summary a `compaction` item carries; an `InvalidRequest` naming `where` if
+    this server did not make it."""
+    content = item.get("encrypted_content")
+    if isinstance(content, str) and content.startswith(_COMPACTED):
+        try:
+            raw = base64.urlsafe_b64decode(content[len(_COMPACTED) :].encode("ascii"))
+            return raw.decode("utf-8", "surrogatepass")
+        except (ValueError, UnicodeError):
+            pass
+    raise _fail(
+        f"{where}.encrypted_content",
+        "is not a compaction made by this server (POST /v1/responses/compact)",
+    )
 
 
 def _string(item: Item, key: str, where: str, *, empty: bool = True) -> str:
@@ -121,6 +154,7 @@ def _item(item: Any, where: str) -> Item:
             "type": "message",
             "role": role,
             "content": _content(item["content"], f"{where}.content", role),
+            "status": "completed",
         }
         phase = item.get("phase")
         if phase is not None:
@@ -149,6 +183,7 @@ def _item(item: Any, where: str) -> Item:
             "type": "function_call_output",
             "call_id": _string(item, "call_id", where, empty=False),
             "output": output,
+            "status": "completed",
         }
     if kind == "reasoning":
         content = item.get("content") or []
@@ -160,11 +195,10 @@ def _item(item: Any, where: str) -> Item:
                 raise _fail(f"{where}.content.{j}", "must be {type: reasoning_text, text}")
             texts.append({"type": "reasoning_text", "text": part["text"]})
         return {"type": "reasoning", "summary": [], "content": texts}
-    raise _fail(
-        f"{where}.type",
-        f"input item type {kind!r} is not one of message, function_call, "
-        "function_call_output, reasoning",
-    )
+    if kind == "compaction":
+        compacted_summary(item, where)
+        return {"type": "compaction", "encrypted_content": item["encrypted_content"]}
+    raise _fail(f"{where}.type", f"input item type {kind!r} is not one of {_KINDS}")
 
 
 def read_input(value: str | Sequence[Any] | None) -> list[Item]:
@@ -174,9 +208,8 @@ def read_input(value: str | Sequence[Any] | None) -> list[Item]:
         return []
     items: list[Item]
     if isinstance(value, str):
-        items = [
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": value}]}
-        ]
+        text = [{"type": "input_text", "text": value}]
+        items = [{"type": "message", "role": "user", "content": text, "status": "completed"}]
     else:
         items = []
         for i, given in enumerate(value):
@@ -244,12 +277,15 @@ def messages(
     turns = _Turns()
     for i, item in enumerate(items):
         kind = item["type"]
-        if kind == "message" and item["role"] == "assistant":
+        if (kind == "message" and item["role"] == "assistant") or kind == "compaction":
             if turns.calls:  # a new assistant message after calls: a new turn
                 turns.close()
             turns.assistant()
             assert turns.text is not None
-            turns.text.append(_text(item["content"]))
+            if kind == "compaction":
+                turns.text.append(SUMMARY_HEAD + compacted_summary(item, where(i)))
+            else:
+                turns.text.append(_text(item["content"]))
         elif kind == "message":
             parts = _parts(item["content"], info, f"{where(i)}.content")
             turns.add(ChatMessage(role=item["role"], parts=parts))
