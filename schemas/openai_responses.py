@@ -164,6 +164,8 @@ class CompactRequest(_Body):
     previous_response_id: str | None = None
     instructions: str | None = None
     prompt_cache_key: str | None = None  # taken, as on POST /v1/responses: nothing to key
+    # An extra (OpenAI's compact takes none): the summary's bound; none, the context's end.
+    max_output_tokens: int | None = None
 
 
 # -- what the server answers (documentation) ---------------------------------------------

@@ -109,6 +109,7 @@ def test_every_answer_is_documented(
             "/v1/chat/completions",
             "/v1/messages",
             "/v1/responses",
+            "/v1/responses/compact",
             "/v1/unload_lora_adapter",
         ):
             case.body = _bounded(case.body, live_server.lora)

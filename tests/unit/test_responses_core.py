@@ -147,7 +147,13 @@ def test_a_compacted_window_keeps_the_user_messages_and_reads_back_its_summary()
 def test_a_compaction_is_a_responses_call_that_asks_for_a_summary_last() -> None:
     call = summary_call(
         CompactRequest.model_validate(
-            {"model": "m", "input": "hi", "instructions": "be brief", "previous_response_id": "r"}
+            {
+                "model": "m",
+                "input": "hi",
+                "instructions": "be brief",
+                "previous_response_id": "r",
+                "max_output_tokens": 9,
+            }
         )
     )
     assert call.input == [
@@ -156,6 +162,7 @@ def test_a_compaction_is_a_responses_call_that_asks_for_a_summary_last() -> None
     ]
     assert (call.instructions, call.previous_response_id) == ("be brief", "r")
     assert (call.truncation, call.store, call.stream) == ("auto", False, False)
+    assert call.max_output_tokens == 9
 
 
 def test_an_assistant_turn_holds_its_text_reasoning_and_calls() -> None:

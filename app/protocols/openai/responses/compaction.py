@@ -12,7 +12,8 @@ with that window as `input` (no `previous_response_id`); the summary reads to th
 the assistant's turn it stands for (`items.messages`).
 
 The summary is the model's own words, written to the end of the context at most (a model
-that never ends its turns writes that far); a summary cut there still makes a compaction.
+that never ends its turns writes that far) or to `max_output_tokens` (an extra of this
+server's: OpenAI's compact takes no bound); a summary cut there still makes a compaction.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def summary_call(body: CompactRequest) -> ResponsesRequest:
             "previous_response_id": body.previous_response_id,
             "instructions": body.instructions,
             "prompt_cache_key": body.prompt_cache_key,
+            "max_output_tokens": body.max_output_tokens,
             "truncation": "auto",
             "store": False,
         }
