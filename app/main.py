@@ -26,6 +26,7 @@ from app.metrics import install_metrics
 from app.routes.apis import (
     anthropic,
     compaction,
+    conversations,
     graphpipe,
     openai,
     playground,
@@ -71,6 +72,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         openai,
         anthropic,
         compaction,
+        conversations,
         responses,
         graphpipe,
         salience,
@@ -86,12 +88,12 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 @asynccontextmanager
 async def _runners_closed(app: FastAPI) -> AsyncIterator[None]:
     """On the way out, once the gRPC server has ended its calls, the Responses API's
-    background runs end, and its store and the Salience sessions' close (before the
-    engine stops), if anything used them."""
+    background runs end, and its store, the conversations' and the Salience sessions'
+    close (before the engine stops), if anything used them."""
     try:
         yield
     finally:
-        for name in ("responses", "salience"):
+        for name in ("responses", "conversations", "salience"):
             runner = getattr(app.state, name, None)
             if runner is not None:
                 await runner.close()

@@ -20,9 +20,10 @@ from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
 from app.routes.http.calls import render
+from app.sessions.conversations import Conversations
 from app.sessions.responses import ResponsesRunner
 from app.sessions.salience import SalienceRunner
-from app.store import open_store
+from app.store import open_conversations, open_store
 
 
 def get_engine(conn: HTTPConnection) -> Engine:
@@ -98,6 +99,29 @@ def responses_runner(app: Starlette) -> ResponsesRunner:
             state.engine, state.admission, store, render, state.drain
         )
     return runner
+
+
+def conversations(app: Starlette) -> Conversations:
+    """The process's Conversations API and its store (beside the stored responses, at
+    `--responses-store`), made on first use."""
+    state = app.state
+    made: Conversations | None = getattr(state, "conversations", None)
+    if made is None:
+        settings: Settings = state.settings
+        store = open_conversations(
+            settings.responses_store_location(),
+            ttl_s=settings.responses_store_ttl_s,
+            max_bytes=settings.responses_store_max_bytes,
+        )
+        made = state.conversations = Conversations(store)
+    return made
+
+
+async def _conversations_dependency(conn: HTTPConnection) -> Conversations:
+    return conversations(conn.app)
+
+
+ConversationsDep = Annotated[Conversations, Depends(_conversations_dependency)]
 
 
 async def _responses_dependency(conn: HTTPConnection) -> ResponsesRunner:

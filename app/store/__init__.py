@@ -5,11 +5,14 @@ sessions.
   bound, a cancel flag per id) and its errors;
 - `sqlite`: the embedded default, one file under the state directory, surviving restarts;
 - `redis`: one Redis shared by every replica;
+- `conversations`: the Conversations API's store (a conversation and its items in order),
+  on the same backing store, `sqlite_conversations` and `redis_conversations`;
 - `sessions`: where Salience sessions live (the contract, and the process's own store);
   `redis_sessions`: one Redis that replicas share (`--salience-store`).
 
 `open_store(location, ...)` picks one from `--responses-store`: a `redis://` or
-`rediss://` URL, or a file path for SQLite (`sqlite:///abs/path` is taken too).
+`rediss://` URL, or a file path for SQLite (`sqlite:///abs/path` is taken too);
+`open_conversations(location, ...)` the conversations' store at the same place.
 """
 
 from __future__ import annotations
@@ -17,17 +20,39 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.store.base import DEFAULT_CLOCK, Clock, ResponseStore
+from app.store.conversations import ConversationStore
+
+
+def _redis(location: str) -> bool:
+    return location.startswith(("redis://", "rediss://", "unix://"))
+
+
+def _path(location: str) -> Path:
+    return Path(location.removeprefix("sqlite://")).expanduser()
 
 
 def open_store(
     location: str, *, ttl_s: float, max_bytes: int, clock: Clock = DEFAULT_CLOCK
 ) -> ResponseStore:
     """The store at `location`; nothing is opened or connected until its first use."""
-    if location.startswith(("redis://", "rediss://", "unix://")):
+    if _redis(location):
         from app.store.redis import RedisStore
 
         return RedisStore(location, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
     from app.store.sqlite import SqliteStore
 
-    path = Path(location.removeprefix("sqlite://")).expanduser()
-    return SqliteStore(path, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+    return SqliteStore(_path(location), ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+
+
+def open_conversations(
+    location: str, *, ttl_s: float, max_bytes: int, clock: Clock = DEFAULT_CLOCK
+) -> ConversationStore:
+    """The conversations' store at `location` (tables or keys of their own beside the
+    responses'); nothing is opened or connected until its first use."""
+    if _redis(location):
+        from app.store.redis_conversations import RedisConversations
+
+        return RedisConversations(location, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+    from app.store.sqlite_conversations import SqliteConversations
+
+    return SqliteConversations(_path(location), ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)

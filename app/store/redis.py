@@ -17,7 +17,8 @@ record's expiry with the caller's clock (not only Redis's), so every replica see
 same time to live as the SQLite store does.
 
 Redis that cannot be reached (refused, timed out) is `store_unavailable`; a Redis out of
-memory (`OOM` under `maxmemory` with `noeviction`) is `store_full`.
+memory (`OOM` under `maxmemory` with `noeviction`) is `store_full` (`RedisConnection`, which
+the conversations' store on the same Redis uses too: `app.store.redis_conversations`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,35 @@ return existed
 )
 
 
+class RedisConnection:
+    """One Redis, connected on first use (on the loop that uses it: a client belongs to
+    one loop); its failures become the store's: out of memory (`OOM` under `maxmemory`
+    with `noeviction`) is `store_full`, anything else (refused, timed out)
+    `store_unavailable`."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.where = _redacted(url)
+        self._client: aioredis.Redis | None = None
+
+    async def call(self, method: str, *args: Any) -> Any:
+        if self._client is None:
+            self._client = aioredis.Redis.from_url(
+                self.url, socket_connect_timeout=2.0, socket_timeout=5.0
+            )
+        try:
+            return await getattr(self._client, method)(*args)
+        except redis_errors.OutOfMemoryError as exc:
+            raise full(self.where, str(exc)) from exc
+        except (redis_errors.RedisError, OSError) as exc:
+            raise unavailable(self.where, exc) from exc
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
 class RedisStore:
     def __init__(
         self,
@@ -102,27 +132,12 @@ class RedisStore:
         self.max_bytes = max_bytes
         self.prefix = prefix
         self._clock = clock
-        self._client: aioredis.Redis | None = None
-        self._where = _redacted(url)
-
-    def _redis(self) -> aioredis.Redis:
-        # Made on first use, on the loop that uses it (a client belongs to one loop).
-        if self._client is None:
-            self._client = aioredis.Redis.from_url(
-                self.url, socket_connect_timeout=2.0, socket_timeout=5.0
-            )
-        return self._client
+        self._redis = RedisConnection(url)
+        self._call = self._redis.call
+        self._where = self._redis.where
 
     def _ms(self) -> int:
         return int(self._clock() * 1000)
-
-    async def _call(self, method: str, *args: Any) -> Any:
-        try:
-            return await getattr(self._redis(), method)(*args)
-        except redis_errors.OutOfMemoryError as exc:
-            raise full(self._where, str(exc)) from exc
-        except (redis_errors.RedisError, OSError) as exc:
-            raise unavailable(self._where, exc) from exc
 
     # -- the contract (app.store.base) ------------------------------------------------
 
@@ -149,9 +164,7 @@ class RedisStore:
         return bool(await self._call("exists", self.prefix + "cancel:" + key))
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self._redis.close()
 
 
 def _redacted(url: str) -> str:

@@ -14,7 +14,9 @@ one. A group that fails fails each of its `put`s with the same error.
 
 SQLite's own failures are the store's: a full disk (`SQLITE_FULL`) is `store_full`; a
 file that cannot be opened, a lock held past the timeout or a corrupt file is
-`store_unavailable`, for that call.
+`store_unavailable`, for that call. `SqliteFile` (the connection, its thread, that
+mapping) and `transaction` serve the conversations' store on the same file too
+(`app.store.sqlite_conversations`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,57 @@ CREATE TABLE IF NOT EXISTS cancels (id TEXT PRIMARY KEY, expires REAL NOT NULL);
 """
 
 
+class SqliteFile:
+    """One SQLite file, opened on first use with `schema`, and used from one thread of its
+    own (one connection, in WAL mode, waiting up to `busy_timeout_s` for another process's
+    write lock), never from the event loop. SQLite's failures become the store's: a full
+    disk (`SQLITE_FULL`) is `store_full`, anything else (a file that cannot be opened, a
+    lock held past the timeout, a corrupt file) `store_unavailable`."""
+
+    def __init__(self, path: Path, schema: str, *, busy_timeout_s: float, name: str) -> None:
+        self.path = path
+        self._schema = schema
+        self._busy_timeout_s = busy_timeout_s
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._db: sqlite3.Connection | None = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout_s,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(self._schema)
+            self._db = db
+        return self._db
+
+    async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._thread, self._call, work)
+        except (sqlite3.Error, OSError) as exc:
+            if isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == 13:
+                raise full(str(self.path), str(exc)) from exc  # SQLITE_FULL
+            raise unavailable(str(self.path), exc) from exc
+
+    def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        return work(self._connection())
+
+    async def close(self) -> None:
+        def close(db: sqlite3.Connection) -> None:
+            db.close()
+
+        if self._db is not None:
+            await asyncio.get_running_loop().run_in_executor(self._thread, close, self._db)
+            self._db = None
+        self._thread.shutdown(wait=False)
+
+
 class SqliteStore:
     def __init__(
         self,
@@ -57,38 +110,10 @@ class SqliteStore:
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self._clock = clock
-        self._busy_timeout_s = busy_timeout_s
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-store")
-        self._db: sqlite3.Connection | None = None
+        self._file = SqliteFile(path, _SCHEMA, busy_timeout_s=busy_timeout_s, name="response-store")
+        self._run = self._file.run
         self._waiting: list[tuple[str, bytes, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._db is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(
-                self.path,
-                timeout=self._busy_timeout_s,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_SCHEMA)
-            self._db = db
-        return self._db
-
-    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._thread, self._call, work)
-        except (sqlite3.Error, OSError) as exc:
-            if isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == 13:
-                raise full(str(self.path), str(exc)) from exc  # SQLITE_FULL
-            raise unavailable(str(self.path), exc) from exc
-
-    def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        return work(self._connection())
 
     # -- the contract (app.store.base) ------------------------------------------------
 
@@ -133,7 +158,7 @@ class SqliteStore:
     def _put_all(
         self, db: sqlite3.Connection, records: list[tuple[str, bytes]], now: float
     ) -> None:
-        with _transaction(db):
+        with transaction(db):
             freed = _remove(db, "expires <= ?", (now,))
             total = db.execute("SELECT bytes FROM total").fetchone()[0] - freed
             for key, data in records:
@@ -157,7 +182,7 @@ class SqliteStore:
 
     async def delete(self, key: str) -> bool:
         def delete(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
+            with transaction(db):
                 existed = db.execute(
                     "SELECT 1 FROM responses WHERE id = ? AND expires > ?", (key, self._clock())
                 ).fetchone()
@@ -188,19 +213,13 @@ class SqliteStore:
         return await self._run(read)
 
     async def close(self) -> None:
-        def close(db: sqlite3.Connection) -> None:
-            db.close()
-
         if self._writer is not None:
             await asyncio.wait([self._writer])
-        if self._db is not None:
-            await asyncio.get_running_loop().run_in_executor(self._thread, close, self._db)
-            self._db = None
-        self._thread.shutdown(wait=False)
+        await self._file.close()
 
 
 @contextmanager
-def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+def transaction(db: sqlite3.Connection) -> Iterator[None]:
     """One write transaction, taking the write lock at once (another process's writes
     wait for it, up to the busy timeout, rather than failing mid-way)."""
     db.execute("BEGIN IMMEDIATE")

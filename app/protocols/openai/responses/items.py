@@ -201,9 +201,9 @@ def _item(item: Any, where: str) -> Item:
     raise _fail(f"{where}.type", f"input item type {kind!r} is not one of {_KINDS}")
 
 
-def read_input(value: str | Sequence[Any] | None) -> list[Item]:
-    """A body's `input` in normal form, each item with its id: the one it came with (an
-    output item given back keeps its own), else a fresh one."""
+def read_input(value: str | Sequence[Any] | None, field: str = "input") -> list[Item]:
+    """A body's `input` (or another `field` of items) in normal form, each item with its
+    id: the one it came with (an output item given back keeps its own), else a fresh one."""
     if value is None:
         return []
     items: list[Item]
@@ -213,7 +213,7 @@ def read_input(value: str | Sequence[Any] | None) -> list[Item]:
     else:
         items = []
         for i, given in enumerate(value):
-            item = _item(given, f"input.{i}")
+            item = _item(given, f"{field}.{i}")
             if isinstance(given.get("id"), str) and given["id"]:
                 item["id"] = given["id"]
             items.append(item)

@@ -83,7 +83,12 @@ def _check(body: ResponsesRequest) -> None:
             raise InvalidRequest(
                 f"include.{i}: {name!r} is not one of {', '.join(INCLUDABLE)}", param="include"
             )
-    metadata = body.metadata or {}
+    check_metadata(body.metadata)
+
+
+def check_metadata(metadata: Mapping[str, str] | None) -> None:
+    """OpenAI's bound on `metadata` (a response's, a conversation's)."""
+    metadata = metadata or {}
     if len(metadata) > MAX_METADATA:
         raise InvalidRequest(f"metadata holds at most {MAX_METADATA} pairs", param="metadata")
     for key, value in metadata.items():

@@ -1,0 +1,131 @@
+"""The Conversations API through the openai SDK's `client.conversations`, unchanged, on the
+live server (its SQLite store), and across two replicas sharing a real redis-server (two
+apps on the live engine: the store is what they share).
+
+How these fail: an SDK call that cannot read an answer (a missing field, a wrong object
+type, a cursor page the SDK's pager cannot walk); items out of order, lost, or held
+twice; a conversation or item one replica wrote that another cannot see; an error that is
+not OpenAI's shape or does not name its field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import openai
+import pytest
+
+from tests.conftest import LiveServer, free_port, tiny_model_path
+
+pytestmark = pytest.mark.e2e
+
+
+def _client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text}
+
+
+@contextmanager
+def _replica(live: LiveServer, store: str) -> Iterator[str]:
+    """An app on the live server's engine with `store`, on its own port: a replica as far
+    as the store can tell."""
+    from app.config import Settings
+
+    port = free_port()
+    settings = Settings(
+        model=str(tiny_model_path()),
+        served_model_name=live.model,
+        host="127.0.0.1",
+        port=port,
+        grpc_port=0,
+        log_level="warning",
+        responses_store=store,
+    )
+    with live.another_app(settings):
+        yield f"http://127.0.0.1:{port}"
+
+
+def _texts(items: Any) -> list[str]:
+    return [item.content[0].text for item in items]
+
+
+def test_a_conversation_through_the_sdk(live_server: LiveServer) -> None:
+    client = _client(live_server.base_url)
+    made = client.conversations.create(
+        items=[_user("one"), {"role": "assistant", "content": "two"}], metadata={"topic": "t"}
+    )
+    assert made.object == "conversation" and made.id.startswith("conv_")
+    assert made.metadata == {"topic": "t"}
+    assert client.conversations.retrieve(made.id).created_at == made.created_at
+    updated = client.conversations.update(made.id, metadata={"topic": "u"})
+    assert updated.metadata == {"topic": "u"}
+    added = client.conversations.items.create(made.id, items=[_user(str(n)) for n in range(3, 8)])
+    assert _texts(added.data) == ["3", "4", "5", "6", "7"] and not added.has_more
+    newest = client.conversations.items.list(made.id, limit=3)  # desc, as OpenAI
+    assert _texts(newest.data) == ["7", "6", "5"] and newest.has_more
+    # The SDK's pager walks every page, after the last id of each.
+    walked = list(client.conversations.items.list(made.id, limit=2, order="asc"))
+    assert _texts(walked) == ["one", "two", "3", "4", "5", "6", "7"]
+    assert [item.role for item in walked[:2]] == ["user", "assistant"]
+    assert all(item.status == "completed" for item in walked)
+    third = walked[2]
+    assert client.conversations.items.retrieve(third.id, conversation_id=made.id).id == third.id
+    after = client.conversations.items.delete(third.id, conversation_id=made.id)
+    assert after.id == made.id and after.object == "conversation"
+    assert "3" not in _texts(client.conversations.items.list(made.id, order="asc"))
+    gone = client.conversations.delete(made.id)
+    assert (gone.id, gone.deleted, gone.object) == (made.id, True, "conversation.deleted")
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.conversations.retrieve(made.id)
+    assert missing.value.body["param"] == "conversation_id"  # type: ignore[index]
+
+
+def test_what_a_conversation_refuses(live_server: LiveServer) -> None:
+    client = _client(live_server.base_url)
+    made = client.conversations.create(items=[{"id": "msg_given", **_user("a")}])
+    again = [{"id": "msg_given", **_user("b")}]
+    cases: list[tuple[Any, str, type[Exception]]] = [
+        (lambda: client.conversations.create(items=[_user("x")] * 21), "items",
+         openai.BadRequestError),
+        (lambda: client.conversations.create(metadata={str(i): "v" for i in range(17)}),
+         "metadata", openai.BadRequestError),
+        (lambda: client.conversations.items.create(made.id, items=[{"role": "user"}]),
+         "items.0.content", openai.BadRequestError),
+        (lambda: client.conversations.items.create(made.id, items=[]), "items",
+         openai.BadRequestError),
+        (lambda: client.conversations.items.create(made.id, items=again), "items",
+         openai.BadRequestError),
+        (lambda: client.conversations.items.retrieve("msg_none", conversation_id=made.id),
+         "item_id", openai.NotFoundError),
+        (lambda: client.conversations.items.list("conv_none"), "conversation_id",
+         openai.NotFoundError),
+        (lambda: client.conversations.items.list(made.id, after="msg_none"), "after",
+         openai.BadRequestError),
+    ]  # fmt: skip
+    for call, param, kind in cases:
+        with pytest.raises(kind) as raised:
+            call()
+        assert raised.value.body["param"] == param, raised.value.body  # type: ignore[attr-defined]
+    assert _texts(client.conversations.items.list(made.id)) == ["a"]  # nothing half-added
+
+
+def test_replicas_share_conversations_through_redis(
+    live_server: LiveServer, redis_url: str
+) -> None:
+    with _replica(live_server, redis_url) as a, _replica(live_server, redis_url) as b:
+        made = _client(a).conversations.create(items=[_user("from a")])
+        _client(b).conversations.items.create(made.id, items=[_user("from b")])
+        assert _texts(_client(a).conversations.items.list(made.id, order="asc")) == [
+            "from a",
+            "from b",
+        ]
+        _client(a).conversations.update(made.id, metadata={"by": "a"})
+        assert _client(b).conversations.retrieve(made.id).metadata == {"by": "a"}
+        _client(b).conversations.delete(made.id)
+        with pytest.raises(openai.NotFoundError):
+            _client(a).conversations.items.list(made.id)
