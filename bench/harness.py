@@ -63,6 +63,15 @@ MODEL = ROOT / ".cache" / "tiny-model"
 TINY_8K, _8K = ROOT / ".cache" / "tiny-model-8k", ("--max-position-embeddings", "8192")
 PY = sys.executable
 ENGINE_FLAGS = ("--dtype", "float32", "--max-model-len", "1024")
+# Tool calls as the reference serves them (issue 31): the tiny model's hermes-style calls
+# read back, and no whitespace inside constrained JSON (a random model pads it otherwise).
+TOOL_FLAGS = (
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+    "--structured-outputs-config",
+    '{"backend": "xgrammar", "disable_any_whitespace": true}',
+)
 CLIENT_CORE, FRONTEND_CORE = 0, 1
 REALTIME = ("chrt", "--fifo", "10")
 PORT, GRPC_PORT = 8141, 50141

@@ -52,13 +52,7 @@ from tests.open_responses import TESTS, Target, run
 AGENT_MODEL = ROOT / ".cache" / "tiny-agent-model"  # the tests' (tests/e2e/agents)
 VL_MODEL = ROOT / ".cache" / "tiny-vl-model"
 CONTEXT = "24576"  # Codex's prompt runs to ~15k tokens
-FLAGS = (
-    "--enable-auto-tool-choice",
-    "--tool-call-parser",
-    "hermes",
-    "--structured-outputs-config",
-    '{"backend": "xgrammar", "disable_any_whitespace": true}',
-)
+FLAGS = harness.TOOL_FLAGS
 VL_FLAGS = ("--max-model-len", "512", "--enforce-eager")
 AGENTIC = ROOT / ".venv-agentic" / "bin" / "agentic-server"
 CODEX = ROOT / ".cache" / "npm" / "codex" / "node_modules" / ".bin" / "codex"

@@ -45,13 +45,7 @@ import httpx
 import jsonschema
 from harness import Server, markdown_table, publish
 
-FLAGS = (
-    "--enable-auto-tool-choice",
-    "--tool-call-parser",
-    "hermes",
-    "--structured-outputs-config",
-    '{"backend": "xgrammar", "disable_any_whitespace": true}',
-)
+FLAGS = harness.TOOL_FLAGS
 TARGETS = (harness.switchboard("switchboard", *FLAGS), harness.vllm_serve("vllm serve", *FLAGS))
 MAX_TOKENS = 256
 CONCURRENCY = 8

@@ -10,14 +10,13 @@ not OpenAI's shape or does not name its field.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import openai
 import pytest
 
-from tests.conftest import LiveServer, free_port, tiny_model_path
+from tests.conftest import LiveServer
+from tests.replicas import app_on_live_engine
 
 pytestmark = pytest.mark.e2e
 
@@ -28,26 +27,6 @@ def _client(base_url: str) -> openai.OpenAI:
 
 def _user(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": text}
-
-
-@contextmanager
-def _replica(live: LiveServer, store: str) -> Iterator[str]:
-    """An app on the live server's engine with `store`, on its own port: a replica as far
-    as the store can tell."""
-    from app.config import Settings
-
-    port = free_port()
-    settings = Settings(
-        model=str(tiny_model_path()),
-        served_model_name=live.model,
-        host="127.0.0.1",
-        port=port,
-        grpc_port=0,
-        log_level="warning",
-        responses_store=store,
-    )
-    with live.another_app(settings):
-        yield f"http://127.0.0.1:{port}"
 
 
 def _texts(items: Any) -> list[str]:
@@ -117,7 +96,10 @@ def test_what_a_conversation_refuses(live_server: LiveServer) -> None:
 def test_replicas_share_conversations_through_redis(
     live_server: LiveServer, redis_url: str
 ) -> None:
-    with _replica(live_server, redis_url) as a, _replica(live_server, redis_url) as b:
+    with (
+        app_on_live_engine(live_server, responses_store=redis_url) as a,
+        app_on_live_engine(live_server, responses_store=redis_url) as b,
+    ):
         made = _client(a).conversations.create(items=[_user("from a")])
         _client(b).conversations.items.create(made.id, items=[_user("from b")])
         assert _texts(_client(a).conversations.items.list(made.id, order="asc")) == [

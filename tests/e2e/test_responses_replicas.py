@@ -23,7 +23,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ import pytest
 
 from tests.conftest import ROOT, LiveServer, free_port, tiny_model_path
 from tests.redis_server import redis_server
+from tests.replicas import app_on_live_engine
 
 pytestmark = pytest.mark.e2e
 
@@ -44,26 +44,6 @@ LONG = 960  # tokens: the tiny model's context less the prompt
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with redis_server(tmp_path_factory.mktemp("redis")) as url:
         yield url
-
-
-@contextmanager
-def app_on_live_engine(live: LiveServer, **settings: Any) -> Iterator[str]:
-    """A second app (a replica, as far as the store can tell) on the live server's
-    engine, served on its own port on the engine's loop; yields its base URL."""
-    from app.config import Settings
-
-    port = free_port()
-    config = Settings(
-        model=str(tiny_model_path()),
-        served_model_name=live.model,
-        host="127.0.0.1",
-        port=port,
-        grpc_port=0,
-        log_level="warning",
-        **settings,
-    )
-    with live.another_app(config, start_s=DEADLINE_S):
-        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")

@@ -25,15 +25,7 @@ from app.store import open_conversations, open_store
 from app.store.conversations import ConversationStore
 from app.store.redis_conversations import RedisConversations
 from app.store.sqlite_conversations import SqliteConversations
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.store_backends import Clock, location
 
 Factory = Callable[..., ConversationStore]
 
@@ -41,15 +33,10 @@ Factory = Callable[..., ConversationStore]
 @pytest.fixture(params=["sqlite", "redis"])
 def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
     """Stores of one backend, all on the same file or Redis database (fresh per test)."""
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
-        redis.Redis.from_url(url).flushdb()
-        location = url
-    else:
-        location = str(tmp_path / "responses.sqlite3")
+    where = location(request, tmp_path)
 
     def factory(clock: Clock, *, ttl_s: float = 60.0, max_bytes: int = 10_000) -> ConversationStore:
-        return open_conversations(location, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+        return open_conversations(where, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
 
     yield factory
 
