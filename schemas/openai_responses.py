@@ -148,9 +148,9 @@ class ResponsesRequest(VllmSampling):
     background: bool = False
     reasoning: dict[str, Any] | None = None
     stream_options: dict[str, Any] | None = None
-    # Refused when set: this server has no stored prompts and no conversations API.
+    # Refused when set: this server has no stored prompts.
     prompt: dict[str, Any] | None = None
-    conversation: str | dict[str, Any] | None = None
+    conversation: str | dict[str, Any] | None = None  # an id, or {"id": ...}
     chat_template_kwargs: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
 

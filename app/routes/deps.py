@@ -96,7 +96,7 @@ def responses_runner(app: Starlette) -> ResponsesRunner:
             max_bytes=settings.responses_store_max_bytes,
         )
         runner = state.responses = ResponsesRunner(
-            state.engine, state.admission, store, render, state.drain
+            state.engine, state.admission, store, render, state.drain, conversations(app)
         )
     return runner
 

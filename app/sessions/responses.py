@@ -7,11 +7,14 @@ call is the house's: admission first (a refusal before any work), then the store
 context of `previous_response_id`, then the plan in the render thread (every client
 error before anything runs), then the engine.
 
-Stored responses (`store: true`, OpenAI's default) are written once, when the response
-has ended; a stream's terminal event (`response.completed`, `.incomplete`) is sent only
-after that write, so a client that has seen it can continue from the response on any
-replica. A store that cannot be written fails the call in the API's shape (in a stream:
-`error` then `response.failed`); `store: false` calls never touch the store.
+A response in a `conversation` (the Conversations API's, `app.sessions.conversations`)
+starts from its items and adds its input and output to them once it has ended, as a
+stored response is written. Stored responses (`store: true`, OpenAI's default) are
+written once, when the response has ended; a stream's terminal event
+(`response.completed`, `.incomplete`) is sent only after that write, so a client that has
+seen it can continue from the response on any replica. A store that cannot be written
+fails the call in the API's shape (in a stream: `error` then `response.failed`); `store:
+false` calls never touch the store.
 
 Background runs (`background: true`) belong to this process, not to the connection that
 started them: each is a task registered by response id, holding its admission ticket,
@@ -46,10 +49,12 @@ from app.drain import Drain
 from app.engine.base import Engine
 from app.errors import InvalidRequest, NotFound, SwitchboardError, client_error
 from app.protocols.core import Event
+from app.protocols.openai.conversations import conversation_id
 from app.protocols.openai.responses.core import TERMINAL, ResponsesCore
 from app.protocols.openai.responses.events import replay
 from app.protocols.openai.responses.items import new_id, read_input
 from app.protocols.openai.responses.record import StoredResponse
+from app.sessions.conversations import Conversations
 from app.store.base import ResponseStore
 from schemas.openai_responses import ResponsesRequest
 
@@ -130,10 +135,12 @@ class ResponsesRunner:
         store: ResponseStore,
         render: Render[Any],
         drain: Drain | None = None,
+        conversations: Conversations | None = None,
     ) -> None:
         self.engine = engine
         self.admission = admission
         self.store = store
+        self.conversations = conversations
         self._render = render
         self._runs: dict[str, _Run] = {}
         if drain is not None:
@@ -155,6 +162,8 @@ class ResponsesRunner:
                         param="previous_response_id",
                     )
                 context = previous.context()
+            elif body.conversation is not None and self.conversations is not None:
+                context = await self.conversations.context(conversation_id(body.conversation))
             info, tokenizer = self.engine.info, self.engine.tokenizer
             core = await self._render(
                 lambda: ResponsesCore(
@@ -186,8 +195,7 @@ class ResponsesRunner:
             for event in core.settle():
                 yield event
             terminal, response = core.terminal()
-            if started.store:
-                await self._save(core, response)
+            await self._ended(core, response, store=started.store)
             yield terminal
         except Exception as exc:  # the stream has started: the error goes in it
             error = client_error(exc)
@@ -203,8 +211,7 @@ class ResponsesRunner:
             async for token_event in run:
                 core.feed(0, token_event)
         response = core.result()
-        if started.store:
-            await self._save(core, response)
+        await self._ended(core, response, store=started.store)
         return response
 
     # -- background runs -------------------------------------------------------------
@@ -233,7 +240,7 @@ class ResponsesRunner:
                     run.push(core.events(0, token_event))
             run.push(core.settle())
             terminal, response = core.terminal()
-            await self._save(core, response)
+            await self._ended(core, response, store=True)
             run.push([terminal])
         except asyncio.CancelledError:
             core.fail()
@@ -353,6 +360,17 @@ class ResponsesRunner:
             error.param = param
             raise error
         return record
+
+    async def _ended(self, core: ResponsesCore, response: dict[str, Any], *, store: bool) -> None:
+        """What a response does once it has ended, before its terminal event: its record
+        written (`store`), its input and output added to its conversation (if in one)."""
+        if store:
+            await self._save(core, response)
+        ended = response["status"] in ("completed", "incomplete")
+        if core.conversation is not None and self.conversations is not None and ended:
+            await self.conversations.extend(
+                core.conversation, [*core.input_items, *response["output"]]
+            )
 
     async def _save(self, core: ResponsesCore, response: dict[str, Any]) -> None:
         record = StoredResponse(response, list(core.input_items), list(core.context))

@@ -108,6 +108,60 @@ def test_replicas_share_conversations_through_redis(
         ]
         _client(a).conversations.update(made.id, metadata={"by": "a"})
         assert _client(b).conversations.retrieve(made.id).metadata == {"by": "a"}
+        answer = _client(b).responses.create(
+            model=live_server.model, conversation=made.id, input="to b", max_output_tokens=2
+        )
+        listed = list(_client(a).conversations.items.list(made.id, order="asc"))
+        assert _texts(listed[:3]) == ["from a", "from b", "to b"]
+        assert listed[-1].id == answer.output[-1].id
         _client(b).conversations.delete(made.id)
         with pytest.raises(openai.NotFoundError):
             _client(a).conversations.items.list(made.id)
+
+
+def test_a_response_continues_a_conversation_and_adds_to_it(live_server: LiveServer) -> None:
+    client = _client(live_server.base_url)
+    conversation = client.conversations.create(items=[_user("My name is Alice.")])
+    answer = client.responses.create(
+        model=live_server.model, conversation=conversation.id, input="And yours?",
+        max_output_tokens=4,
+    )  # fmt: skip
+    assert answer.conversation is not None and answer.conversation.id == conversation.id
+    listed = list(client.conversations.items.list(conversation.id, order="asc"))
+    assert _texts(listed[:2]) == ["My name is Alice.", "And yours?"]
+    assert [item.id for item in listed[2:]] == [item.id for item in answer.output]
+    # The model was given the conversation: the same input alone is a shorter prompt.
+    alone = client.responses.create(
+        model=live_server.model, input="And yours?", max_output_tokens=1
+    )
+    assert answer.usage is not None and alone.usage is not None
+    assert answer.usage.input_tokens > alone.usage.input_tokens
+    # Streamed: the items are there once response.completed is.
+    with client.responses.stream(
+        model=live_server.model, conversation={"id": conversation.id}, input="Go on.",
+        max_output_tokens=4,
+    ) as stream:  # fmt: skip
+        for event in stream:
+            if event.type == "response.completed":
+                now = list(client.conversations.items.list(conversation.id, order="asc"))
+                assert _texts(now[3:4]) == ["Go on."]
+                assert now[-1].id == event.response.output[-1].id
+
+
+def test_what_a_response_in_a_conversation_refuses(live_server: LiveServer) -> None:
+    client = _client(live_server.base_url)
+    conversation = client.conversations.create(items=[{"id": "msg_held", **_user("a")}])
+    first = client.responses.create(model=live_server.model, input="x", max_output_tokens=1)
+    cases: list[tuple[dict[str, Any], str, type[Exception]]] = [
+        ({"conversation": conversation.id, "previous_response_id": first.id}, "conversation",
+         openai.BadRequestError),
+        ({"conversation": "conv_none"}, "conversation", openai.NotFoundError),
+        ({"conversation": conversation.id, "input": [{"id": "msg_held", **_user("b")}]},
+         "input.0.id", openai.BadRequestError),
+    ]  # fmt: skip
+    for extra, param, kind in cases:
+        body = {"model": live_server.model, "input": "y", "max_output_tokens": 1, **extra}
+        with pytest.raises(kind) as raised:
+            client.responses.create(**body)
+        assert raised.value.body["param"] == param, raised.value.body  # type: ignore[attr-defined]
+    assert _texts(client.conversations.items.list(conversation.id)) == ["a"]

@@ -39,6 +39,7 @@ from app.protocols.accounting import Accounting
 from app.protocols.conversation.output import ChoiceOutput
 from app.protocols.conversation.plan import ChatPlan, plan_conversation
 from app.protocols.core import Event
+from app.protocols.openai.conversations import conversation_id
 from app.protocols.openai.logprobs import chat_logprobs
 from app.protocols.openai.responses.events import (
     Body,
@@ -134,7 +135,8 @@ class ResponsesCore:
     ) -> None:
         """Plans the call (blocking: build it off the event loop). `context` is the stored
         conversation `previous_response_id` continues; `input_items` the body's input in
-        normal form (`items.read_input`); `clock` says when it completed."""
+        normal form (`items.read_input`); `clock` says when it completed. A response in
+        a `conversation` has its items as `context`."""
         lora_name = None if model == info.model_name else model
         translated = translate(
             body, context, input_items, info, request_id=response_id, lora_name=lora_name
@@ -185,6 +187,11 @@ class ResponsesCore:
             "safety_identifier": body.safety_identifier,
             "prompt_cache_key": body.prompt_cache_key,
         }
+        self.conversation = (
+            None if body.conversation is None else conversation_id(body.conversation)
+        )
+        if self.conversation is not None:
+            self._base["conversation"] = {"id": self.conversation}
 
     # -- what the transport reads ----------------------------------------------------
 

@@ -3,7 +3,9 @@
 What the Responses API adds to a chat call is read here and nowhere else:
 
 - the conversation is the stored context of `previous_response_id` (its history, its
-  input and its output, `StoredResponse.context()`), then this body's `input`; the
+  input and its output, `StoredResponse.context()`) or the items of `conversation` (the
+  Conversations API's; the two exclusive, and an input item's id not one the
+  conversation holds), then this body's `input`; the
   previous response's `instructions` are not carried over (OpenAI's rule), this body's
   go first as a system message;
 - a last input item that is an assistant message is continued, not answered (as `vllm
@@ -69,10 +71,9 @@ class Translated:
 def _check(body: ResponsesRequest) -> None:
     if body.prompt is not None:
         raise InvalidRequest("stored prompts are not served here", param="prompt")
-    if body.conversation is not None:
+    if body.conversation is not None and body.previous_response_id is not None:
         raise InvalidRequest(
-            "the conversations API is not served here; use previous_response_id",
-            param="conversation",
+            "conversation and previous_response_id cannot both be given", param="conversation"
         )
     if body.background and not body.store:
         raise InvalidRequest(
@@ -145,6 +146,14 @@ def translate(
     _check(body)
     if not context and not input_items:
         raise InvalidRequest("input is required (a string or a list of items)", param="input")
+    if body.conversation is not None:  # an id is held once in a conversation
+        held = {item["id"] for item in context}
+        for i, item in enumerate(input_items):
+            if item["id"] in held:
+                raise InvalidRequest(
+                    f"input.{i}.id: the conversation already holds {item['id']!r}",
+                    param=f"input.{i}.id",
+                )
     shift = len(context)
 
     def where(i: int) -> str:
