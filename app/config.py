@@ -154,6 +154,13 @@ class Settings(BaseSettings):
         description="Bound on the bytes all stored responses hold; past it the responses "
         "written longest ago are evicted first.",
     )
+    responses_ws_kept: int = Field(
+        default=8,
+        ge=1,
+        description="How many of its own responses (store: false ones included) a "
+        "Responses websocket connection keeps for previous_response_id; past it the least "
+        "recently used goes first.",
+    )
 
     # GraphPipe
     graphpipe_max_request_bytes: int = Field(

@@ -38,6 +38,7 @@ from app.routes.http.bodies import collect_definitions
 from app.routes.http.errors import install_error_handlers
 from app.routes.http.json import OrjsonResponse
 from app.routes.ws import evergreen, salience
+from app.routes.ws import responses as responses_ws
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
@@ -74,6 +75,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         compaction,
         conversations,
         responses,
+        responses_ws,
         graphpipe,
         salience,
         evergreen,

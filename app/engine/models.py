@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from app.engine.base import Engine
 from app.errors import ModelNotFound
 
 
@@ -28,6 +29,11 @@ from app.errors import ModelNotFound
 class ServedModel:
     name: str  # the served name: the one asked for, or the base model's
     lora_name: str | None  # the LoRA adapter to generate with; None for the base model
+
+
+def served_by(engine: Engine, requested: str | None) -> ServedModel:
+    """The model `requested` names among every model `engine` serves."""
+    return resolve_model(requested, engine.info.model_name, engine.has_model)
 
 
 def resolve_model(

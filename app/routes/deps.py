@@ -19,9 +19,8 @@ from app.auth import bearer_token, check_key
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
-from app.routes.http.calls import render
 from app.sessions.conversations import Conversations
-from app.sessions.responses import ResponsesRunner
+from app.sessions.responses import Responses
 from app.sessions.salience import SalienceRunner
 from app.store import open_conversations, open_store
 
@@ -82,23 +81,23 @@ def salience_runner(app: Starlette) -> SalienceRunner:
     return runner
 
 
-def responses_runner(app: Starlette) -> ResponsesRunner:
-    """The process's Responses API runner and its store, made on first use (nothing is
-    opened or connected before): one for every connection, since background runs and the
-    store outlive them."""
+def responses_api(app: Starlette) -> Responses:
+    """The process's Responses API and its store, made on first use (nothing is opened or
+    connected before): one for every connection of every transport, since background runs
+    and the store outlive them."""
     state = app.state
-    runner: ResponsesRunner | None = getattr(state, "responses", None)
-    if runner is None:
+    responses: Responses | None = getattr(state, "responses", None)
+    if responses is None:
         settings: Settings = state.settings
         store = open_store(
             settings.responses_store_location(),
             ttl_s=settings.responses_store_ttl_s,
             max_bytes=settings.responses_store_max_bytes,
         )
-        runner = state.responses = ResponsesRunner(
-            state.engine, state.admission, store, render, state.drain, conversations(app)
+        responses = state.responses = Responses(
+            state.engine, state.admission, store, state.drain, conversations(app)
         )
-    return runner
+    return responses
 
 
 def conversations(app: Starlette) -> Conversations:
@@ -124,11 +123,11 @@ async def _conversations_dependency(conn: HTTPConnection) -> Conversations:
 ConversationsDep = Annotated[Conversations, Depends(_conversations_dependency)]
 
 
-async def _responses_dependency(conn: HTTPConnection) -> ResponsesRunner:
-    return responses_runner(conn.app)
+async def _responses_dependency(conn: HTTPConnection) -> Responses:
+    return responses_api(conn.app)
 
 
-ResponsesDep = Annotated[ResponsesRunner, Depends(_responses_dependency)]
+ResponsesDep = Annotated[Responses, Depends(_responses_dependency)]
 
 
 def check_credentials(conn: HTTPConnection) -> None:

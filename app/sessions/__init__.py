@@ -2,9 +2,17 @@
 
 Transport-independent and async. It knows asyncio, the engine seam (`app.engine.base`),
 the error tree and the protocol cores; no web framework, server or gRPC. A transport
-(the websockets in `app.routes`, gRPC next) decodes its frames into the cores' messages,
-calls this layer, and renders what comes back and the `SwitchboardError`s raised:
+(HTTP, the websockets and gRPC in `app.routes`) decodes its frames into the cores'
+messages, calls this layer, and renders what comes back and the `SwitchboardError`s
+raised:
 
+- `calls`: the one road of every call-shaped API (Completions, Chat, Responses,
+  Messages): admission, the core built in the render thread, the engine's events pushed
+  to it, its events or body handed out, hooks around its end; `generations`: a call's
+  engine requests run together;
+- `responses`: the Responses API on that road, and a websocket connection's own
+  responses; `stored_responses`: their records, background runs, replay, and a cancel
+  that wins wherever it lands;
 - `tasks`: a task group that cancels and awaits its calls; `client_error`, the one way
   an exception becomes what the client is told;
 - `evergreen`: one Evergreen session (`EvergreenRun`): its actions as tasks on the

@@ -13,7 +13,9 @@ tests hold both to them (tests/unit/test_response_store.py):
 - `get(id)` is the record or None (never stored, expired, evicted or deleted);
   `delete(id)` says whether there was one.
 - `request_cancel(id)` raises the flag; `cancel_requested(id)` reads it (flags expire with
-  the record's time to live).
+  the record's time to live). `put(id, data, unless_cancelled=True)` writes only while the
+  flag is down, in the same transaction as it reads it, and says whether it wrote: the
+  one moment a background run's end is decided, whichever replica raised the flag.
 - A backing store that cannot be reached raises `Unavailable` (code
   `store_unavailable`), for that call only: nothing else in the server depends on the
   store, and the next call tries again.
@@ -43,7 +45,7 @@ class ResponseStore(Protocol):
 
     async def get(self, key: str) -> bytes | None: ...
 
-    async def put(self, key: str, data: bytes) -> None: ...
+    async def put(self, key: str, data: bytes, *, unless_cancelled: bool = False) -> bool: ...
 
     async def delete(self, key: str) -> bool: ...
 

@@ -44,8 +44,9 @@ local function drop(prefix, id)
 end
 """
 
-# ARGV: prefix, id, data, exp_ms, now_ms, ttl_ms, max_bytes. The shebang makes Redis
-# refuse the script when it is out of memory (a script without one writes past maxmemory).
+# ARGV: prefix, id, data, exp_ms, now_ms, ttl_ms, max_bytes, unless_cancelled ("1": not
+# when the id's cancel flag is raised; 0 is returned). The shebang makes Redis refuse the
+# script when it is out of memory (a script without one writes past maxmemory).
 _PUT = (
     "#!lua\n"
     + _DROP
@@ -53,6 +54,9 @@ _PUT = (
 local prefix, id, data = ARGV[1], ARGV[2], ARGV[3]
 local exp, now = tonumber(ARGV[4]), tonumber(ARGV[5])
 local ttl, max = tonumber(ARGV[6]), tonumber(ARGV[7])
+if ARGV[8] == '1' and redis.call('EXISTS', prefix .. 'cancel:' .. id) == 1 then
+    return 0
+end
 for _, old in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'index', '-inf', now)) do
     drop(prefix, old)
 end
@@ -147,12 +151,13 @@ class RedisStore:
             return None
         return bytes(data)
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes, *, unless_cancelled: bool = False) -> bool:
         if len(data) > self.max_bytes:
             raise full(self._where, too_large(len(data), self.max_bytes))
         now, ttl = self._ms(), int(self.ttl_s * 1000)
-        args = (self.prefix, key, data, now + ttl, now, ttl, self.max_bytes)
-        await self._call("eval", _PUT, 0, *args)
+        conditional = "1" if unless_cancelled else "0"
+        args = (self.prefix, key, data, now + ttl, now, ttl, self.max_bytes, conditional)
+        return bool(await self._call("eval", _PUT, 0, *args))
 
     async def delete(self, key: str) -> bool:
         return bool(await self._call("eval", _DELETE, 0, self.prefix, key, self._ms()))

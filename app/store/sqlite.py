@@ -112,7 +112,7 @@ class SqliteStore:
         self._clock = clock
         self._file = SqliteFile(path, _SCHEMA, busy_timeout_s=busy_timeout_s, name="response-store")
         self._run = self._file.run
-        self._waiting: list[tuple[str, bytes, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[str, bytes, bool, asyncio.Future[bool]]] = []
         self._writer: asyncio.Task[None] | None = None
 
     # -- the contract (app.store.base) ------------------------------------------------
@@ -128,40 +128,52 @@ class SqliteStore:
 
         return await self._run(get)
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes, *, unless_cancelled: bool = False) -> bool:
         if len(data) > self.max_bytes:
             raise full(str(self.path), too_large(len(data), self.max_bytes))
         written = asyncio.get_running_loop().create_future()
-        self._waiting.append((key, data, written))
+        self._waiting.append((key, data, unless_cancelled, written))
         if self._writer is None:  # it starts next turn: this turn's puts join its group
             self._writer = asyncio.create_task(self._write_groups(), name="response-store")
-        await written
+        return bool(await written)
 
     async def _write_groups(self) -> None:
         try:
             while self._waiting:
                 group, self._waiting = self._waiting, []
-                records = [(key, data) for key, data, _ in group]
+                records = [(key, data, conditional) for key, data, conditional, _ in group]
                 try:
-                    await self._run(partial(self._put_all, records=records, now=self._clock()))
+                    done = await self._run(
+                        partial(self._put_all, records=records, now=self._clock())
+                    )
+                    results = list(zip(group, done, strict=True))
                 except Exception as exc:
-                    for _, _, written in group:
+                    for *_, written in group:
                         if not written.done():
                             written.set_exception(exc)
                 else:
-                    for _, _, written in group:
+                    for (*_, written), stored in results:
                         if not written.done():  # a writer that was cancelled meanwhile
-                            written.set_result(None)
+                            written.set_result(stored)
         finally:
             self._writer = None
 
     def _put_all(
-        self, db: sqlite3.Connection, records: list[tuple[str, bytes]], now: float
-    ) -> None:
+        self, db: sqlite3.Connection, records: list[tuple[str, bytes, bool]], now: float
+    ) -> list[bool]:
+        done = []
         with transaction(db):
             freed = _remove(db, "expires <= ?", (now,))
             total = db.execute("SELECT bytes FROM total").fetchone()[0] - freed
-            for key, data in records:
+            for key, data, unless_cancelled in records:
+                if (
+                    unless_cancelled
+                    and db.execute(
+                        "SELECT 1 FROM cancels WHERE id = ? AND expires > ?", (key, now)
+                    ).fetchone()
+                ):
+                    done.append(False)
+                    continue
                 size = len(data)
                 total -= _remove(db, "id = ?", (key,))
                 while total + size > self.max_bytes:
@@ -177,8 +189,10 @@ class SqliteStore:
                     "INSERT INTO responses VALUES (?, ?, ?, ?)", (key, now + self.ttl_s, size, data)
                 )
                 total += size
+                done.append(True)
             db.execute("UPDATE total SET bytes = ?", (total,))
             db.execute("DELETE FROM cancels WHERE expires <= ?", (now,))
+        return done
 
     async def delete(self, key: str) -> bool:
         def delete(db: sqlite3.Connection) -> bool:

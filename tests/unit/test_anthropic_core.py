@@ -21,6 +21,7 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message
 
 from app.engine.base import ChatMessage, ImagePart, TextPart, TokenEvent
+from app.engine.models import ServedModel
 from app.engine.tools import NamedTool, ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
 from app.errors import InvalidRequest, Overloaded, ShuttingDown
 from app.protocols.anthropic.core import MessagesCore
@@ -82,8 +83,7 @@ def _core(info: Any, **fields: Any) -> MessagesCore:
         info,
         FakeEngine().tokenizer,
         message_id="msg_1",
-        model="fake",
-        lora_name=None,
+        served=ServedModel("fake", None),
     )
 
 
@@ -473,7 +473,8 @@ def test_images_are_parts_of_their_turn() -> None:
 
 
 def test_tool_call_deltas_open_one_block_per_call(info: Any) -> None:
-    """Pieces of a call after a later call opened still land in their own block."""
+    """A call's last piece handed on after the next call's first, in one delta, still
+    lands in its own block."""
     core = _core(info)
     core._parsed = True
 

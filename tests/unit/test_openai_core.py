@@ -7,6 +7,7 @@ import math
 import pytest
 
 from app.engine.base import TokenEvent, TokenLogprob
+from app.engine.models import ServedModel
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.protocols.openai.chat import ChatCore
 from app.protocols.openai.completions import CompletionCore
@@ -14,7 +15,7 @@ from schemas.openai import ChatCompletionRequest, CompletionRequest
 from tests.fake_engine import FakeEngine
 
 ENGINE = FakeEngine(max_model_len=64)
-ARGS = {"response_id": "cmpl-1", "created": 1, "model": "fake"}
+ARGS = {"response_id": "cmpl-1", "created": 1, "served": ServedModel("fake", None)}
 
 
 def completion(**body: object) -> CompletionCore:

@@ -15,7 +15,7 @@ from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
 from app.errors import EngineError
 from app.main import create_app
-from app.routes.http.generations import merge_generations
+from app.sessions.generations import merge_generations
 from tests.fake_engine import FakeEngine
 
 

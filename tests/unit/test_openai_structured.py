@@ -8,6 +8,7 @@ import json
 import pytest
 
 from app.engine.constraints import Constraint
+from app.engine.models import ServedModel
 from app.errors import InvalidRequest
 from app.protocols.openai.chat import ChatCore
 from app.protocols.openai.completions import CompletionCore
@@ -15,7 +16,7 @@ from schemas.openai import ChatCompletionRequest, CompletionRequest
 from tests.fake_engine import FakeEngine
 
 ENGINE = FakeEngine(max_model_len=64)
-ARGS = {"response_id": "cmpl-1", "created": 1, "model": "fake"}
+ARGS = {"response_id": "cmpl-1", "created": 1, "served": ServedModel("fake", None)}
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
 

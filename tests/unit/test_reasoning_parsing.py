@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from app.engine.base import TokenEvent
+from app.engine.models import ServedModel
 from app.protocols.openai.chat import ChatCore
 from schemas.openai import ChatCompletionRequest
 from tests.conftest import tiny_model_path
@@ -127,7 +128,7 @@ def _ours(info: Any, tokenizer: Any, text: str, tools: bool, stream: bool) -> di
         FakeEngine().tokenizer,
         response_id="chatcmpl-1",
         created=1,
-        model="tiny",
+        served=ServedModel("tiny", None),
     )
     pieces = _pieces(tokenizer, text)
     events = [

@@ -162,9 +162,11 @@ async def test_sqlite_commits_a_burst_of_puts_together(
     groups: list[int] = []
     put_all = store._put_all
 
-    def counted(db: sqlite3.Connection, records: list[tuple[str, bytes]], now: float) -> None:
+    def counted(
+        db: sqlite3.Connection, records: list[tuple[str, bytes, bool]], now: float
+    ) -> list[bool]:
         groups.append(len(records))
-        put_all(db, records=records, now=now)
+        return put_all(db, records=records, now=now)
 
     monkeypatch.setattr(store, "_put_all", counted)
     try:

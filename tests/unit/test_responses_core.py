@@ -15,13 +15,14 @@ import pytest
 from app.admission import Admission
 from app.drain import Drain
 from app.engine.base import TokenEvent
+from app.engine.models import ServedModel
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.protocols.openai.responses.compaction import SUMMARY_REQUEST, compacted, summary_call
 from app.protocols.openai.responses.core import ResponsesCore
 from app.protocols.openai.responses.events import replay
 from app.protocols.openai.responses.items import SUMMARY_HEAD, messages, read_input
 from app.protocols.openai.responses.record import StoredResponse
-from app.sessions.responses import ResponsesRunner
+from app.sessions.responses import Responses
 from app.store.sqlite import SqliteStore
 from schemas.openai_responses import CompactRequest, ResponsesRequest
 from tests.fake_engine import FakeEngine
@@ -36,7 +37,7 @@ def _core(engine: FakeEngine, context: list[Any] | None = None, **body: Any) -> 
         engine.tokenizer,
         response_id="resp_1",
         created_at=1,
-        model="fake",
+        served=ServedModel("fake", None),
         context=context or [],
         input_items=read_input(request.input),
         clock=lambda: 7.9,
@@ -304,9 +305,9 @@ class SlowStore(SqliteStore):
     """Writes that take a while, as a remote store's may: a goodbye that does not wait
     for them is seen."""
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes, *, unless_cancelled: bool = False) -> bool:
         await asyncio.sleep(0.2)
-        await super().put(key, data)
+        return await super().put(key, data, unless_cancelled=unless_cancelled)
 
 
 async def test_a_drain_cuts_background_runs_and_waits_for_their_records(tmp_path: Path) -> None:
@@ -316,16 +317,12 @@ async def test_a_drain_cuts_background_runs_and_waits_for_their_records(tmp_path
     admission = Admission(None, None)
     drain = Drain(admission, timeout_s=0.0)
     store = SlowStore(tmp_path / "r.sqlite3", ttl_s=60, max_bytes=1 << 20)
-
-    async def render(build: Any) -> Any:
-        return build()
-
-    runner = ResponsesRunner(engine, admission, store, render, drain)
+    responses = Responses(engine, admission, store, drain)
     body = ResponsesRequest.model_validate(
         {"input": "long", "max_output_tokens": 400, "background": True}
     )
-    started = await runner.start(body, model="fake", bound=100)
-    queued = await runner.background(started)
+    call = await responses.start(body, ServedModel("fake", None), bound=100)
+    queued = await responses.runs.start(call)
     while not engine.running:
         await asyncio.sleep(0.01)
     await drain.run(engine.abort)
@@ -333,4 +330,4 @@ async def test_a_drain_cuts_background_runs_and_waits_for_their_records(tmp_path
     assert record is not None and record.status == "failed"
     assert "shutting down" in record.response["error"]["message"]
     assert not engine.running
-    await runner.close()
+    await responses.close()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from google.protobuf import struct_pb2, text_format
 
+from app.engine.models import ServedModel
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.protocols.anthropic.core import MessagesCore
 from app.protocols.evergreen.generate import plan_action
@@ -31,7 +32,7 @@ from tests.fake_engine import FakeEngine
 
 ENGINE = FakeEngine(max_model_len=64)  # vocabulary: 256 ids
 INFO = ENGINE.info
-OPENAI = {"response_id": "x", "created": 0, "model": "fake"}
+OPENAI = {"response_id": "x", "created": 0, "served": ServedModel("fake", None)}
 
 Refuse = Callable[[str, Any], InvalidRequest]
 
@@ -63,7 +64,7 @@ def anthropic(field: str, value: Any) -> InvalidRequest:
     )
     return _refused(
         lambda: MessagesCore(
-            body, INFO, ENGINE.tokenizer, message_id="x", model="fake", lora_name=None
+            body, INFO, ENGINE.tokenizer, message_id="x", served=ServedModel("fake", None)
         )
     )
 
@@ -81,7 +82,7 @@ def responses(field: str, value: Any) -> InvalidRequest:
             ENGINE.tokenizer,
             response_id="x",
             created_at=0,
-            model="fake",
+            served=ServedModel("fake", None),
             input_items=read_input(body.input),
         )
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.engine.base import SamplingDefaults, SamplingOptions
+from app.engine.models import ServedModel
 from app.engine.vllm.params import model_sampling_defaults
 from app.protocols.anthropic.messages import conversation
 from app.protocols.conversation.plan import plan_conversation
@@ -29,7 +30,7 @@ MODEL = SamplingDefaults(
     temperature=0.7, top_p=0.8, top_k=20, min_p=0.05, repetition_penalty=1.05, max_tokens=7
 )
 INFO = replace(ENGINE.info, sampling_defaults=MODEL)
-ARGS = {"response_id": "r-1", "created": 1, "model": "fake"}
+ARGS = {"response_id": "r-1", "created": 1, "served": ServedModel("fake", None)}
 
 
 def _model_of(options: SamplingOptions) -> tuple[float, float, int, float, float]:

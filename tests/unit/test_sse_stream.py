@@ -16,7 +16,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.admission import Tickets
-from app.routes.http.sse import BodyWriter, EventStream, PushedStream, bodies_past_middleware
+from app.routes.http.sse import EventStream, PushedStream, bodies_past_middleware, body_writer
 
 EVENTS = [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
 
@@ -98,7 +98,7 @@ def test_a_pushed_body_is_written_in_order_when_the_connection_makes_a_send_wait
                 await paused  # the buffer is full: wait for it to drain
             sent.append(message["body"])
 
-        writer = BodyWriter(send)
+        writer = body_writer(send)
         writer.write(b"1")
         assert sent == [b"1"]  # at once, no task
         paused = asyncio.get_running_loop().create_future()

@@ -33,6 +33,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from app.engine.base import TokenEvent
+from app.engine.models import ServedModel
 from app.protocols.openai.chat import ChatCore
 from schemas.openai import ChatCompletionRequest
 from tests.conftest import tiny_model_path
@@ -223,7 +224,7 @@ def _core(info: Any, case: Case, stream: bool) -> ChatCore:
         FakeEngine().tokenizer,
         response_id="chatcmpl-1",
         created=1,
-        model="tiny",
+        served=ServedModel("tiny", None),
     )
 
 

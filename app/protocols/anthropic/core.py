@@ -41,10 +41,13 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
+from app.engine.models import ServedModel
+from app.engine.tools import ToolCallDelta
 from app.errors import SwitchboardError
 from app.protocols.accounting import Accounting
 from app.protocols.anthropic.errors import error_body
 from app.protocols.anthropic.messages import conversation
+from app.protocols.conversation.blocks import Kind, OutputBlocks
 from app.protocols.conversation.output import ChoiceOutput
 from app.protocols.conversation.plan import plan_conversation
 from app.protocols.core import Event
@@ -62,7 +65,7 @@ def _input(arguments: str) -> Any:
         return {}
 
 
-class MessagesCore:
+class MessagesCore(OutputBlocks):
     ends_with_done = False
 
     def __init__(
@@ -72,24 +75,18 @@ class MessagesCore:
         tokenizer: Tokenizer,
         *,
         message_id: str,
-        model: str,
-        lora_name: str | None,
+        served: ServedModel,
     ) -> None:
         """Plans the call (blocking: build it off the event loop)."""
-        call = conversation(body, info, request_id=message_id, lora_name=lora_name)
+        super().__init__()
+        call = conversation(body, info, request_id=message_id, lora_name=served.lora_name)
         plan = plan_conversation(call, info, tokenizer)
         self.requests: tuple[GenerationRequest, ...] = plan.requests
         self._id = message_id
-        self._model = model
+        self._model = served.name
         self._parsed = plan.new_parser is not None
         self._output = ChoiceOutput(plan.new_parser() if plan.new_parser is not None else None)
         self._accounting = Accounting([0])
-        # The stream's blocks: how many were opened, the open one's kind and index, and
-        # each tool call's block (by the call's index).
-        self._blocks = 0
-        self._kind: str | None = None
-        self._index = -1
-        self._calls: dict[int, int] = {}
 
     # -- what both modes share --------------------------------------------------------
 
@@ -133,32 +130,35 @@ class MessagesCore:
     def opening(self) -> list[Event]:
         return []
 
-    def _open(self, out: list[Event], kind: str, block: dict[str, Any]) -> None:
-        self._close(out)
-        self._kind = kind
-        self._index = self._blocks
-        self._blocks += 1
-        out.append(
-            (
-                "content_block_start",
-                {"type": "content_block_start", "index": self._index, "content_block": block},
-            )
-        )
+    # -- the streamed content's blocks (`OutputBlocks`) --------------------------------
 
-    def _close(self, out: list[Event]) -> None:
-        if self._kind is not None:
-            self._kind = None
-            out.append(("content_block_stop", {"type": "content_block_stop", "index": self._index}))
+    def opened(self, kind: Kind, call: ToolCallDelta | None, out: list[Event]) -> None:
+        block: dict[str, Any]
+        if call is not None:
+            block = {"type": "tool_use", "id": call.id or "", "name": call.name or "", "input": {}}
+        elif kind == "text":
+            block = {"type": "text", "text": ""}
+        else:
+            block = {"type": "thinking", "thinking": "", "signature": ""}
+        start = {"type": "content_block_start", "index": self.open_index, "content_block": block}
+        out.append(("content_block_start", start))
 
-    def _delta(self, out: list[Event], index: int, delta: dict[str, Any]) -> None:
-        out.append(
-            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-        )
+    def _delta(self, out: list[Event], delta: dict[str, Any]) -> None:
+        body = {"type": "content_block_delta", "index": self.open_index, "delta": delta}
+        out.append(("content_block_delta", body))
 
-    def _text(self, out: list[Event], text: str) -> None:
-        if self._kind != "text":
-            self._open(out, "text", {"type": "text", "text": ""})
-        self._delta(out, self._index, {"type": "text_delta", "text": text})
+    def grew_reasoning(self, text: str, out: list[Event]) -> None:
+        self._delta(out, {"type": "thinking_delta", "thinking": text})
+
+    def grew_text(self, text: str, event: TokenEvent, out: list[Event]) -> None:
+        self._delta(out, {"type": "text_delta", "text": text})
+
+    def grew_call(self, arguments: str, out: list[Event]) -> None:
+        self._delta(out, {"type": "input_json_delta", "partial_json": arguments})
+
+    def closed(self, out: list[Event]) -> None:
+        stop = {"type": "content_block_stop", "index": self.open_index}
+        out.append(("content_block_stop", stop))
 
     def events(self, index: int, event: TokenEvent) -> list[Event]:
         state = self._accounting.account(index, event)
@@ -174,30 +174,16 @@ class MessagesCore:
             out.append(_PING)
         if not self._parsed:  # the common case: the text is the answer
             if event.text:
-                self._text(out, event.text)
+                self.write_text(event.text, event, out)
             return out
-        delta = self._output.delta(event)
-        if delta.reasoning:
-            if self._kind != "thinking":
-                self._open(out, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            self._delta(out, self._index, {"type": "thinking_delta", "thinking": delta.reasoning})
-        if delta.text:
-            self._text(out, delta.text)
-        for piece in delta.tool_calls:
-            if piece.name is not None:
-                block = {"type": "tool_use", "id": piece.id or "", "name": piece.name, "input": {}}
-                self._open(out, "tool_use", block)
-                self._calls[piece.index] = self._index
-            at = self._calls.get(piece.index)
-            if piece.arguments and at is not None:
-                self._delta(out, at, {"type": "input_json_delta", "partial_json": piece.arguments})
+        self.write_delta(self._output.delta(event), event, out)
         return out
 
     def closing(self) -> list[Event]:
         out: list[Event] = []
-        if self._blocks == 0:
-            self._open(out, "text", {"type": "text", "text": ""})
-        self._close(out)
+        if self.blocks == 0:
+            self.open_block("text", None, out)
+        self.close_block(out)
         stop_reason, stop_sequence = self._stop()
         delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
         out.append(

@@ -37,11 +37,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from app.admission import text_tokens_bound
 from app.engine.base import ChatMessage, EngineInfo, ImagePart, SamplingOptions, TextPart
 from app.engine.tools import NamedTool, ToolCall, ToolChoice, ToolFields, ToolSpec
 from app.engine.validation import Fields
 from app.errors import InvalidRequest
+from app.protocols.conversation.bound import as_json, prompt_bound
 from app.protocols.conversation.images import read_image, read_image_url
 from app.protocols.conversation.plan import Conversation
 from schemas.anthropic import (
@@ -281,12 +281,10 @@ def _parallel(body: AnthropicMessagesRequest | AnthropicCountTokensRequest) -> b
     return False if choice.disable_parallel_tool_use else None
 
 
-def prompt_bound(body: AnthropicMessagesRequest) -> int:
-    """An upper bound of the prompt's tokens before any rendering (admission's unit):
-    every text, call input and tool schema the template may write, each with the
-    allowance `text_tokens_bound` adds for the template's own tokens. Images count as
-    nothing here, as in Chat's bound; the real count replaces it once rendered."""
-    texts: list[str] = []
+def admission_bound(body: AnthropicMessagesRequest) -> int:
+    """Admission's bound of the prompt's tokens, as every chat-shaped API counts it
+    (`app.protocols.conversation.bound`)."""
+    texts: list[str | bytes] = []
     if isinstance(body.system, str):
         texts.append(body.system)
     elif body.system is not None:
@@ -301,11 +299,11 @@ def prompt_bound(body: AnthropicMessagesRequest) -> int:
             elif isinstance(block, AnthropicThinkingBlock):
                 texts.append(block.thinking)
             elif isinstance(block, AnthropicToolUseBlock):
-                texts.append(block.name + json.dumps(block.input))
+                texts.extend((block.name, as_json(block.input)))
             elif isinstance(block, AnthropicToolResultBlock):
                 if isinstance(block.content, str):
                     texts.append(block.content)
                 elif block.content is not None:
                     texts.extend(p.text for p in block.content if isinstance(p, AnthropicTextBlock))
     texts.extend(tool.model_dump_json() for tool in body.tools or ())
-    return sum(text_tokens_bound(text) for text in texts)
+    return prompt_bound(texts)

@@ -25,6 +25,7 @@ from app.engine.base import (
     TokenEvent,
     Tokenizer,
 )
+from app.engine.models import ServedModel
 from app.errors import InvalidRequest
 from app.protocols.conversation.images import read_image_url
 from app.protocols.conversation.output import ChoiceOutput, Finish
@@ -132,11 +133,11 @@ class ChatCore(ChoicesCore):
         *,
         response_id: str,
         created: int,
-        model: str,
+        served: ServedModel,
     ) -> None:
         """Plans the call (blocking: build it off the event loop)."""
         super().__init__(
-            body, info, tokenizer, response_id=response_id, created=created, model=model
+            body, info, tokenizer, response_id=response_id, created=created, served=served
         )
         call = conversation(body, info, request_id=response_id, lora_name=self.lora_name)
         plan = plan_conversation(call, info, tokenizer)

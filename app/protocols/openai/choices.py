@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
+from app.engine.models import ServedModel
 from app.errors import SwitchboardError
 from app.protocols.accounting import Accounting, RequestState
 from app.protocols.core import Event
@@ -48,15 +49,15 @@ class ChoicesCore(ABC):
         *,
         response_id: str,
         created: int,
-        model: str,
+        served: ServedModel,
     ) -> None:
         self.body = body
         self.info = info
         self.tokenizer = tokenizer
         self.response_id = response_id
         self.created = created
-        self.model = model
-        self.lora_name = None if model == info.model_name else model
+        self.model = served.name
+        self.lora_name = served.lora_name
         self.plans: list[ChoicePlan] = []
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
+from app.engine.models import ServedModel
 from app.engine.validation import NEUTRAL, Fields, check_prompt
 from app.errors import InvalidRequest
 from app.protocols.core import Event
@@ -54,10 +55,10 @@ class CompletionCore(ChoicesCore):
         *,
         response_id: str,
         created: int,
-        model: str,
+        served: ServedModel,
     ) -> None:
         super().__init__(
-            body, info, tokenizer, response_id=response_id, created=created, model=model
+            body, info, tokenizer, response_id=response_id, created=created, served=served
         )
         self.completion = body
         reject_unsupported(body)

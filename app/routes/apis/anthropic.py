@@ -22,18 +22,19 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from app.engine.base import Engine
-from app.engine.models import resolve_model
+from app.engine.models import served_by
 from app.errors import InvalidRequest, NotFound, SwitchboardError
 from app.protocols.anthropic.core import MessagesCore
 from app.protocols.anthropic.errors import error_body, error_kind
-from app.protocols.anthropic.messages import conversation, prompt_bound
+from app.protocols.anthropic.messages import admission_bound, conversation
 from app.protocols.conversation.plan import render_conversation
 from app.routes.deps import AdmissionDep, EngineDep, XApiKeyAuthDep
-from app.routes.http.bodies import documented, json_body, read_body
-from app.routes.http.calls import render, serve_call
+from app.routes.http.answers import Answers, error_answers, event_stream
+from app.routes.http.bodies import json_body, read_body
+from app.routes.http.calls import serve_call
 from app.routes.http.errors import api_router, retry_headers
 from app.routes.http.json import OrjsonResponse
+from app.sessions.calls import render
 from schemas.anthropic import AnthropicCountTokensRequest, AnthropicMessagesRequest
 from schemas.anthropic_replies import (
     STREAM_EVENTS,
@@ -58,18 +59,14 @@ def anthropic_error(
 
 router = api_router(anthropic_error, dependencies=[XApiKeyAuthDep])
 
-_ERROR_BODY = {"application/json": {"schema": documented(AnthropicErrorResponse)}}
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    "4XX": {"description": "Anthropic error body", "content": _ERROR_BODY},
-    "5XX": {
-        "description": "Anthropic error body (529: overloaded, retry after Retry-After s; "
-        "503: draining, likewise)",
-        "content": _ERROR_BODY,
-    },
-}
+_ERRORS = error_answers(
+    AnthropicErrorResponse,
+    "Anthropic error body",
+    "529: overloaded, retry after Retry-After s; 503: draining, likewise",
+)
 
 
-def _answers(model: type[BaseModel], stream: bool = False) -> dict[int | str, Any]:
+def _answers(model: type[BaseModel], stream: bool = False) -> Answers:
     ok: dict[str, Any] = {"model": model}
     if stream:
         ok["description"] = (
@@ -78,26 +75,8 @@ def _answers(model: type[BaseModel], stream: bool = False) -> dict[int | str, An
             "content_block_start / _delta / _stop per block, message_delta, message_stop "
             "(an error after the first event: `event: error`, which ends the stream)"
         )
-        event = {
-            "type": "object",
-            "required": ["event", "data"],
-            "properties": {
-                "event": {"type": "string"},
-                "data": {
-                    "type": "string",
-                    "contentMediaType": "application/json",
-                    "contentSchema": documented(*STREAM_EVENTS),
-                },
-            },
-        }
-        ok["content"] = {"text/event-stream": {"itemSchema": event}}
+        ok["content"] = event_stream(*STREAM_EVENTS, named=True)
     return {200: ok, **_ERRORS}
-
-
-def _model(engine: Engine, requested: str) -> tuple[str, str | None]:
-    """(the served model's name, its LoRA adapter or None): the one model lookup."""
-    served = resolve_model(requested, engine.info.model_name, engine.has_model)
-    return served.name, served.lora_name
 
 
 @router.post(
@@ -107,18 +86,18 @@ def _model(engine: Engine, requested: str) -> tuple[str, str | None]:
 )
 async def messages(request: Request, engine: EngineDep, admission: AdmissionDep) -> Response:
     body = await read_body(request, AnthropicMessagesRequest)
-    model, lora = _model(engine, body.model)
+    served = served_by(engine, body.model)
     message_id = f"msg_{uuid.uuid4().hex}"
     return await serve_call(
         request,
         engine,
         admission,
         protocol="anthropic",
-        units=[prompt_bound(body)],
+        units=[admission_bound(body)],
         priority=0,
         stream=body.stream,
         build=lambda: MessagesCore(
-            body, engine.info, engine.tokenizer, message_id=message_id, model=model, lora_name=lora
+            body, engine.info, engine.tokenizer, message_id=message_id, served=served
         ),
     )
 
@@ -132,7 +111,7 @@ async def count_tokens(request: Request, engine: EngineDep) -> Response:
     """The prompt's tokens as /v1/messages renders the same body (its `input_tokens`
     plus its cache reads)."""
     body = await read_body(request, AnthropicCountTokensRequest)
-    _, lora = _model(engine, body.model)
+    lora = served_by(engine, body.model).lora_name
     info, tokenizer = engine.info, engine.tokenizer
 
     def count() -> int:

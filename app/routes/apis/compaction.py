@@ -1,11 +1,11 @@
 """POST /v1/responses/compact over HTTP: a conversation compacted into a window to go on
 with (`app.protocols.openai.responses.compaction`).
 
-The summary is one Responses call, run as any other (`ResponsesRunner`: admission, the
-stored context of `previous_response_id`, the plan in the render thread, the engine; not
-stored), answered as JSON once it has ended. A body without `model` is a 400 (the spec
-requires it), every error OpenAI's shape with `param`; a client that goes away aborts the
-engine request.
+The summary is one Responses call on the shared road (`app.sessions.responses`:
+admission, the stored context of `previous_response_id`, the plan in the render thread,
+the engine; not stored), answered as JSON once it has ended. A body without `model` is a
+400 (the spec requires it), every error OpenAI's shape with `param`; a client that goes
+away aborts the engine request.
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ import time
 from fastapi import Request
 from starlette.responses import Response
 
-from app.admission import text_tokens_bound
-from app.engine.models import resolve_model
-from app.errors import client_error
+from app.engine.models import served_by
 from app.protocols.openai.responses.compaction import compacted, summary_call
+from app.protocols.openai.units import admission_units
 from app.routes.apis.openai import openai_error
 from app.routes.deps import AuthDep, EngineDep, ResponsesDep
-from app.routes.http.bodies import documented, json_body, read_body
-from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
+from app.routes.http.answers import error_answers
+from app.routes.http.bodies import json_body, read_body
+from app.routes.http.calls import collect_answer
+from app.routes.http.disconnect import CLIENT_GONE, ClientGone
 from app.routes.http.errors import api_router
 from app.routes.http.json import OrjsonResponse
 from schemas.openai_replies import ErrorResponse
@@ -30,30 +31,26 @@ from schemas.openai_responses import CompactedResponse, CompactRequest
 
 router = api_router(openai_error, dependencies=[AuthDep])
 
-_ERROR_BODY = {"application/json": {"schema": documented(ErrorResponse)}}
-
 
 @router.post(
     "/v1/responses/compact",
     openapi_extra=json_body(CompactRequest),
     responses={
         200: {"model": CompactedResponse},
-        "4XX": {"description": "OpenAI error body (400: no `model`)", "content": _ERROR_BODY},
-        "5XX": {"description": "OpenAI error body (503: overloaded)", "content": _ERROR_BODY},
+        **error_answers(ErrorResponse, "OpenAI error body (400: no `model`)", "503: overloaded"),
     },
 )
-async def compact_response(request: Request, engine: EngineDep, runner: ResponsesDep) -> Response:
+async def compact_response(
+    request: Request, engine: EngineDep, responses: ResponsesDep
+) -> Response:
     body = await read_body(request, CompactRequest)
-    model = resolve_model(body.model, engine.info.model_name, engine.has_model)
-    bound = text_tokens_bound(await request.body())
-    started = await runner.start(summary_call(body), model=model.name, bound=bound)
+    served = served_by(engine, body.model)
+    summary = summary_call(body)
+    call = await responses.start(summary, served, bound=admission_units(summary)[0])
     try:
-        with started.tickets:
-            answer = await unless_disconnected(request.receive, runner.collect(started))
+        answer = await collect_answer(request, engine, call)
     except ClientGone:
         return Response(status_code=CLIENT_GONE)
-    except Exception as exc:
-        raise client_error(exc) from exc
-    core = started.core
+    core = call.core
     conversation = [*core.context, *core.input_items[:-1]]  # the last: the summary request
     return OrjsonResponse(compacted(conversation, answer, created_at=int(time.time())))

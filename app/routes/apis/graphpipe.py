@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect
 from app import __version__
 from app.admission import Tickets, prompt_tokens_bound
 from app.engine.base import Engine
-from app.engine.models import resolve_model
+from app.engine.models import served_by
 from app.errors import SwitchboardError
 from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_request
 from app.protocols.graphpipe.encode import encode_errors, encode_infer_response, encode_metadata
@@ -37,8 +37,8 @@ from app.routes.deps import EngineDep, SettingsDep, check_credentials, get_admis
 from app.routes.http.bodies import documented
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.http.errors import api_router, retry_headers
-from app.routes.http.generations import run_generations
 from app.routes.http.json import OrjsonResponse
+from app.sessions.generations import run_generations
 from schemas.graphpipe_json import GraphPipeErrors, GraphPipeMetadata
 
 OCTET_STREAM = "application/octet-stream"
@@ -62,7 +62,7 @@ router = api_router(graphpipe_error)
 
 def _target(engine: Engine, model: str | None) -> tuple[str, str | None]:
     """(the name the metadata reports, the LoRA adapter to generate with)."""
-    served = resolve_model(model, engine.info.model_name, engine.has_model)
+    served = served_by(engine, model)
     return served.name, served.lora_name
 
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from app import __version__
 from app.engine.base import Engine
-from app.engine.models import resolve_model
+from app.engine.models import served_by
 from app.engine.validation import check_token_ids
 from app.errors import SwitchboardError
 from app.protocols.conversation.plan import render_conversation
@@ -32,10 +32,12 @@ from app.protocols.openai.errors import error_body
 from app.protocols.openai.render import render_chat, render_completions
 from app.protocols.openai.units import admission_units
 from app.routes.deps import AdmissionDep, AuthDep, EngineDep
-from app.routes.http.bodies import documented, json_body, parse_json, read_body, validate
-from app.routes.http.calls import render, serve_call
+from app.routes.http.answers import Answers, error_answers, event_stream
+from app.routes.http.bodies import json_body, parse_json, read_body, validate
+from app.routes.http.calls import serve_call
 from app.routes.http.errors import api_router, retry_headers
 from app.routes.http.json import OrjsonResponse
+from app.sessions.calls import render
 from schemas.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -74,16 +76,11 @@ def openai_error(
 router = api_router(openai_error)
 v1 = api_router(openai_error, dependencies=[AuthDep])
 
-# What /openapi.json says each route answers (documentation only: the handlers return
-# ready Responses, never validated through these models).
-_ERROR_BODY = {"application/json": {"schema": documented(ErrorResponse)}}
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    "4XX": {"description": "OpenAI error body", "content": _ERROR_BODY},
-    "5XX": {"description": "OpenAI error body (503: the engine is down)", "content": _ERROR_BODY},
-}
+# What /openapi.json says each route answers.
+_ERRORS = error_answers(ErrorResponse, "OpenAI error body", "503: the engine is down")
 
 
-def _answers(model: type[BaseModel], chunk: type[BaseModel] | None = None) -> dict[int | str, Any]:
+def _answers(model: type[BaseModel], chunk: type[BaseModel] | None = None) -> Answers:
     ok: dict[str, Any] = {"model": model}
     if chunk is not None:
         ok["description"] = (
@@ -91,38 +88,18 @@ def _answers(model: type[BaseModel], chunk: type[BaseModel] | None = None) -> di
             f"`data: <{chunk.__name__}>` (an error after the first event comes as "
             "`data: <ErrorResponse>`), ending with `data: [DONE]`"
         )
-        event = {
-            "type": "object",
-            "required": ["data"],
-            "properties": {
-                "data": {
-                    "type": "string",
-                    "anyOf": [
-                        {"const": "[DONE]"},
-                        {
-                            "contentMediaType": "application/json",
-                            "contentSchema": documented(chunk, ErrorResponse),
-                        },
-                    ],
-                }
-            },
-        }
-        ok["content"] = {"text/event-stream": {"itemSchema": event}}
+        ok["content"] = event_stream(chunk, ErrorResponse, named=False, done=True)
     return {200: ok, **_ERRORS}
 
 
 _PLAIN_ANSWER = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **_ERRORS}
 
 
-def _model(engine: Engine, requested: str | None) -> str:
-    return resolve_model(requested, engine.info.model_name, engine.has_model).name
-
-
 def _core_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]:
     return {
         "response_id": f"{prefix}-{uuid.uuid4().hex}",
         "created": int(time.time()),
-        "model": _model(engine, model),
+        "served": served_by(engine, model),
     }
 
 
@@ -246,7 +223,7 @@ async def tokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
     data = parse_json(await request.body())
     chat = isinstance(data, dict) and "messages" in data
     body = validate(TokenizeChatRequest if chat else TokenizeCompletionRequest, data)
-    _model(engine, body.model)
+    served_by(engine, body.model)
     tokenizer, info = engine.tokenizer, engine.info
     if isinstance(body, TokenizeChatRequest):
         chat_body = body
@@ -273,7 +250,7 @@ async def tokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
 )
 async def detokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
     body = await read_body(request, DetokenizeRequest)
-    _model(engine, body.model)
+    served_by(engine, body.model)
     check_token_ids(body.tokens, engine.info, "tokens")
     return {"prompt": engine.tokenizer.decode(body.tokens)}
 

@@ -78,7 +78,7 @@ def _in_data(loc: tuple[Any, ...], data: Any, missing: bool) -> tuple[Any, ...]:
     return tuple(kept)
 
 
-def parse_json(raw: bytes) -> Any:
+def parse_json(raw: bytes | str) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

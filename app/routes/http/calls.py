@@ -1,58 +1,33 @@
-"""One HTTP call on the engine, for every API whose body is a `Core`
-(`app.protocols.core`): admit, build, run, answer.
+"""A call of an API whose body is a `Core` (`app.protocols.core`), answered over HTTP: the
+shared road (`app.sessions.calls`) with its events as server-sent events, or its body as
+JSON.
 
-`serve_call` is the whole of it, in this order:
-
-1. admission (`app.admission`): one unit per engine request the call will make, each
-   with a bound of its prompt tokens, before any prompt work; a refusal is the API's
-   503 with Retry-After (the error is raised; the route's renderer answers it);
-2. the core is built off the event loop, in the one render thread (`render`):
-   templating, tokenizing, compiling a constraint's grammar and decoding images block,
-   and a render thread of its own keeps them from stalling every stream. A build that
-   fails gives its admission places back;
-3. the engine requests run with their events pushed (`run_generations`: the engine hands
-   each one on from its own loop, and the call's task waits once, for the end);
-   streamed: a 200 `text/event-stream` of the core's events (`opening`, one write per
-   engine event, `closing`, `[DONE]` where the API ends with it), written as they come;
-   an error after the first byte goes in the stream, in the API's shape
-   (`Core.failure`); not streamed: each event fed to the core, then its `result()` as
-   JSON, or the error, raised for the route's renderer.
-
-Whatever ends a call (the last event, an error, the client leaving), its engine requests
-are closed, which aborts any still running, and its admission places are given back.
-An exception inside a call becomes what the client is told through
-`app.errors.client_error`, the one rule for every transport.
+`serve_call` admits and builds a call and answers it; `answer_call` answers one already
+started (the Responses API starts its own: it reads a stored conversation first), and
+`collect_answer` gives its body to a route that makes its own answer of it (compaction).
+Streamed: a 200 `text/event-stream` of the core's events, written as they come (each
+engine event's in one write), then `data: [DONE]` where the API ends with it; an error
+after the first byte is in the stream, in the API's shape. Not streamed: the body as
+JSON, or the error raised for the route's renderer. A client that disconnects cancels
+the call (its engine requests are aborted); its admission places are given back however
+the answer ends.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.admission import Admission, Tickets
-from app.engine.base import Engine, TokenEvent
-from app.errors import client_error
+from app.admission import Admission
+from app.engine.base import Engine
 from app.protocols.core import Core, Event
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
-from app.routes.http.generations import run_generations
 from app.routes.http.json import OrjsonResponse
 from app.routes.http.sse import DONE, PushedStream, sse
-
-T = TypeVar("T")
-
-# One thread, so that prompts are rendered in arrival order and the tokenizer is never
-# entered from two threads at once (HF's fast tokenizers are not reentrant).
-_RENDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render")
-
-
-async def render(build: Callable[[], T]) -> T:
-    """`build()` in the render thread."""
-    return await asyncio.get_running_loop().run_in_executor(_RENDER, build)
+from app.sessions.calls import Call, Hooks, collect_call, render, start_call, stream_call
 
 
 async def serve_call(
@@ -67,50 +42,49 @@ async def serve_call(
     build: Callable[[], Core],
 ) -> Response:
     """Admit a call of `len(units)` engine requests (`units[i]`: a bound of request i's
-    prompt tokens), build its core off the loop and serve it."""
-    tickets = admission.admit_all(protocol, list(units), priority=priority)
-    try:
-        core = await render(build)
-    except BaseException:
-        tickets.release()
-        raise
+    prompt tokens), build its core in the render thread and answer it."""
+    call = await start_call(
+        admission, protocol=protocol, units=units, priority=priority, build=lambda: render(build)
+    )
+    return await answer_call(request, engine, call, stream=stream)
+
+
+async def answer_call(
+    request: Request,
+    engine: Engine,
+    call: Call[Any],
+    *,
+    stream: bool,
+    hooks: Hooks | None = None,
+) -> Response:
+    """`call` run and answered: streamed as SSE, or its body as JSON."""
     if stream:
-        return PushedStream(lambda write: _stream(engine, core, tickets, write), tickets)
+        done = call.core.ends_with_done
+
+        async def produce(write: Callable[[bytes], None]) -> None:
+            await stream_call(engine, call, lambda events: write(encoded(events)), hooks)
+            if done:
+                write(DONE)
+
+        return PushedStream(produce, call.tickets)
     try:
-        with tickets:
-            await unless_disconnected(request.receive, collect(engine, core, tickets))
-            body = core.result()
+        body = await collect_answer(request, engine, call, hooks)
     except ClientGone:
         return Response(status_code=CLIENT_GONE)
-    except Exception as exc:
-        raise client_error(exc) from exc
     return OrjsonResponse(body)
 
 
-async def collect(engine: Engine, core: Core, tickets: Tickets) -> None:
-    """Run `core`'s requests to their end, feeding it every event (not streamed)."""
-    await run_generations(engine, core.requests, tickets, core.feed)
-
-
-def _encoded(events: list[Event]) -> bytes:
-    return b"".join(sse(body, name) for name, body in events)
-
-
-async def _stream(
-    engine: Engine, core: Core, tickets: Tickets, write: Callable[[bytes], None]
-) -> None:
-    """The call as SSE: each engine event's frames written in one go, as it comes."""
-
-    def on_event(index: int, event: TokenEvent) -> None:
-        events = core.events(index, event)
-        if events:
-            write(_encoded(events))
-
+async def collect_answer(
+    request: Request, engine: Engine, call: Call[Any], hooks: Hooks | None = None
+) -> Any:
+    """`call` run to its end (not streamed): its body, or `ClientGone` once its client
+    has disconnected (its engine requests aborted)."""
     try:
-        write(_encoded(core.opening()))
-        await run_generations(engine, core.requests, tickets, on_event)
-        write(_encoded(core.closing()))
-    except Exception as exc:  # the stream has started: the error goes in it
-        write(_encoded(core.failure(client_error(exc))))
-    if core.ends_with_done:
-        write(DONE)
+        return await unless_disconnected(request.receive, collect_call(engine, call, hooks))
+    finally:
+        call.tickets.release()
+
+
+def encoded(events: list[Event]) -> bytes:
+    """Events as SSE, in one chunk."""
+    return b"".join(sse(body, name) for name, body in events)

@@ -28,15 +28,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.admission import Tickets
 from app.routes.http.disconnect import ClientGone, unless_disconnected
 from app.routes.http.json import dump_json
 
+P = TypeVar("P")  # a piece a `BodyWriter` writes
 DONE = b"data: [DONE]\n\n"
 RAW_SEND = "switchboard.raw_send"
 _HEADERS = [
@@ -81,24 +82,40 @@ class EventStream(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-class BodyWriter:
-    """Writes a response's body from synchronous code (the engine's loop), in order.
+def body_part(body: bytes) -> Message:
+    """A piece of an HTTP response's body."""
+    return {"type": "http.response.body", "body": body, "more_body": True}
+
+
+def text_frame(text: str) -> Message:
+    """A websocket text frame."""
+    return {"type": "websocket.send", "text": text}
+
+
+class BodyWriter(Generic[P]):
+    """Writes a response's body, or a websocket's frames, from synchronous code (the
+    engine's loop), in order: each piece becomes the ASGI message `message` makes of it.
 
     Each `write` runs the server's `send` at once: it finishes without waiting unless the
     connection's buffer is full (uvicorn waits for it to drain before writing). Then a
-    task finishes that send, and what is written meanwhile waits behind it, joined into
-    one chunk; `drained` waits for it all."""
+    task finishes that send, and what is written meanwhile waits behind it: joined into
+    one chunk (`join`, a body's bytes), or sent piece by piece (a websocket's frames);
+    `drained` waits for it all."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(
+        self, send: Send, message: Callable[[P], Message], join: Callable[[list[P]], P] | None
+    ) -> None:
         self._send = send
-        self._backlog: list[bytes] | None = None  # a send is waiting: what comes next
+        self._message = message
+        self._join = join
+        self._backlog: list[P] | None = None  # a send is waiting: what comes next
         self._flushing: asyncio.Future[None] | None = None
 
-    def write(self, body: bytes) -> None:
+    def write(self, piece: P) -> None:
         if self._backlog is not None:
-            self._backlog.append(body)
+            self._backlog.append(piece)
             return
-        message = {"type": "http.response.body", "body": body, "more_body": True}
+        message = self._message(piece)
         started = cast(Coroutine[Any, Any, None], self._send(message))  # an async def's
         try:
             waiting_on = started.send(None)
@@ -111,8 +128,11 @@ class BodyWriter:
         try:
             await _resume(started, waiting_on)
             while self._backlog:
-                body, self._backlog = b"".join(self._backlog), []
-                await self._send({"type": "http.response.body", "body": body, "more_body": True})
+                pieces, self._backlog = self._backlog, []
+                if self._join is not None:
+                    pieces = [self._join(pieces)]
+                for piece in pieces:
+                    await self._send(self._message(piece))
         finally:
             self._backlog = None
 
@@ -120,6 +140,16 @@ class BodyWriter:
         """Once every write has reached the server's `send`."""
         if self._flushing is not None:
             await self._flushing
+
+
+def body_writer(send: Send) -> BodyWriter[bytes]:
+    """An HTTP response's body, written as it comes."""
+    return BodyWriter(send, body_part, b"".join)
+
+
+def frame_writer(send: Send) -> BodyWriter[str]:
+    """A websocket's text frames, written as they come."""
+    return BodyWriter(send, text_frame, None)
 
 
 async def _resume(coroutine: Coroutine[Any, Any, None], waiting_on: object) -> None:
@@ -156,7 +186,7 @@ class PushedStream(Response):
         with self._tickets:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             send = scope.get(RAW_SEND, send)
-            writer = BodyWriter(send)
+            writer = body_writer(send)
             # A client gone has nobody to tell; its requests are aborted by then.
             with contextlib.suppress(ClientGone):
                 await unless_disconnected(receive, self._produce(writer.write))
@@ -165,10 +195,11 @@ class PushedStream(Response):
 
 
 def bodies_past_middleware(app: ASGIApp) -> ASGIApp:
-    """`app`, with the server's own `send` in each HTTP call's scope (`RAW_SEND`)."""
+    """`app`, with the server's own `send` in each HTTP call's and websocket's scope
+    (`RAW_SEND`)."""
 
     async def serve(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] in ("http", "websocket"):
             scope[RAW_SEND] = send
         await app(scope, receive, send)
 

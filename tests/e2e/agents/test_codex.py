@@ -1,6 +1,9 @@
 """The Codex CLI (npm `@openai/codex`, pinned and installed by scripts/setup) completing a
 turn against Switchboard's Responses API, as a user points it at a self-hosted model: a
-model provider with `wire_api = "responses"` and the server's base URL.
+model provider with `wire_api = "responses"` and the server's base URL; over HTTP, and
+over the websocket mode (the provider marked `supports_websockets = true`: Codex opens
+`ws://.../v1/responses`, warms up with `generate: false`, then sends its turn continuing
+from the warm-up with `previous_response_id`, on one connection).
 
 Its request is what Codex sends on every turn: a ~15k-token prompt (developer messages,
 the user's environment, a dozen function tools, a `namespace` tool of sub-agent
@@ -11,7 +14,8 @@ in the suite.
 
 It fails if the CLI exits with an error (an error status, an error event, a stream it
 cannot read, a turn that does not complete), or if its prompt did not reach the engine
-whole (Codex reports the tokens the server counted).
+whole (vLLM counts the prompt tokens it was given); over the websocket, if Codex fell
+back to HTTP (it says so, and the server counts its HTTP calls to /v1/responses).
 """
 
 from __future__ import annotations
@@ -34,26 +38,40 @@ CODEX = ROOT / ".cache" / "npm" / "codex" / "node_modules" / ".bin" / "codex"
 MIN_PROMPT_TOKENS = 12_000  # Codex 0.169's own prompt is 14.9k of the tiny tokenizer's tokens
 
 
-def _admitted(live: LiveServer) -> float:
+def _counts(live: LiveServer) -> tuple[float, float, float]:
+    """(Responses calls admitted, HTTP calls to POST /v1/responses, prompt tokens the
+    engine was given: vLLM's count, prefix-cache hits included)."""
     metrics = httpx.get(f"{live.base_url}/metrics", timeout=30).text
-    found = re.search(r'^switchboard_admitted_total\{protocol="responses"\} (\S+)$', metrics, re.M)
-    return float(found.group(1)) if found else 0.0
+
+    def total(pattern: str) -> float:
+        return sum(float(n) for n in re.findall(f"^{pattern} (\\S+)$", metrics, re.M))
+
+    return (
+        total(r'switchboard_admitted_total\{protocol="responses"\}'),
+        total(r'http_requests_total\{handler="/v1/responses",method="POST",status="\w+"\}'),
+        total(r"vllm:prompt_tokens_total\{[^}]*\}"),
+    )
 
 
-def test_codex_completes_a_turn(long_server: LiveServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+def test_codex_completes_a_turn(long_server: LiveServer, tmp_path: Path, transport: str) -> None:
     assert CODEX.exists(), "scripts/setup installs the Codex CLI under .cache/npm/codex"
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
     last = tmp_path / "last-message.txt"
     base = f"{long_server.base_url}/v1"
-    provider = f'{{name = "Switchboard", base_url = "{base}", wire_api = "responses"}}'
+    websockets = "true" if transport == "websocket" else "false"
+    provider = (
+        f'{{name = "Switchboard", base_url = "{base}", wire_api = "responses", '
+        f"supports_websockets = {websockets}}}"
+    )
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),  # no settings, credentials or history of the machine's user
         "CODEX_HOME": str(home),
     }
-    before = _admitted(long_server)
+    admitted, posts, prompted = _counts(long_server)
     command = [
         str(CODEX), "exec",
         "--skip-git-repo-check", "--ephemeral",
@@ -90,8 +108,15 @@ def test_codex_completes_a_turn(long_server: LiveServer, tmp_path: Path) -> None
     # Codex's own error lines; the random reply may well hold the word (its tokenizer
     # learned the logging module's sources).
     assert not re.search(r"^ERROR: ", output, re.M), output[-4000:]
-    used = re.search(r"tokens used\s*\n\s*([\d,]+)", output)
-    assert used, output[-2000:]
-    assert int(used.group(1).replace(",", "")) >= MIN_PROMPT_TOKENS
+    assert re.search(r"tokens used\s*\n\s*[\d,]+", output), output[-2000:]
     assert last.is_file()
-    assert _admitted(long_server) >= before + 1
+    admitted_after, posts_after, prompted_after = _counts(long_server)
+    assert admitted_after >= admitted + 1
+    # Codex's own count leaves out what the prefix cache held (its prompt's first 6k
+    # tokens, after the other transport's turn): the engine's counts them all.
+    assert prompted_after - prompted >= MIN_PROMPT_TOKENS
+    if transport == "websocket":
+        assert "Falling back" not in output, output[-4000:]
+        assert posts_after == posts  # every call went over the websocket
+    else:
+        assert posts_after >= posts + 1

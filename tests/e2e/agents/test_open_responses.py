@@ -20,7 +20,6 @@ from tests.open_responses import (
     STREAMED,
     TESTS,
     WEATHER_TOOL,
-    WEBSOCKET,
     Target,
     has_output,
     has_output_type,
@@ -30,8 +29,6 @@ from tests.open_responses import (
 
 pytestmark = pytest.mark.e2e
 
-# Tests of features still to come on this server (they are added here as each lands).
-PENDING = WEBSOCKET
 ELSEWHERE = ("image-input",)  # on the vision-language model
 MODEL_BOUND = ("tool-calling",)
 NO_CALL = 'Expected output item of type "function_call" but none found'
@@ -41,9 +38,7 @@ def _target(live: LiveServer) -> Target:
     return Target(f"{live.base_url}/v1", live.model)
 
 
-@pytest.mark.parametrize(
-    "test_id", [t for t in TESTS if t not in (*PENDING, *ELSEWHERE, *MODEL_BOUND)]
-)
+@pytest.mark.parametrize("test_id", [t for t in TESTS if t not in (*ELSEWHERE, *MODEL_BOUND)])
 def test_the_suite(long_server: LiveServer, test_id: str) -> None:
     outcome = run(_target(long_server), test_id)
     assert outcome.errors == [], outcome.bodies

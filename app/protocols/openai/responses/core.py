@@ -33,9 +33,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
+from app.engine.models import ServedModel
 from app.engine.tools import ToolCallDelta
 from app.errors import ContextLengthExceeded, SwitchboardError
 from app.protocols.accounting import Accounting
+from app.protocols.conversation.blocks import Kind, OutputBlocks
 from app.protocols.conversation.output import ChoiceOutput
 from app.protocols.conversation.plan import ChatPlan, plan_conversation
 from app.protocols.core import Event
@@ -61,12 +63,11 @@ TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 class _Open:
     """The item being streamed: its place in `output`, and what it has so far."""
 
-    kind: str
+    kind: Kind
     index: int
     item: Body
     pieces: list[str] = field(default_factory=list)
     logprobs: list[Body] = field(default_factory=list)
-    call_index: int = -1  # a function_call's index among the parser's calls
 
 
 def plan_with_truncation(
@@ -117,7 +118,7 @@ def echoed_format(body: ResponsesRequest) -> Body:
     }
 
 
-class ResponsesCore:
+class ResponsesCore(OutputBlocks):
     ends_with_done = False
 
     def __init__(
@@ -128,25 +129,29 @@ class ResponsesCore:
         *,
         response_id: str,
         created_at: int,
-        model: str,
+        served: ServedModel,
         context: Sequence[Item] = (),
         input_items: Sequence[Item] = (),
+        generate: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Plans the call (blocking: build it off the event loop). `context` is the stored
         conversation `previous_response_id` continues; `input_items` the body's input in
-        normal form (`items.read_input`); `clock` says when it completed. A response in
-        a `conversation` has its items as `context`."""
-        lora_name = None if model == info.model_name else model
+        normal form (`items.read_input`); `served` the model the body named; `clock` says
+        when it completed. A response in a `conversation` has its items as `context`. Not
+        to `generate` (a websocket's warm-up, `generate: false`): planned, with every
+        check, and not run (no engine request); it completes with no output, to continue
+        from."""
+        super().__init__()
         translated = translate(
-            body, context, input_items, info, request_id=response_id, lora_name=lora_name
+            body, context, input_items, info, request_id=response_id, lora_name=served.lora_name
         )
         plan = plan_with_truncation(translated, info, tokenizer)
         self.id = response_id
         self.context = tuple(context)
         self.input_items = tuple(input_items)
         self.plan = plan
-        self._requests = plan.requests
+        self._requests = plan.requests if generate else ()
         self._tokenizer = tokenizer
         self._namespaces = translated.namespaces
         self._output = ChoiceOutput(plan.new_parser() if plan.new_parser is not None else None)
@@ -155,6 +160,9 @@ class ResponsesCore:
         self._events = Events()
         self._items: list[Body] = []
         self._open: _Open | None = None
+        self._closing_as = "completed"  # the status the open item closes with
+        self._opened = False  # response.created is out
+        self.ended: Body | None = None  # the response as it ended, once it has
         self._logprobs: list[Body] = []  # not streamed: every token's
         call = translated.conversation
         self._clock = clock
@@ -163,7 +171,7 @@ class ResponsesCore:
             "id": response_id,
             "object": "response",
             "created_at": created_at,
-            "model": model,
+            "model": served.name,
             "instructions": body.instructions,
             "metadata": body.metadata or {},
             "parallel_tool_calls": body.parallel_tool_calls is not False,
@@ -239,14 +247,20 @@ class ResponsesCore:
 
     # -- streamed --------------------------------------------------------------------
 
-    def opening(self, status: str = "in_progress") -> list[Event]:
-        """`response.created` (queued, for a background run) and `response.in_progress`."""
-        out: list[Event] = [
-            self._events.lifecycle("response.created", self.response(status, with_usage=False))
-        ]
-        if status == "in_progress":
-            out.append(self.in_progress())
-        return out
+    def queued(self) -> list[Event]:
+        """A background run's opening, before it runs: `response.created`, queued (its
+        `in_progress()` follows when the engine starts it)."""
+        self._opened = True
+        queued = self.response("queued", with_usage=False)
+        return [self._events.lifecycle("response.created", queued)]
+
+    def opening(self) -> list[Event]:
+        """`response.created` and `response.in_progress` (nothing once `queued()`)."""
+        if self._opened:
+            return []
+        self._opened = True
+        created = self.response("in_progress", with_usage=False)
+        return [self._events.lifecycle("response.created", created), self.in_progress()]
 
     def in_progress(self) -> Event:
         return self._events.lifecycle(
@@ -255,20 +269,16 @@ class ResponsesCore:
 
     def events(self, index: int, event: TokenEvent) -> list[Event]:
         self._accounting.account(index, event)
-        delta = self._output.delta(event)
         out: list[Event] = []
-        if delta.reasoning:
-            out.extend(self._grow("reasoning", delta.reasoning))
-        if delta.text:
-            out.extend(self._grow("message", delta.text, event))
-        for call in delta.tool_calls:
-            out.extend(self._call(call))
+        self.write_delta(self._output.delta(event), event, out)
         return out
 
     def settle(self) -> list[Event]:
         """The events that close the output (before the terminal event)."""
         status = self.status()
-        out = self._close(status)
+        out: list[Event] = []
+        self._closing_as = "incomplete" if status == "incomplete" else "completed"
+        self.close_block(out)
         if not self._items:
             empty = self._message_item(new_id("msg"), "", [], status)
             self._items.append(empty)
@@ -280,9 +290,13 @@ class ResponsesCore:
         status = self.status()
         response = self.response(status)
         kind = "response.completed" if status == "completed" else "response.incomplete"
+        self.ended = response
         return self._events.lifecycle(kind, response), response
 
     def closing(self) -> list[Event]:
+        if not self._requests:  # planned, not generated: completed with no output
+            self.ended = self.response("completed")
+            return [self._events.lifecycle("response.completed", self.ended)]
         return [*self.settle(), self.terminal()[0]]
 
     def failure(self, error: SwitchboardError) -> list[Event]:
@@ -292,10 +306,18 @@ class ResponsesCore:
             self._events.lifecycle("response.failed", self.response("failed", error=error)),
         ]
 
+    def cancelled(self) -> list[Event]:
+        """The end of a run its client cancelled: what is open closed as incomplete, and
+        `response.incomplete` with the response `cancelled` (as a stored one replays)."""
+        self.fail()
+        self.ended = self.response("cancelled")
+        return [self._events.lifecycle("response.incomplete", self.ended)]
+
     def fail(self) -> None:
         """Close what is open as incomplete, without events (the run failed)."""
         if self._open is not None:
             self._finish_open("incomplete")
+            self.open_kind = None
 
     # -- not streamed ----------------------------------------------------------------
 
@@ -319,7 +341,8 @@ class ResponsesCore:
             )
         for call in parsed.tool_calls:
             self._items.append(self._call_item(call.id, call.name, call.arguments, item_status))
-        return self.response(status)
+        self.ended = self.response(status)
+        return self.ended
 
     # -- items -----------------------------------------------------------------------
 
@@ -358,62 +381,67 @@ class ResponsesCore:
             item["namespace"] = namespace
         return item
 
-    def _start(self, kind: str, item: Body) -> list[Event]:
-        out = self._close("completed")
-        index = len(self._items)
+    # -- the streamed output's items (`OutputBlocks`) ----------------------------------
+
+    def opened(self, kind: Kind, call: ToolCallDelta | None, out: list[Event]) -> None:
+        if call is not None:
+            item = self._call_item(call.id or new_id("call"), call.name or "", "", "in_progress")
+        elif kind == "text":
+            item = self._message_item(new_id("msg"), "", [], "in_progress")
+        else:
+            item = self._reasoning_item(new_id("rs"), "", "in_progress")
+        index = self.open_index
         self._items.append(item)
         self._open = _Open(kind, index, item)
         out.append(self._events.item_added(index, item_shell(item)))
-        if kind != "function_call":
+        if call is None:
             part = item["content"][0]
             out.append(self._events.part(False, item["id"], index, 0, part_shell(part)))
-        return out
 
-    def _grow(self, kind: str, text: str, event: TokenEvent | None = None) -> list[Event]:
+    def grew_reasoning(self, text: str, out: list[Event]) -> None:
         opened = self._open
-        out: list[Event] = []
-        if opened is None or opened.kind != kind:
-            if kind == "message":
-                item = self._message_item(new_id("msg"), "", [], "in_progress")
-            else:
-                item = self._reasoning_item(new_id("rs"), "", "in_progress")
-            out = self._start(kind, item)
-            opened = self._open
-            assert opened is not None
+        assert opened is not None
         opened.pieces.append(text)
-        item_id = opened.item["id"]
-        if kind == "reasoning":
-            out.append(self._events.reasoning_delta(item_id, opened.index, text))
-            return out
+        out.append(self._events.reasoning_delta(opened.item["id"], opened.index, text))
+
+    def grew_text(self, text: str, event: TokenEvent, out: list[Event]) -> None:
+        opened = self._open
+        assert opened is not None
+        opened.pieces.append(text)
         logprobs = None
-        if self._want_logprobs and event is not None and event.logprobs:
+        if self._want_logprobs and event.logprobs:
             logprobs = chat_logprobs(event.token_ids, event.logprobs, self._tokenizer.token_to_str)
             opened.logprobs.extend(logprobs)
-        out.append(self._events.text_delta(item_id, opened.index, text, logprobs))
-        return out
+        out.append(self._events.text_delta(opened.item["id"], opened.index, text, logprobs))
 
-    def _call(self, delta: ToolCallDelta) -> list[Event]:
+    def grew_call(self, arguments: str, out: list[Event]) -> None:
         opened = self._open
-        out: list[Event] = []
-        if opened is None or opened.kind != "function_call" or opened.call_index != delta.index:
-            item = self._call_item(delta.id or new_id("call"), delta.name or "", "", "in_progress")
-            out = self._start("function_call", item)
-            opened = self._open
-            assert opened is not None
-            opened.call_index = delta.index
-        if delta.arguments:
-            opened.pieces.append(delta.arguments)
-            out.append(
-                self._events.arguments_delta(opened.item["id"], opened.index, delta.arguments)
-            )
-        return out
+        assert opened is not None
+        opened.pieces.append(arguments)
+        out.append(self._events.arguments_delta(opened.item["id"], opened.index, arguments))
+
+    def closed(self, out: list[Event]) -> None:
+        """The open item closes (as `_closing_as`), with its done events."""
+        opened = self._finish_open(self._closing_as)
+        item, index = opened.item, opened.index
+        item_id = item["id"]
+        if opened.kind == "call":
+            out.append(self._events.arguments_done(item_id, index, item["name"], item["arguments"]))
+        else:
+            part = item["content"][0]
+            if opened.kind == "text":
+                out.append(self._events.text_done(item_id, index, part["text"], part["logprobs"]))
+            else:
+                out.append(self._events.reasoning_done(item_id, index, part["text"]))
+            out.append(self._events.part(True, item_id, index, 0, part))
+        out.append(self._events.item_done(index, item))
 
     def _finish_open(self, status: str) -> _Open:
         opened = self._open
         assert opened is not None
         self._open = None
         text = "".join(opened.pieces)
-        if opened.kind == "message":
+        if opened.kind == "text":
             final = self._message_item(opened.item["id"], text, opened.logprobs, status)
         elif opened.kind == "reasoning":
             final = self._reasoning_item(opened.item["id"], text, status)
@@ -422,24 +450,3 @@ class ResponsesCore:
         self._items[opened.index] = final
         opened.item = final
         return opened
-
-    def _close(self, status: str) -> list[Event]:
-        """Close the open item, if any, with its done events."""
-        if self._open is None:
-            return []
-        item_status = "incomplete" if status == "incomplete" else "completed"
-        opened = self._finish_open(item_status)
-        item, index = opened.item, opened.index
-        item_id = item["id"]
-        out: list[Event] = []
-        if opened.kind == "function_call":
-            out.append(self._events.arguments_done(item_id, index, item["name"], item["arguments"]))
-        else:
-            part = item["content"][0]
-            if opened.kind == "message":
-                out.append(self._events.text_done(item_id, index, part["text"], part["logprobs"]))
-            else:
-                out.append(self._events.reasoning_done(item_id, index, part["text"]))
-            out.append(self._events.part(True, item_id, index, 0, part))
-        out.append(self._events.item_done(index, item))
-        return out

@@ -273,8 +273,11 @@ class _Turns:
 def messages(
     items: Sequence[Item], info: EngineInfo, where: Callable[[int], str]
 ) -> list[ChatMessage]:
-    """`items` (normal form) as neutral messages; `where(i)` names item i for errors."""
+    """`items` (normal form) as neutral messages; `where(i)` names item i for errors. A
+    call's output answers a call made before it in the conversation (OpenAI's rule: a
+    continuation that answers a call its response never made fails)."""
     turns = _Turns()
+    called: set[str] = set()
     for i, item in enumerate(items):
         kind = item["type"]
         if (kind == "message" and item["role"] == "assistant") or kind == "compaction":
@@ -292,7 +295,13 @@ def messages(
         elif kind == "function_call":
             turns.assistant()
             turns.calls.append(ToolCall(item["call_id"], item["name"], item["arguments"] or "{}"))
+            called.add(item["call_id"])
         elif kind == "function_call_output":
+            if item["call_id"] not in called:
+                raise _fail(
+                    f"{where(i)}.call_id",
+                    f"no function call with call_id {item['call_id']!r} comes before this output",
+                )
             output = item["output"]
             parts = (
                 (TextPart(output),)

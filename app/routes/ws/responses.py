@@ -1,0 +1,196 @@
+"""The Responses API's websocket mode: `GET /v1/responses`, upgraded (OpenAI's, and the
+Open Responses spec's `x-openresponses-websocket`; the Codex CLI asks for it with
+`OpenAI-Beta: responses_websockets=2026-02-06`, which changes nothing here).
+
+One connection carries many responses, one after the other. The client sends
+`response.create` frames: the body of `POST /v1/responses` plus `"type":
+"response.create"` (`stream` is implied and ignored; `background` is refused: a
+background run belongs to HTTP). Each is answered with the events its SSE stream would
+carry, in the same order, each as one JSON text frame; frames that arrive while a
+response runs wait their turn (up to `MAX_WAITING`, past which one is refused).
+`generate: false` plans the response (every check) and completes it with no output,
+without the engine: a warm-up to continue from. A turn continues the last with
+`previous_response_id` and only its new input, from the connection's own responses
+(`store: false` ones included, up to `--responses-ws-kept` of them) or the store.
+
+Errors before a response starts (a frame that is not a `response.create`, a bad body, an
+unknown model or `previous_response_id`, admission's refusal) are the spec's
+`WebSocketErrorEvent`: `{"type": "error", "status", "error": {"type", "code", "message",
+"param"}}` (a refusal's `Retry-After` in `error.headers`), and the connection stays
+usable; one that fails after it started ends as its SSE stream would (`error`, then
+`response.failed`). A client that closes the socket cancels what is running (its engine
+request is aborted) and what waits.
+
+The same auth as HTTP (`Authorization: Bearer`, or `?token=`): a refused client, and any
+client of a draining server, is answered at the handshake with OpenAI's error body and
+status (401, 503 with Retry-After) where the server can send one, else with the error
+event and close code 1008 or 1001. The drain's goodbye to an open connection, once its
+work has ended: the error event (503, the server is shutting down), then close code 1001
+(going away), which clients read as "reconnect" (the openai SDK's `responses.connect`
+retries on it; the Codex CLI opens a new connection for its next turn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from app.engine.models import served_by
+from app.errors import InvalidRequest, ResourceExhausted, SwitchboardError, client_error
+from app.protocols.core import Event
+from app.protocols.openai.errors import error_body
+from app.protocols.openai.units import admission_units
+from app.routes.deps import check_credentials, get_drain, get_engine, get_settings, responses_api
+from app.routes.http.bodies import parse_json, validate
+from app.routes.http.errors import retry_headers
+from app.routes.http.json import OrjsonResponse, dump_json
+from app.routes.http.sse import RAW_SEND, frame_writer
+from app.routes.ws.pump import WebSocketPump
+from app.sessions.calls import stream_call
+from app.sessions.responses import ConnectionResponses, Responses
+from schemas.openai_responses import ResponsesRequest
+
+router = APIRouter()
+GOING_AWAY = 1001
+POLICY_VIOLATION = 1008
+MAX_WAITING = 16  # response.create frames held while one runs
+CREATE = "response.create"
+
+
+def error_event(error: SwitchboardError) -> dict[str, Any]:
+    """`error` as the spec's `WebSocketErrorEvent`."""
+    payload = error_body(error)["error"]
+    payload["code"] = str(payload["code"])
+    headers = retry_headers(error)
+    if headers:
+        payload["headers"] = {name.lower(): value for name, value in headers.items()}
+    return {"type": "error", "status": error.http_status, "error": payload}
+
+
+def read_create(frame: bytes | str) -> tuple[ResponsesRequest, bool]:
+    """A `response.create` frame's body, and whether to generate."""
+    data = parse_json(frame)
+    if not isinstance(data, dict) or data.get("type") != CREATE:
+        raise InvalidRequest(
+            f"Each client event is a JSON object with type {CREATE!r}", param="type"
+        )
+    generate = data.pop("generate", True)
+    if not isinstance(generate, bool):
+        raise InvalidRequest("generate is true or false", param="generate")
+    if data.get("background"):
+        raise InvalidRequest(
+            "background responses are not run over the websocket; create them over HTTP",
+            param="background",
+        )
+    del data["type"]
+    data.pop("stream", None)
+    return validate(ResponsesRequest, data), generate
+
+
+@router.websocket("/v1/responses")
+async def responses_socket(websocket: WebSocket) -> None:
+    drain = get_drain(websocket)
+    try:
+        check_credentials(websocket)
+        drain.check_open()
+    except SwitchboardError as exc:
+        await _refuse(websocket, exc)
+        return
+    await websocket.accept()
+    connection = _Connection(websocket, responses_api(websocket.app))
+    unsubscribe = drain.subscribe(connection.goodbye)
+    try:
+        await connection.serve()
+    finally:
+        unsubscribe()
+
+
+async def _refuse(websocket: WebSocket, error: SwitchboardError) -> None:
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(
+            OrjsonResponse(error_body(error), error.http_status, headers=retry_headers(error))
+        )
+        return
+    await websocket.accept()
+    await websocket.send_text(dump_json(error_event(error)).decode())
+    code = GOING_AWAY if error.http_status == 503 else POLICY_VIOLATION
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        await websocket.close(code)
+
+
+class _Connection:
+    """One socket: its frames read as they come, its responses run one at a time."""
+
+    def __init__(self, websocket: WebSocket, responses: Responses) -> None:
+        self.pump = WebSocketPump(websocket)
+        self.responses = responses
+        self.engine = get_engine(websocket)
+        self.kept = ConnectionResponses(get_settings(websocket).responses_ws_kept)
+        self.writer = frame_writer(websocket.scope.get(RAW_SEND, websocket.send))
+        self.waiting: asyncio.Queue[bytes | str] = asyncio.Queue()
+        self.closed = asyncio.Event()
+
+    def emit(self, events: list[Event]) -> None:
+        if self.pump.open:
+            for _, body in events:
+                self.writer.write(dump_json(body).decode())
+
+    def refuse(self, error: SwitchboardError) -> None:
+        if self.pump.open:
+            self.writer.write(dump_json(error_event(error)).decode())
+
+    async def serve(self) -> None:
+        worker = asyncio.create_task(self._answer_all())
+        try:
+            async for frame in self.pump.frames():
+                if self.waiting.qsize() >= MAX_WAITING:
+                    self.refuse(
+                        ResourceExhausted(
+                            f"At most {MAX_WAITING} responses wait on one connection; "
+                            "send the next once one has ended",
+                            code="too_many_waiting",
+                        )
+                    )
+                    continue
+                self.waiting.put_nowait(frame)
+        finally:  # the client left (or the drain closed it): nothing more runs
+            self.pump.open = False
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+            with contextlib.suppress(Exception):
+                await self.writer.drained()
+            self.closed.set()
+
+    async def _answer_all(self) -> None:
+        while True:
+            frame = await self.waiting.get()
+            await self._answer(frame)
+            # Its last frames out before the next response starts.
+            await self.writer.drained()
+
+    async def _answer(self, frame: bytes | str) -> None:
+        try:
+            body, generate = read_create(frame)
+            served = served_by(self.engine, body.model)
+            bound = admission_units(body)[0]
+            call = await self.responses.start(
+                body, served, bound=bound, kept=self.kept, generate=generate
+            )
+        except Exception as exc:
+            self.refuse(client_error(exc))
+            return
+        hooks = self.responses.hooks(call, body, self.kept)
+        await stream_call(self.engine, call, self.emit, hooks)
+
+    async def goodbye(self) -> None:
+        """The drain's: once what runs has ended, the error event and 1001."""
+        self.refuse(get_drain(self.pump.websocket).refusal())
+        with contextlib.suppress(Exception):
+            await self.writer.drained()
+        await self.pump.close(GOING_AWAY)
+        await self.closed.wait()

@@ -1,0 +1,160 @@
+"""One call of a call-shaped API (a `Core`: Completions, Chat, Responses, Messages) on the
+engine, for any transport: the one road every such call takes, whatever carries it (SSE
+over HTTP, JSON frames over a websocket).
+
+In this order:
+
+1. `start_call`: admission (`app.admission`), one unit per engine request the call will
+   make, each with a bound of its prompt tokens, before any prompt work (a refusal is
+   raised, for the transport to answer in the API's shape); then `build`, which makes
+   the core: off the event loop, in the one render thread (`render`), where templating,
+   tokenizing, compiling a constraint's grammar and decoding images block, so that they
+   never stall the streams. A build that fails gives its admission places back.
+2. `stream_call`: the core's events handed to `emit` as they come: `opening()`, then the
+   events of each engine event, pushed from the engine's own loop (`run_generations`: the
+   call's task waits once, for the end), then `closing()`; a failure after the opening
+   goes into the stream in the API's shape (`Core.failure`). `collect_call`: each event
+   fed to the core, then its body (`result()`); a failure is raised.
+
+`Hooks` are what an API does around its call's end, on the same road: `ended()` is
+awaited once the core's last events (or its body) are known and before they are handed
+on, so a Responses call stores its record there and a client that has seen the terminal
+event can continue from it on any replica; if it raises, the call fails in the API's
+shape instead. `failed(error)` follows a stream's failure events; `running()` is told the
+call's first engine event (the engine has started it).
+
+Invariants: however the call ends (its last event, an error, the transport cancelling
+it because the client left), its engine requests are closed, which aborts any still
+running, and its admission places are given back; an exception inside a call becomes
+what the client is told through `app.errors.client_error`, the one rule for every
+transport. The transport only encodes what `emit` is given; it never reorders it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from app.admission import Admission, Tickets
+from app.engine.base import Engine, TokenEvent
+from app.errors import SwitchboardError, client_error
+from app.protocols.core import Core, Event
+from app.sessions.generations import run_generations
+
+T = TypeVar("T")
+C = TypeVar("C", bound=Core)
+Emit = Callable[[list[Event]], None]
+
+# One thread, so that prompts are rendered in arrival order and the tokenizer is never
+# entered from two threads at once (HF's fast tokenizers are not reentrant).
+_RENDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render")
+
+
+async def render(build: Callable[[], T]) -> T:
+    """`build()` in the render thread."""
+    return await asyncio.get_running_loop().run_in_executor(_RENDER, build)
+
+
+class Hooks(Protocol):
+    def running(self) -> None:
+        """The engine has started the call (its first event)."""
+        ...
+
+    async def ended(self) -> None:
+        """Before the call's last events (or its body) go out; raising fails the call."""
+        ...
+
+    async def failed(self, error: SwitchboardError) -> None:
+        """After a stream's failure events (it must not raise)."""
+        ...
+
+
+@dataclass(slots=True)
+class Call(Generic[C]):
+    """A call admitted and built, not yet run: its core and its admission places."""
+
+    core: C
+    tickets: Tickets
+
+
+async def start_call(
+    admission: Admission,
+    *,
+    protocol: str,
+    units: Sequence[int],
+    priority: int,
+    build: Callable[[], Awaitable[C]],
+) -> Call[C]:
+    """Admit a call of `len(units)` engine requests (`units[i]`: a bound of request i's
+    prompt tokens), then `build()` its core (awaited: the render thread, and whatever
+    the API reads first, a stored conversation say)."""
+    tickets = admission.admit_all(protocol, list(units), priority=priority)
+    try:
+        core = await build()
+    except BaseException:
+        tickets.release()
+        raise
+    return Call(core, tickets)
+
+
+async def stream_call(
+    engine: Engine, call: Call[Any], emit: Emit, hooks: Hooks | None = None
+) -> None:
+    """Run `call`, every event of its stream handed to `emit` in order (errors included:
+    this returns once the stream has ended, however it ended)."""
+    core = call.core
+
+    def on_event(index: int, event: TokenEvent) -> None:
+        events = core.events(index, event)
+        if events:
+            emit(events)
+
+    receive = on_event if hooks is None else _first_told(on_event, hooks)
+    with call.tickets:
+        try:
+            emit(core.opening())
+            await run_generations(engine, core.requests, call.tickets, receive)
+            closing = core.closing()
+            if hooks is not None:
+                await hooks.ended()
+            emit(closing)
+        except Exception as exc:  # the stream has started: the error goes in it
+            error = client_error(exc)
+            emit(core.failure(error))
+            if hooks is not None:
+                await hooks.failed(error)
+
+
+async def collect_call(engine: Engine, call: Call[Any], hooks: Hooks | None = None) -> Any:
+    """Run `call` to its end, feeding the core every event; its body (a failure is
+    raised as the client's error)."""
+    core = call.core
+    receive = core.feed if hooks is None else _first_told(core.feed, hooks)
+    with call.tickets:
+        try:
+            await run_generations(engine, core.requests, call.tickets, receive)
+            body = core.result()
+            if hooks is not None:
+                await hooks.ended()
+        except Exception as exc:
+            raise client_error(exc) from exc
+    return body
+
+
+def _first_told(
+    receive: Callable[[int, TokenEvent], None], hooks: Hooks
+) -> Callable[[int, TokenEvent], None]:
+    """`receive`, telling `hooks.running()` once, before the first event."""
+    told = False
+
+    def first(index: int, event: TokenEvent) -> None:
+        nonlocal told
+        if not told:
+            told = True
+            hooks.running()
+        receive(index, event)
+
+    return first

@@ -1,0 +1,406 @@
+"""Responses that outlive their call: their records in the store (`ResponseRecords`) and
+this process's background runs (`BackgroundRuns`), with retrieval, replay and cancel.
+
+Records. A stored response (`store: true`, OpenAI's default) is written once it has ended,
+before its terminal event goes out (`Recording`, the hooks of a call on the shared road,
+`app.sessions.calls`), so a client that has seen it can continue from the response on
+any replica; a store that cannot be written fails the call in the API's shape. A failed
+stream's record is written as `failed`, quietly (the client knows already). A response in
+a `conversation` (`app.sessions.conversations`) adds its input and output to it at the
+same moment, after its record, if it completed or was cut by `max_output_tokens` (a
+failed or cancelled one adds nothing).
+
+Background runs (`background: true`) belong to this process, not to the connection that
+started them: each is a task registered by response id, holding its call's admission
+places, run on the shared road with its events kept (`GET /v1/responses/{id}?stream=true`
+follows it live here, from any `starting_after`; elsewhere, or once it has ended, the
+stored response is replayed, `events.replay`). Its record is written queued, in progress
+once the engine starts it (`running`), and at its end; a run's writes go out in order,
+one after the other.
+
+Cancel wins. A run's end is decided once: a client's cancel, or the write of its last
+record, which is conditional (`put(..., unless_cancelled=True)`: refused, in the store's
+own transaction, when another replica has raised the cancel flag), whichever comes first.
+So a cancel that arrives before the run has ended, wherever it lands and whatever the run
+is doing (not started yet, waiting for the engine, generating, writing its last record),
+ends it `cancelled`, and nothing is written after that:
+
+- here: the run is marked cancelled; a task not yet started ends at its first step
+  without running, a started one is cancelled (closing its engine request aborts it),
+  and the cancel waits for the `cancelled` record; once the last write has begun, the
+  cancel waits for it and answers the response as it ended;
+- on another replica: the flag is raised in the store, which the owner reads every
+  `CANCEL_POLL_S` (and its last write reads atomically), and the caller waits (up to
+  `CANCEL_WAIT_S`) for the record to end.
+
+Drain: runs hold admission places, so a drain waits for them and then cuts them like any
+request (their records then say `failed`); the drain's goodbye waits for their last
+writes. `close()` (the app's shutdown) ends what is left the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.drain import Drain
+from app.engine.base import Engine
+from app.errors import InvalidRequest, NotFound, SwitchboardError
+from app.protocols.core import Event
+from app.protocols.openai.responses.core import TERMINAL, ResponsesCore
+from app.protocols.openai.responses.events import Body, replay
+from app.protocols.openai.responses.record import StoredResponse
+from app.sessions.calls import Call, stream_call
+from app.sessions.conversations import Conversations
+from app.store.base import ResponseStore
+
+logger = logging.getLogger(__name__)
+
+CANCEL_POLL_S = 0.25  # how often a background run reads its cancel flag
+CANCEL_WAIT_S = 10.0  # how long a cancel waits for another replica's run to end
+FOLLOW_POLL_S = 0.25  # how often a stream of another replica's run reads the record
+FOLLOW_LIMIT_S = 600.0  # how long such a stream waits for the run to end
+
+
+def not_found(response_id: str, param: str = "response_id") -> NotFound:
+    return NotFound(f"Response with id '{response_id}' not found.", param=param)
+
+
+def _after(event: Event, starting_after: int | None) -> bool:
+    return starting_after is None or event[1]["sequence_number"] > starting_after
+
+
+class ResponseRecords:
+    """The store's records of responses."""
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+
+    async def load(self, response_id: str, param: str = "response_id") -> StoredResponse:
+        data = await self.store.get(response_id)
+        record = StoredResponse.decode(data) if data is not None else None
+        if record is None:
+            raise not_found(response_id, param)
+        return record
+
+    async def save(
+        self, core: ResponsesCore, response: Body, *, unless_cancelled: bool = False
+    ) -> bool:
+        """Write `core`'s record with `response`; False: refused, the run was cancelled."""
+        record = StoredResponse(response, list(core.input_items), list(core.context))
+        return await self.store.put(core.id, record.encode(), unless_cancelled=unless_cancelled)
+
+    async def save_quietly(self, core: ResponsesCore, response: Body) -> None:
+        """A write whose failure changes nothing the client is told (it is told already)."""
+        try:
+            await self.save(core, response)
+        except SwitchboardError as exc:
+            logger.warning("response %s not stored: %s", core.id, exc.message)
+
+    async def until_ended(
+        self, record: StoredResponse, limit_s: float, poll_s: float
+    ) -> StoredResponse:
+        """`record`, read again every `poll_s` until another replica's run has ended it
+        or `limit_s` have passed."""
+        deadline = time.monotonic() + limit_s
+        while record.status not in TERMINAL and time.monotonic() < deadline:
+            await asyncio.sleep(poll_s)
+            record = await self.load(record.id)
+        return record
+
+    async def input_items(
+        self, response_id: str, *, after: str | None, limit: int, order: str
+    ) -> dict[str, Any]:
+        items = list((await self.load(response_id)).input_items)
+        if order == "desc":
+            items.reverse()
+        start = 0
+        if after is not None:
+            ids = [item.get("id") for item in items]
+            if after not in ids:
+                raise InvalidRequest(f"No input item '{after}' in this response", param="after")
+            start = ids.index(after) + 1
+        page = items[start : start + limit]
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": start + limit < len(items),
+        }
+
+
+async def add_to_conversation(conversations: Conversations | None, core: ResponsesCore) -> None:
+    """A response that ended in a conversation adds its input and output to it."""
+    ended = core.ended
+    if conversations is None or core.conversation is None or ended is None:
+        return
+    if ended["status"] in ("completed", "incomplete"):
+        await conversations.extend(core.conversation, [*core.input_items, *ended["output"]])
+
+
+@dataclass
+class Recording:
+    """The hooks of a call on the shared road (`app.sessions.calls.Hooks`) that leaves a
+    trace: its record written (`store`) and its conversation extended before its terminal
+    event; its record written as `failed` after a stream's failure."""
+
+    records: ResponseRecords
+    core: ResponsesCore
+    store: bool
+    conversations: Conversations | None
+
+    def running(self) -> None:
+        pass
+
+    async def ended(self) -> None:
+        assert self.core.ended is not None
+        if self.store:
+            await self.records.save(self.core, self.core.ended)
+        await add_to_conversation(self.conversations, self.core)
+
+    async def failed(self, error: SwitchboardError) -> None:
+        if self.store:
+            await self.records.save_quietly(self.core, self.core.response("failed", error=error))
+
+
+class _Cancelled(BaseException):
+    """A run's last write found its cancel flag raised: it ends cancelled (not an
+    `Exception`, so that the shared road does not answer it as a failure)."""
+
+
+@dataclass
+class _Run:
+    """A background response of this process: its task, its events so far, its writes."""
+
+    call: Call[ResponsesCore]
+    events: list[Event] = field(default_factory=list)
+    cancelled: bool = False  # by a client (not by the process stopping)
+    deciding: bool = False  # its last write has begun: the end is decided there
+    done: bool = False
+    task: asyncio.Task[None] | None = None  # the whole run, its records included
+    engine_part: asyncio.Future[None] | None = None  # the call on the engine, once started
+    _writing: asyncio.Future[None] | None = None  # the last write issued
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def core(self) -> ResponsesCore:
+        return self.call.core
+
+    def push(self, events: list[Event]) -> None:
+        self.events.extend(events)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def end(self) -> None:
+        self.done = True
+        self._changed.set()
+
+    def cancel(self) -> None:
+        """A client's cancel, unless the last write is deciding the end already. The
+        run's own task is never cancelled by it (it writes the `cancelled` record): only
+        its engine part, if started; a run not started yet sees the mark first."""
+        if self.deciding or self.cancelled:
+            return
+        self.cancelled = True
+        if self.engine_part is not None:
+            self.engine_part.cancel()
+
+    async def follow(self, starting_after: int | None) -> AsyncIterator[Event]:
+        seen = 0
+        while True:
+            changed = self._changed
+            while seen < len(self.events):
+                event = self.events[seen]
+                seen += 1
+                if _after(event, starting_after):
+                    yield event
+            if self.done:
+                return
+            await changed.wait()
+
+
+class BackgroundRuns:
+    """This process's background runs, by response id."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        records: ResponseRecords,
+        drain: Drain | None,
+        conversations: Conversations | None,
+    ) -> None:
+        self.engine = engine
+        self.records = records
+        self.conversations = conversations
+        self._runs: dict[str, _Run] = {}
+        if drain is not None:
+            drain.subscribe(self._settle)
+
+    async def start(self, call: Call[ResponsesCore]) -> Body:
+        """Start `call` in the background (the run owns its admission places from here,
+        or gives them back if this fails); the response object as queued."""
+        core = call.core
+        try:
+            queued = core.response("queued", with_usage=False)
+            await self.records.save(core, queued)
+        except BaseException:
+            call.tickets.release()
+            raise
+        run = _Run(call)
+        run.push(core.queued())
+        self._runs[core.id] = run
+        run.task = asyncio.create_task(self._run(run), name=f"response {core.id}")
+        return queued
+
+    async def _run(self, run: _Run) -> None:
+        core = run.core
+        watcher = asyncio.create_task(self._watch_cancel(run))
+        try:
+            if run.cancelled:  # before it began: it never reaches the engine
+                run.call.tickets.release()
+            else:
+                hooks = _RunHooks(self, run)
+                run.engine_part = asyncio.ensure_future(
+                    stream_call(self.engine, run.call, run.push, hooks)
+                )
+                with contextlib.suppress(asyncio.CancelledError, _Cancelled):
+                    await run.engine_part
+                if _stopping():
+                    raise asyncio.CancelledError
+            if run.cancelled:
+                run.push(core.cancelled())
+                assert core.ended is not None
+                await self._write(run, core.ended)
+        except asyncio.CancelledError:  # the process is stopping
+            core.fail()
+            stopped = SwitchboardError("The server stopped before the response ended")
+            await self._write(run, core.response("failed", error=stopped))
+            raise
+        finally:
+            watcher.cancel()
+            run.end()
+            self._runs.pop(core.id, None)
+
+    def _chain(self, run: _Run, response: Body) -> asyncio.Future[None]:
+        """The run's record to be written with `response`, after its earlier writes,
+        quietly (the write goes on if its caller is cancelled)."""
+        previous = run._writing
+
+        async def write() -> None:
+            if previous is not None:
+                await asyncio.wait([previous])
+            await self.records.save_quietly(run.core, response)
+
+        run._writing = asyncio.ensure_future(write())
+        return run._writing
+
+    async def _write(self, run: _Run, response: Body) -> None:
+        await asyncio.shield(self._chain(run, response))
+
+    async def _watch_cancel(self, run: _Run) -> None:
+        while True:
+            await asyncio.sleep(CANCEL_POLL_S)
+            try:
+                flagged = await self.records.store.cancel_requested(run.core.id)
+            except SwitchboardError:
+                continue  # the store is down: the owner still cancels what it is asked here
+            if flagged:
+                run.cancel()
+                return
+
+    async def cancel(self, response_id: str) -> Body:
+        run = self._runs.get(response_id)
+        if run is not None and run.task is not None:
+            run.cancel()
+            await asyncio.wait([run.task])
+            return (await self.records.load(response_id)).response
+        record = await self.records.load(response_id)
+        if not record.response.get("background"):
+            raise InvalidRequest("Only background responses can be cancelled", param="response_id")
+        if record.status in TERMINAL:
+            return record.response
+        await self.records.store.request_cancel(response_id)
+        return (await self.records.until_ended(record, CANCEL_WAIT_S, CANCEL_POLL_S)).response
+
+    async def stop(self, response_id: str) -> None:
+        """End the run of `response_id` here, if there is one (before its deletion)."""
+        run = self._runs.get(response_id)
+        if run is not None and run.task is not None:
+            run.cancel()
+            await asyncio.wait([run.task])
+
+    async def replay(
+        self, response_id: str, starting_after: int | None
+    ) -> AsyncGenerator[Event, None]:
+        """The response's events: live while it runs here, else replayed from the store
+        once it has ended (waiting up to `FOLLOW_LIMIT_S` for another replica's run)."""
+        run = self._runs.get(response_id)
+        record = await self.records.load(response_id)
+        return self._replay(run, record, starting_after)
+
+    async def _replay(
+        self, run: _Run | None, record: StoredResponse, starting_after: int | None
+    ) -> AsyncGenerator[Event, None]:
+        if run is not None:
+            async for event in run.follow(starting_after):
+                yield event
+            return
+        record = await self.records.until_ended(record, FOLLOW_LIMIT_S, FOLLOW_POLL_S)
+        for event in replay(record.response):
+            if _after(event, starting_after):
+                yield event
+
+    async def _settle(self) -> None:
+        """The drain's goodbye: the runs it cut write their last records."""
+        tasks = [run.task for run in self._runs.values() if run.task is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def close(self) -> None:
+        """End every run still going (their records say `failed`)."""
+        tasks = [run.task for run in self._runs.values() if run.task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+
+def _stopping() -> bool:
+    """This task is being cancelled (the process stops), not only its engine part."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+@dataclass
+class _RunHooks:
+    """A background run's records: in progress when the engine starts it; its end
+    decided by its last write, refused when another replica's cancel came first (the run
+    then ends cancelled), then its conversation extended; `failed` after a failure."""
+
+    runs: BackgroundRuns
+    run: _Run
+
+    def running(self) -> None:
+        run = self.run
+        run.push([run.core.in_progress()])
+        self.runs._chain(run, run.core.response("in_progress"))
+
+    async def ended(self) -> None:
+        run, core = self.run, self.run.core
+        run.deciding = True
+        if run._writing is not None:
+            await asyncio.wait([run._writing])
+        assert core.ended is not None
+        if not await self.runs.records.save(core, core.ended, unless_cancelled=True):
+            run.cancelled = True
+            raise _Cancelled
+        await add_to_conversation(self.runs.conversations, core)
+
+    async def failed(self, error: SwitchboardError) -> None:
+        await self.runs._write(self.run, self.run.core.response("failed", error=error))
