@@ -166,6 +166,22 @@ def test_a_compaction_is_a_responses_call_that_asks_for_a_summary_last() -> None
     assert call.max_output_tokens == 9
 
 
+def test_an_output_answers_a_call_before_it() -> None:
+    engine = FakeEngine()
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "r"}
+    _core(engine, input=[call, output])  # answered
+    _core(engine, read_input([call]), input=[output])  # a stored call, answered now
+    for given, param in (
+        ([output], "input.0.call_id"),
+        ([output, call], "input.0.call_id"),
+        ([call, {**output, "call_id": "c2"}], "input.1.call_id"),
+    ):
+        with pytest.raises(InvalidRequest) as raised:
+            _core(engine, input=given)
+        assert raised.value.param == param
+
+
 def test_an_assistant_turn_holds_its_text_reasoning_and_calls() -> None:
     items = read_input(
         [

@@ -9,7 +9,8 @@ What the Responses API adds to a chat call is read here and nowhere else:
   previous response's `instructions` are not carried over (OpenAI's rule), this body's
   go first as a system message;
 - a last input item that is an assistant message is continued, not answered (as `vllm
-  serve` does: the template gets `continue_final_message`);
+  serve` does: the template gets `continue_final_message`); a `function_call_output`
+  answers a `function_call` that comes before it, or the call is refused;
 - `text.format` (`text`, `json_object`, `json_schema`) is the output constraint (vLLM's
   `structured_outputs` extra when the format is text); `include:
   ["message.output_text.logprobs"]` asks for logprobs, `top_logprobs` for alternatives;
@@ -22,7 +23,7 @@ items of the conversation are dropped until it fits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from app.engine.base import ChatMessage, EngineInfo, SamplingDefaults, SamplingOptions, TextPart
@@ -100,6 +101,22 @@ def check_metadata(metadata: Mapping[str, str] | None) -> None:
             )
 
 
+def _answers_calls(items: Sequence[Item], where: Callable[[int], str]) -> None:
+    """Each `function_call_output` answers a `function_call` before it (OpenAI's rule: an
+    output of no call is a 400, not a turn the model is asked to make sense of)."""
+    calls: set[str] = set()
+    for i, item in enumerate(items):
+        if item["type"] == "function_call":
+            calls.add(item["call_id"])
+        elif item["type"] == "function_call_output" and item["call_id"] not in calls:
+            param = where(i) if where(i) == "previous_response_id" else f"{where(i)}.call_id"
+            raise InvalidRequest(
+                f"{param}: no function_call with call_id {item['call_id']!r} comes before "
+                "this function_call_output",
+                param=param,
+            )
+
+
 def constraint(body: ResponsesRequest) -> Constraint | None:
     form = body.text.format if body.text is not None else None
     if form is not None and form.type == "json_object":
@@ -159,6 +176,7 @@ def translate(
     def where(i: int) -> str:
         return f"input.{i - shift}" if i >= shift else "previous_response_id"
 
+    _answers_calls([*context, *input_items], where)
     chat = messages([*context, *input_items], info, where)
     head = [ChatMessage("system", (TextPart(body.instructions),))] if body.instructions else []
     last = input_items[-1] if input_items else None
