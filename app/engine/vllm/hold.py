@@ -13,9 +13,10 @@ shutdown, whose SIGTERM they obey). The hold is an abstract Unix socket the serv
 (`EngineHold`) and the engine's processes test for (`held`); the kernel frees it when
 the server exits, however it exits, so an engine whose server died obeys signals again.
 
-The engine's processes learn of the hold from the environment they are started with and
-take it on in `install`, which vLLM calls in each of them as a general plugin (the
-`vllm.general_plugins` entry point in pyproject.toml), after it set its own handlers.
+The engine's processes learn of the hold from the environment they are started with (set
+only while they start: `EngineHold.announced`) and take it on in `install`, which vLLM
+calls in each of them as a general plugin (the `vllm.general_plugins` entry point in
+pyproject.toml), after it set its own handlers.
 Invariants: only a process that descends from the holding server and is not that server
 changes anything (the plugin also loads in the server, and in any other vLLM process
 that finds this package installed, such as a benchmark's `vllm serve`); a process whose
@@ -31,7 +32,8 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -52,7 +54,17 @@ class EngineHold:
         self.name = f"switchboard-engine-hold-{os.getpid()}-{next(_count)}"
         self._socket: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._socket.bind("\0" + self.name)
+
+    @contextmanager
+    def announced(self) -> Iterator[None]:
+        """The hold in the environment while the engine's processes start, and only
+        then: a process the server starts later (a test's `vllm serve`, a tool) is no
+        engine of this hold, and must not inherit it."""
         os.environ[ENV] = f"{os.getpid()} {self.name}"
+        try:
+            yield
+        finally:
+            os.environ.pop(ENV, None)
 
     def release(self) -> None:
         """Let the engine's processes obey signals again (idempotent)."""

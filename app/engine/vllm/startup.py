@@ -109,15 +109,16 @@ async def start_engine(settings: Settings) -> VllmEngine:
             model_config.get_hidden_size(), model_config.get_total_num_hidden_layers()
         )
     counts = SchedulerCounts()
-    # Before the engine's processes start: they learn of the hold from the environment.
+    # The engine's processes learn of the hold from the environment they start with.
     hold = EngineHold()
     try:
-        llm = AsyncLLM.from_vllm_config(
-            vllm_config,
-            stat_loggers=[lambda _config, _index: counts],
-            enable_log_requests=bool(args.get("enable_log_requests", False)),
-            disable_log_stats=bool(args.get("disable_log_stats", False)),
-        )
+        with hold.announced():
+            llm = AsyncLLM.from_vllm_config(
+                vllm_config,
+                stat_loggers=[lambda _config, _index: counts],
+                enable_log_requests=bool(args.get("enable_log_requests", False)),
+                disable_log_stats=bool(args.get("disable_log_stats", False)),
+            )
     except BaseException:
         hold.release()
         raise
