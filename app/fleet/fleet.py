@@ -171,14 +171,15 @@ class Fleet:
         if self.redis is not None:
             self.redis.stop(_FRONT_STOP_S)
 
-    def restart(self, i: int, *, kill: bool = False) -> None:
-        """Replica `i` drains (SIGTERM) or dies (SIGKILL to its group), then starts again
-        on the same ports; returns once it answers ready."""
+    def restart(self, i: int, *, kill: bool = False, group: bool = False) -> None:
+        """Replica `i` drains (SIGTERM, to its whole process group with `group`) or dies
+        (SIGKILL to its group), then starts again on the same ports; returns once it
+        answers ready."""
         replica = self.members_replicas[i]
         if kill:
             replica.kill()
         else:
-            replica.stop(self._replica_stop_s)
+            replica.stop(self._replica_stop_s, group)
         replica.start()
         replica.wait_ready()
 

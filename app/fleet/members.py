@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -37,11 +38,24 @@ _POLL_S = 0.1
 _LOG_TAIL = 3000  # characters of a failed member's log quoted in the error
 
 
+# Below the kernel's ephemeral range (32768 and up by default): a member keeps its ports
+# for the fleet's life, restarts included, and an ephemeral port may meanwhile be taken
+# by any outgoing connection on the machine (one took a replica's gRPC port as it
+# started, once).
+_PORTS = range(20000, 32000)
+_random = random.Random()
+
+
 def free_port() -> int:
-    """A port nothing listens on now (the kernel's choice)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port below the ephemeral range that nothing listens on now."""
+    while True:
+        port = _random.choice(_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 @dataclass
@@ -92,18 +106,22 @@ class Member(ABC):
                 raise ConfigError(f"{self.name} was not ready in {timeout_s:.0f} s{self._tail()}")
             time.sleep(_POLL_S)
 
-    def terminate(self) -> None:
-        """SIGTERM to the member, if it runs (a replica begins its drain)."""
+    def terminate(self, group: bool = False) -> None:
+        """SIGTERM to the member (a replica begins its drain), or to its whole process
+        group (as systemd's stop or a terminal's Ctrl-C would), if it runs."""
         if self.alive and self.process is not None:
-            self.process.send_signal(signal.SIGTERM)
+            if group:
+                os.killpg(self.process.pid, signal.SIGTERM)
+            else:
+                self.process.send_signal(signal.SIGTERM)
 
-    def stop(self, timeout_s: float) -> int | None:
-        """SIGTERM to the member; SIGKILL to its group if it has not exited in `timeout_s`.
+    def stop(self, timeout_s: float, group: bool = False) -> int | None:
+        """`terminate`, then SIGKILL to its group if it has not exited in `timeout_s`.
         Returns its exit status (None if it was never started)."""
         if self.process is None:
             return None
         if self.process.poll() is None:
-            self.terminate()
+            self.terminate(group)
             try:
                 return self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -204,11 +222,26 @@ class Replica(Member):
 
     def block_size(self) -> int:
         """Its engine's KV block size, as vLLM reports it (`vllm:cache_config_info`)."""
-        metrics = httpx.get(f"{self.url}/metrics", timeout=10).text
-        found = re.search(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', metrics, re.M)
+        found = re.search(r'\bblock_size="(\d+)"', self._metrics("vllm:cache_config_info"))
         if found is None:
             raise ConfigError(f"{self.name} reports no KV block size on /metrics")
         return int(found.group(1))
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of its samples of `name` (a counter or gauge on /metrics) whose labels
+        include `labels`: what the fleet's tests and benchmarks read off a replica."""
+        total = 0.0
+        pattern = rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$"
+        for found in re.finditer(pattern, self._metrics(name), re.M):
+            sample = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1) or ""))
+            if all(sample.get(k) == v for k, v in labels.items()):
+                total += float(found.group(2))
+        return total
+
+    def _metrics(self, name: str) -> str:
+        """/metrics, cut to the lines of `name` (it is large)."""
+        body = httpx.get(f"{self.url}/metrics", timeout=10).text
+        return "\n".join(line for line in body.splitlines() if line.startswith(name))
 
 
 @dataclass

@@ -149,7 +149,12 @@ def test_the_kubernetes_files_refer_to_each_other() -> None:
     assert switchboard["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert switchboard["livenessProbe"]["httpGet"]["path"] == "/health"
     drain = Settings.model_fields["drain_timeout_s"].default
-    assert server_pod["spec"]["terminationGracePeriodSeconds"] > drain
+    grace = Settings.model_fields["drain_grace_s"].default
+    sleep = switchboard["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep[0] == "sleep"
+    # preStop, then the drain (its grace is within it unless longer), then the engine.
+    ends = float(sleep[1]) + max(drain, grace)
+    assert server_pod["spec"]["terminationGracePeriodSeconds"] >= ends + 10
 
     services = {name: doc for (kind, name), doc in objects.items() if kind == "Service"}
     deployments = {name: doc for (kind, name), doc in objects.items() if kind == "Deployment"}
