@@ -4,10 +4,8 @@ on each replica's /metrics (the routers do not say where they sent a request).""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from app.fleet.fleet import Fleet
@@ -23,20 +21,8 @@ def fleet() -> Iterator[Fleet]:
         stop()
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    """The sum of `name`'s samples on the replica at `url` whose labels include `labels`."""
-    body = httpx.get(f"{url}/metrics", timeout=10).text
-    total = 0.0
-    for found in re.finditer(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$", body, re.M):
-        sample = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1) or ""))
-        if all(sample.get(k) == v for k, v in labels.items()):
-            total += float(found.group(2))
-    return total
-
-
 def admitted(fleet: Fleet, protocol: str) -> list[float]:
     """Each replica's count of admitted units of work of `protocol`."""
     return [
-        metric(r.url, "switchboard_admitted_total", protocol=protocol)
-        for r in fleet.members_replicas
+        r.metric("switchboard_admitted_total", protocol=protocol) for r in fleet.members_replicas
     ]
