@@ -173,24 +173,31 @@ async def named_events(
                 yield json.loads(line[6:])
 
 
-async def responses_stream(
-    http: aiohttp.ClientSession, body: dict[str, Any]
-) -> tuple[str, float, int]:
-    """POST a streamed Responses API request (`stream` is added): (output text, seconds to
-    its first text, output tokens from the terminal event's usage)."""
+async def response_read(events: AsyncIterator[dict[str, Any]]) -> tuple[str, float, int]:
+    """One response's events read up to its terminal one: (output text, seconds to its
+    first text, output tokens from the terminal event's usage)."""
     start = time.perf_counter()
-    ttft, pieces, tokens = 0.0, [], 0
-    headers = {"content-type": "application/json"}
-    async for event in named_events(http, "/v1/responses", {**body, "stream": True}, headers):
+    ttft, pieces = 0.0, []
+    async for event in events:
         kind = event["type"]
         if kind == "response.output_text.delta":
             ttft = ttft or time.perf_counter() - start
             pieces.append(event["delta"])
         elif kind in ("response.completed", "response.incomplete"):
-            tokens = event["response"]["usage"]["output_tokens"]
+            return "".join(pieces), ttft, event["response"]["usage"]["output_tokens"]
         elif kind in ("error", "response.failed"):
             raise RuntimeError(f"/v1/responses failed in its stream: {event}")
-    return "".join(pieces), ttft, tokens
+    raise RuntimeError("/v1/responses ended before its terminal event")
+
+
+async def responses_stream(
+    http: aiohttp.ClientSession, body: dict[str, Any]
+) -> tuple[str, float, int]:
+    """POST a streamed Responses API request (`stream` is added), read (`response_read`)."""
+    headers = {"content-type": "application/json"}
+    return await response_read(
+        named_events(http, "/v1/responses", {**body, "stream": True}, headers)
+    )
 
 
 def responses_sse(store: bool) -> Client:
@@ -209,6 +216,28 @@ def responses_sse(store: bool) -> Client:
         return Run(ttfts, outputs, tokens)
 
     return run
+
+
+async def responses_ws(server: Server, prompts: Sequence[Prompt], max_tokens: int) -> Run:
+    """The Responses API's websocket mode: one connection, a `response.create` per prompt
+    (greedy, `ignore_eos`, not stored), each read up to its terminal event."""
+    ttfts, outputs, tokens = [], [], 0
+    async with websockets.connect(f"{server.ws}/v1/responses", max_size=None) as ws:
+
+        async def frames() -> AsyncIterator[dict[str, Any]]:
+            while True:
+                yield json.loads(await ws.recv())
+
+        events = frames()  # one stream of frames, read a response at a time
+        for text, _ in prompts:
+            body = {"type": "response.create", "model": server.model, "input": text}
+            body |= {"temperature": 0, "store": False, "max_output_tokens": max_tokens}
+            await ws.send(json.dumps({**body, "ignore_eos": True}))
+            out, ttft, n = await response_read(events)
+            ttfts.append(ttft)
+            outputs.append(out)
+            tokens += n
+    return Run(ttfts, outputs, tokens)
 
 
 async def messages_sse(server: Server, prompts: Sequence[Prompt], max_tokens: int) -> Run:

@@ -1,6 +1,7 @@
 """The Responses API's streaming against chat streaming on one server, and against `vllm
-serve`'s Responses API in the same run. Goal (issue 21): Switchboard's Responses within 5%
-of its chat, and ahead of `vllm serve`'s Responses.
+serve`'s Responses API in the same run. Goal (issues 21 and 31): Switchboard's Responses
+within 5% of its chat's frontend CPU per token, over SSE and over its websocket mode, and
+ahead of `vllm serve`'s Responses.
 
 Workload: greedy, `ignore_eos`, one fixed ~64-token user message, `OUTPUT_TOKENS` output
 tokens per request (every request's count is checked from its usage), C clients at once
@@ -11,7 +12,9 @@ core at real-time priority that reads raw bytes, so it never shares the frontend
 row's output is checked once per server with bench/clients.py's parsing client. Rows per
 server: chat SSE, Responses SSE with `store: false`, and on Switchboard Responses SSE
 stored (OpenAI's default: one store write per response, to the SQLite file under a
-temporary directory). `vllm serve` runs with its store off (its default), so its
+temporary directory) and the Responses API's websocket mode (`store: false`, each client
+one websocket carrying its requests one after the other; `vllm serve` 0.32 has no
+websocket mode). `vllm serve` runs with its store off (its default), so its
 Responses row is unstored.
 
 Per row: output tok/s, TTFT p50 and the frontend's CPU per output token (the server
@@ -40,7 +43,7 @@ from typing import Any
 
 import harness
 import sse_load
-from clients import OUTPUT_TOKENS, PROMPT, Client, chat_sse, responses_sse
+from clients import OUTPUT_TOKENS, PROMPT, Client, chat_sse, responses_sse, responses_ws
 from harness import (
     Figures,
     Results,
@@ -57,6 +60,10 @@ def _chat(port: int, c: int, n: int) -> sse_load.Spec:
     return sse_load.chat(port, "tiny", PROMPT, OUTPUT_TOKENS, c, n)
 
 
+def _responses_ws(port: int, c: int, n: int) -> sse_load.Spec:
+    return sse_load.responses_ws(port, "tiny", PROMPT, OUTPUT_TOKENS, c, n)
+
+
 def _responses(store: bool) -> sse_load.Load:
     def load(port: int, c: int, n: int) -> sse_load.Spec:
         return sse_load.responses(port, "tiny", PROMPT, OUTPUT_TOKENS, c, n, store=store)
@@ -69,6 +76,7 @@ SWITCHBOARD: dict[str, tuple[Client, sse_load.Load]] = {
     "chat SSE": (chat_sse, _chat),
     "Responses SSE": (responses_sse(store=False), _responses(False)),
     "Responses SSE, stored": (responses_sse(store=True), _responses(True)),
+    "Responses WebSocket": (responses_ws, _responses_ws),
 }
 PEER = {name: SWITCHBOARD[name] for name in ("chat SSE", "Responses SSE")}
 ROWS = {"switchboard": SWITCHBOARD, "vllm serve": PEER}

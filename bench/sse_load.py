@@ -8,7 +8,10 @@ chat ratios swung 0.7x-1.3x from run to run). Here each of `clients` keep-alive 
 connections (uvloop, an `asyncio.Protocol`) sends its `requests` POSTs one after another
 and, per read, only counts bytes, keeps the stream's tail and looks for the end of the
 chunked body; nothing is parsed until the run is over. `vllm-rs bench serve` (the
-frontends bench) speaks only completions and chat; this speaks any SSE API.
+frontends bench) speaks only completions and chat; this speaks any SSE API, and the
+Responses API's websocket mode (`Spec.websocket`: each client upgrades once, then sends
+its requests as frames one after another, and only the frames' headers are read, to find
+the frame that ends each answer; no permessage-deflate is asked for).
 
 A stream is checked after the run: status 200, no error event in its tail, and the
 output-token count the API reports in its last events (`usage_key`: chat's
@@ -24,7 +27,9 @@ client on the same host would).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -52,6 +57,7 @@ class Spec:
     first_marker: str
     usage_key: str
     max_tokens: int  # every request must report this many output tokens
+    websocket: bool = False  # the body is a frame on a websocket opened at `path`
 
 
 class _Stream(asyncio.Protocol):
@@ -90,6 +96,107 @@ class _Stream(asyncio.Protocol):
         return self.ttft, self.head, self.tail
 
 
+# The first bytes of a frame that ends a response on the Responses API's websocket.
+_ENDS = tuple(
+    b'{"type":"' + kind + b'"'
+    for kind in (b"response.completed", b"response.incomplete", b"response.failed", b"error")
+)
+
+
+class _Socket(asyncio.Protocol):
+    """One websocket; `exchange` sends a frame and waits for the frame that ends its
+    answer. Frames are found by their headers (the server's are never masked) and only
+    the payload's first bytes are looked at; like `_Stream`, nothing else is parsed."""
+
+    def __init__(self, frame: bytes, marker: bytes) -> None:
+        self.frame, self.marker = frame, marker
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[None] | None = None
+        self.upgraded: asyncio.Future[None] | None = None
+        self.buffer = bytearray()
+        self.head, self.tail, self.start, self.ttft = b"", b"", 0.0, 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    async def upgrade(self, request: bytes) -> None:
+        assert self.transport is not None
+        self.upgraded = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        await self.upgraded
+
+    def data_received(self, data: bytes) -> None:
+        if self.upgraded is not None and not self.upgraded.done():
+            self.buffer += data
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.head = bytes(self.buffer[:16])
+            data = bytes(self.buffer[end + 4 :])
+            self.buffer.clear()
+            self.upgraded.set_result(None)
+        if not self.ttft and self.marker in data:
+            self.ttft = time.perf_counter() - self.start
+        self.tail = (self.tail + data)[-TAIL:]
+        buffer = self.buffer
+        buffer += data
+        while len(buffer) >= 2:
+            size, at = buffer[1] & 0x7F, 2
+            if size == 126:
+                size, at = int.from_bytes(buffer[2:4], "big"), 4
+            elif size == 127:
+                size, at = int.from_bytes(buffer[2:10], "big"), 10
+            if len(buffer) < at + size:
+                return
+            ends = bytes(buffer[at : at + 40]).startswith(_ENDS)
+            del buffer[: at + size]
+            if ends and self.done is not None and not self.done.done():
+                self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for waiting in (self.done, self.upgraded):
+            if waiting is not None and not waiting.done():
+                waiting.set_exception(ConnectionError(f"connection lost: {exc}"))
+
+    async def exchange(self) -> tuple[float, bytes, bytes]:
+        """(seconds to the first marker, the upgrade's status line, the answer's tail)"""
+        assert self.transport is not None
+        self.done = asyncio.get_running_loop().create_future()
+        self.tail, self.ttft = b"", 0.0
+        self.start = time.perf_counter()
+        self.transport.write(self.frame)
+        await self.done
+        return self.ttft, self.head, self.tail
+
+
+def _upgrade(spec: Spec) -> bytes:
+    key = base64.b64encode(os.urandom(16)).decode()
+    head = [
+        f"GET {spec.path} HTTP/1.1",
+        f"host: 127.0.0.1:{spec.port}",
+        "upgrade: websocket",
+        "connection: Upgrade",
+        f"sec-websocket-key: {key}",
+        "sec-websocket-version: 13",
+        *(f"{k}: {v}" for k, v in spec.headers.items()),
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode()
+
+
+def _text_frame(payload: bytes) -> bytes:
+    """One masked text frame (a client's must be)."""
+    mask = os.urandom(4)
+    size = len(payload)
+    if size < 126:
+        head = bytes([0x81, 0x80 | size])
+    elif size < 1 << 16:
+        head = bytes([0x81, 0x80 | 126]) + size.to_bytes(2, "big")
+    else:
+        head = bytes([0x81, 0x80 | 127]) + size.to_bytes(8, "big")
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return head + mask + masked
+
+
 def _request(spec: Spec) -> bytes:
     body = json.dumps(spec.body).encode()
     head = [
@@ -107,7 +214,8 @@ FAILED = (b'"type":"error"', b"response.failed", b'data: {"error"')  # Responses
 
 def _tokens(head: bytes, tail: bytes, usage_key: str) -> int:
     """A stream's output tokens, from its tail (raises on a failed stream)."""
-    if not head.startswith(b"HTTP/1.1 200") or any(sign in tail for sign in FAILED):
+    ok = head.startswith((b"HTTP/1.1 200", b"HTTP/1.1 101"))
+    if not ok or any(sign in tail for sign in FAILED):
         raise RuntimeError(f"a stream failed: {head!r} ... {tail[-600:]!r}")
     counts = re.findall(rb'"' + usage_key.encode() + rb'":\s*(\d+)', tail)
     if not counts:
@@ -118,9 +226,16 @@ def _tokens(head: bytes, tail: bytes, usage_key: str) -> int:
 async def _client(spec: Spec, request: bytes) -> list[tuple[float, int]]:
     loop = asyncio.get_running_loop()
     marker = spec.first_marker.encode()
-    _, stream = await loop.create_connection(
-        lambda: _Stream(request, marker), "127.0.0.1", spec.port
-    )
+    stream: _Stream | _Socket
+    if spec.websocket:
+        _, stream = await loop.create_connection(
+            lambda: _Socket(request, marker), "127.0.0.1", spec.port
+        )
+        await stream.upgrade(_upgrade(spec))
+    else:
+        _, stream = await loop.create_connection(
+            lambda: _Stream(request, marker), "127.0.0.1", spec.port
+        )
     runs = []
     for _ in range(spec.requests):
         ttft, head, tail = await stream.exchange()
@@ -131,7 +246,7 @@ async def _client(spec: Spec, request: bytes) -> list[tuple[float, int]]:
 
 
 async def _load(spec: Spec) -> dict[str, Any]:
-    request = _request(spec)
+    request = _text_frame(json.dumps(spec.body).encode()) if spec.websocket else _request(spec)
     start = time.perf_counter()
     runs = await asyncio.gather(*(_client(spec, request) for _ in range(spec.clients)))
     wall = time.perf_counter() - start
@@ -169,6 +284,15 @@ def responses(
     body |= {"max_output_tokens": max_tokens, "ignore_eos": True}
     marker = "output_text.delta"
     return Spec(port, "/v1/responses", body, {}, c, n, marker, "output_tokens", max_tokens)
+
+
+def responses_ws(port: int, model: str, prompt: str, max_tokens: int, c: int, n: int) -> Spec:
+    """The Responses API's websocket mode: a `response.create` frame per request, not
+    stored, each client on a websocket of its own."""
+    body = {"type": "response.create", "model": model, "input": prompt, "temperature": 0}
+    body |= {"store": False, "max_output_tokens": max_tokens, "ignore_eos": True}
+    marker = "output_text.delta"
+    return Spec(port, "/v1/responses", body, {}, c, n, marker, "output_tokens", max_tokens, True)
 
 
 def messages(port: int, model: str, prompt: str, max_tokens: int, c: int, n: int) -> Spec:
