@@ -77,9 +77,6 @@ class ConnectionResponses:
         if response_id is not None:
             self._kept.pop(response_id, None)
 
-    def __len__(self) -> int:
-        return len(self._kept)
-
 
 @dataclass
 class _Kept:

@@ -138,3 +138,30 @@ async def test_a_background_response_outlives_its_connection(live_server: LiveSe
     assert followed[-1]["type"] == "response.incomplete"
     text = "".join(e["delta"] for e in followed if e["type"] == "response.output_text.delta")
     assert text == ended["output"][0]["content"][0]["text"]
+
+
+async def test_a_cancel_right_after_create_wins(live_server: LiveServer) -> None:
+    """The issue's probe: create in the background, cancel at once, again and again (a run
+    cancelled before its task's first step used to leak its admission place and stay
+    `queued`): every cancel answers `cancelled`, the record says it and stays so, and
+    nothing is left in the engine or admission."""
+    body = {
+        "model": live_server.model,
+        "input": "a long story",
+        "max_output_tokens": 400,
+        "ignore_eos": True,
+        "background": True,
+    }
+    async with httpx.AsyncClient(base_url=live_server.base_url, timeout=120) as client:
+        ids = []
+        for _ in range(8):
+            created = (await client.post("/v1/responses", json=body)).json()
+            cancelled = (await client.post(f"/v1/responses/{created['id']}/cancel")).json()
+            assert cancelled["status"] == "cancelled", cancelled
+            ids.append(created["id"])
+        assert live_server.wait_idle() == 0
+        for response_id in ids:
+            stored = (await client.get(f"/v1/responses/{response_id}")).json()
+            assert stored["status"] == "cancelled"
+            assert stored["usage"]["output_tokens"] < 400
+    assert live_server.app.state.admission.in_flight == 0

@@ -155,14 +155,22 @@ async def test_a_cancel_while_it_runs(tmp_path: Path) -> None:
     await responses.close()
 
 
+async def _last_write_held(
+    tmp_path: Path,
+) -> tuple[Responses, GatedStore, Admission, dict[str, Any]]:
+    """A short run whose engine has finished and whose last write the store holds."""
+    admission = Admission(None, None)
+    store = GatedStore(tmp_path / "r.sqlite3")
+    responses = Responses(FakeEngine(), admission, store, None)
+    queued = await _started(responses, max_tokens=4)
+    await asyncio.wait_for(store.holding.wait(), 5)
+    return responses, store, admission, queued
+
+
 async def test_a_cancel_here_while_the_last_record_is_written_answers_that_end(
     tmp_path: Path,
 ) -> None:
-    engine, admission = FakeEngine(), Admission(None, None)
-    store = GatedStore(tmp_path / "r.sqlite3")
-    responses = Responses(engine, admission, store, None)
-    queued = await _started(responses, max_tokens=4)
-    await asyncio.wait_for(store.holding.wait(), 5)  # the engine is done; the end is decided
+    responses, store, admission, queued = await _last_write_held(tmp_path)
     cancel = asyncio.create_task(responses.runs.cancel(queued["id"]))
     await asyncio.sleep(0.05)
     assert not cancel.done()  # it waits for the write
@@ -177,12 +185,8 @@ async def test_a_cancel_here_while_the_last_record_is_written_answers_that_end(
 async def test_another_replicas_cancel_raised_before_the_last_write_wins_it(
     tmp_path: Path,
 ) -> None:
-    engine, admission = FakeEngine(), Admission(None, None)
-    store = GatedStore(tmp_path / "r.sqlite3")
-    responses = Responses(engine, admission, store, None)
-    queued = await _started(responses, max_tokens=4)
+    responses, store, admission, queued = await _last_write_held(tmp_path)
     follower = asyncio.create_task(_follow(responses, queued["id"]))
-    await asyncio.wait_for(store.holding.wait(), 5)
     await store.request_cancel(queued["id"])  # as another replica does
     store.gate.set()
     events = await asyncio.wait_for(follower, 5)

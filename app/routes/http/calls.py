@@ -62,7 +62,7 @@ async def answer_call(
         done = call.core.ends_with_done
 
         async def produce(write: Callable[[bytes], None]) -> None:
-            await stream_call(engine, call, lambda events: write(encoded(events)), hooks)
+            await stream_call(engine, call, lambda events: write(_encoded(events)), hooks)
             if done:
                 write(DONE)
 
@@ -85,6 +85,6 @@ async def collect_answer(
         call.tickets.release()
 
 
-def encoded(events: list[Event]) -> bytes:
+def _encoded(events: list[Event]) -> bytes:
     """Events as SSE, in one chunk."""
     return b"".join(sse(body, name) for name, body in events)
