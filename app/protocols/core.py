@@ -1,10 +1,11 @@
-"""`Core`: what one client call of an HTTP API is, to the transport that serves it.
+"""`Core`: what one client call of a call-shaped API is, to the road that runs it.
 
 Every API that runs engine requests for one call and answers in one body or one stream
 (OpenAI Completions, Chat Completions, Responses, Anthropic Messages) is a core built
-from the client's body, sans-IO: the transport (`app.routes.http.calls`) admits the call,
-builds its core off the event loop, runs `requests` on the engine (merged into one
-stream of `(index, TokenEvent)`), and asks the core what to send:
+from the client's body, sans-IO: the shared road (`app.sessions.calls`) admits the call,
+builds its core off the event loop, runs `requests` on the engine (each event handed to
+the core with its request's index), and asks the core what to send, which the transport
+encodes (SSE, `app.routes.http.calls`; JSON frames, the Responses websocket):
 
 - streamed: `opening()` before any engine event, `events(index, event)` for each one,
   `closing()` once every request has ended; `failure(error)` in place of what is left
@@ -13,7 +14,8 @@ stream of `(index, TokenEvent)`), and asks the core what to send:
 - not streamed: `feed(index, event)` for each event, then `result()`, the body.
 
 Each streamed event is `(name, body)`: `name` is the SSE event's name (None: a bare
-`data:` event, as OpenAI's Chat and Completions stream), `body` its JSON.
+`data:` event, as OpenAI's Chat and Completions stream), `body` its JSON (a websocket
+frame's whole).
 
 Invariants: a core raises `app.errors` classes for the client's mistakes while it is
 built (before anything runs) and never after; what it is fed is the engine's events in

@@ -223,7 +223,6 @@ class _Thinker:
 
 def test_reasoning_is_a_thinking_block(info: Any) -> None:
     core = _core(info)
-    core._parsed = True
     core._output = replace(core._output, parser=_Thinker())
     stream = _stream(core, _events(["I think", " hard|", "Hi", " there"]))
     whole_core = _core(info)
@@ -476,7 +475,6 @@ def test_tool_call_deltas_open_one_block_per_call(info: Any) -> None:
     """A call's last piece handed on after the next call's first, in one delta, still
     lands in its own block."""
     core = _core(info)
-    core._parsed = True
 
     class Script:
         def __init__(self) -> None:

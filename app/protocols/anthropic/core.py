@@ -12,9 +12,10 @@ A stream, as the anthropic SDK's accumulator and Claude Code read it:
     message_delta        (stop_reason, stop_sequence; usage, cumulative)
     message_stop
 
-Blocks open and close as the output's kind changes: text, each tool call (its id and
-name open it; its argument fragments are its `input_json_delta`s, which join into its
-input), and thinking (a reasoning parser's). `message_start` waits for the engine's first
+Blocks open and close as the output's kind changes (`app.protocols.conversation.blocks`,
+as the Responses API's items do): text, each tool call (its id and name open it; its
+argument fragments are its `input_json_delta`s, which join into its input), and thinking
+(a reasoning parser's). `message_start` waits for the engine's first
 event, which says how much of the prompt the prefix cache held; a failure after the
 first byte is an `error` event, which ends the stream. An answer with no content has one
 empty text block, streamed or not, so `content[0]` always exists.
@@ -84,7 +85,6 @@ class MessagesCore(OutputBlocks):
         self.requests: tuple[GenerationRequest, ...] = plan.requests
         self._id = message_id
         self._model = served.name
-        self._parsed = plan.new_parser is not None
         self._output = ChoiceOutput(plan.new_parser() if plan.new_parser is not None else None)
         self._accounting = Accounting([0])
 
@@ -172,11 +172,7 @@ class MessagesCore(OutputBlocks):
                 )
             )
             out.append(_PING)
-        if not self._parsed:  # the common case: the text is the answer
-            if event.text:
-                self.write_text(event.text, event, out)
-            return out
-        self.write_delta(self._output.delta(event), event, out)
+        self.write_output(self._output, event, out)
         return out
 
     def closing(self) -> list[Event]:

@@ -14,7 +14,7 @@ its own events (`opened`, `grew_*`, `closed`), appending them to the list it is 
 order they opened (Responses' `output_index`, Messages' `index`).
 
 The per-token path is a kind comparison and one call into the core; nothing is built
-here.
+here (`write_output` hands an answer no parser reads straight on as text).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Literal
 
 from app.engine.base import TokenEvent
 from app.engine.tools import ToolCallDelta
-from app.protocols.conversation.output import OutputDelta
+from app.protocols.conversation.output import ChoiceOutput, OutputDelta
 from app.protocols.core import Event
 
 Kind = Literal["reasoning", "text", "call"]
@@ -36,6 +36,15 @@ class OutputBlocks(ABC):
         self.open_index = -1
         self.blocks = 0  # opened so far
         self._open_call = -1  # the open call's index among the parser's calls
+
+    def write_output(self, output: ChoiceOutput, event: TokenEvent, out: list[Event]) -> None:
+        """`event`'s output, read by `output`'s parser (none: the text is the answer, the
+        common case, which builds nothing on its way)."""
+        if output.parser is None:
+            if event.text:
+                self.write_text(event.text, event, out)
+            return
+        self.write_delta(output.delta(event), event, out)
 
     def write_delta(self, delta: OutputDelta, event: TokenEvent, out: list[Event]) -> None:
         """Every step `delta` (of `event`) makes, written to `out`."""

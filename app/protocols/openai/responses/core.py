@@ -2,7 +2,8 @@
 engine request), and the engine's events encoded as the Responses API's output items, a
 response object and, streamed, its events.
 
-Streamed, the output is read as it comes (`ChoiceOutput.delta`): visible text opens a
+Streamed, the output is read as it comes (`ChoiceOutput.delta`) and cut into items as
+Messages cuts it into blocks (`app.protocols.conversation.blocks`): visible text opens a
 `message` item, a tool call's first piece closes whatever is open and opens a
 `function_call` item, reasoning (from a reasoning parser) a `reasoning` item; each item
 is announced (`response.output_item.added`, `response.content_part.added`), grows by
@@ -270,7 +271,7 @@ class ResponsesCore(OutputBlocks):
     def events(self, index: int, event: TokenEvent) -> list[Event]:
         self._accounting.account(index, event)
         out: list[Event] = []
-        self.write_delta(self._output.delta(event), event, out)
+        self.write_output(self._output, event, out)
         return out
 
     def settle(self) -> list[Event]:
