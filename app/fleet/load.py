@@ -52,9 +52,6 @@ class SteadyLoad:
             self._thread.join(self.timeout_s + 10)
         return self.outcomes
 
-    def failures(self, since: float = 0.0, until: float = float("inf")) -> list[Outcome]:
-        return [o for o in self.outcomes if o.error and since <= o.started <= until]
-
     async def _run(self) -> None:
         limits = httpx.Limits(max_connections=self.streams * 2)
         async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:

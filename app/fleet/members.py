@@ -186,7 +186,9 @@ class Replica(Member):
         kv_events = {
             "enable_kv_cache_events": True,
             "publisher": "zmq",
-            "endpoint": f"tcp://127.0.0.1:{self.kv_events_port}",
+            # vLLM's publisher binds only a wildcard endpoint (a named host, it connects
+            # to): on every interface, as on a GPU host whose router is elsewhere.
+            "endpoint": f"tcp://*:{self.kv_events_port}",
         }
         args = [
             sys.executable, "-m", "app.cli", "serve",

@@ -1,0 +1,143 @@
+"""A rolling restart and a replica's death under a steady streaming load through vLLM's
+router, on the suite's fleet (two replicas, one Redis, the router probing /ready every
+second): what the clients and the fleet's state see.
+
+Once, for the module (`rolled`): stored responses and a Salience session are made; then,
+under the load (`app.fleet.load.SteadyLoad`: three clients streaming short chats one
+after the other), each replica in turn is sent SIGTERM (to its process group, as systemd
+or Ctrl-C would), drains, starts again on its ports, and is waited for until the router
+sends it work again; then replica 0's whole process group is killed (SIGKILL: its machine
+died), replica 1 carries on alone, and replica 0 starts again and rejoins.
+
+How these fail: a request of the load fails during the roll (a replica closed its port
+while the router still sent to it, or cut a stream); a request that started after the
+death, or was not running on the dead replica, fails; a request hangs; a stored response
+or the Salience session is lost with a replica; a restarted replica never gets work again
+(a router's circuit breaker holding it out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+
+from app.fleet.fleet import Fleet
+from app.fleet.load import SteadyLoad
+from app.fleet.members import Replica
+from tests.conftest import LIVE_MODEL
+from tests.fleet_setup import PROBE
+from tests.salience_client import ENDLESS, JsonClient, decoded, open_session
+
+pytestmark = pytest.mark.e2e
+
+STREAMS = 3
+STORED = 6
+# A restarted replica is back in the router's rotation within its probes' successes
+# once ready; what a circuit breaker opened by its death would hold it out for is 60 s.
+REJOIN_S = 30.0
+
+
+def _serving(replica: Replica, timeout_s: float) -> float:
+    """Seconds until `replica` is given work (its count of finished requests grows)."""
+    started = time.monotonic()
+    before = replica.metric("vllm:request_success_total")
+    while replica.metric("vllm:request_success_total") == before:
+        assert time.monotonic() - started < timeout_s, f"{replica.name} got no work"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+async def _salience_session(replica: Replica) -> tuple[str, list[int]]:
+    async with websockets.connect(replica.url.replace("http", "ws") + "/salience/ws") as ws:
+        client = JsonClient(ws)
+        session = await open_session(client, LIVE_MODEL)
+        events = await client.generate(
+            {"sessionId": session, "appendTokens": ENDLESS, "maxTokens": 4, "topK": 1}
+        )
+    return session, ENDLESS + decoded(events)
+
+
+async def _dump(replica: Replica, session: str) -> dict[str, Any]:
+    async with websockets.connect(replica.url.replace("http", "ws") + "/salience/ws") as ws:
+        return await JsonClient(ws).call("DumpSession", {"sessionId": session})
+
+
+@pytest.fixture(scope="module")
+def rolled(fleet: Fleet) -> dict[str, Any]:
+    url = fleet.router("vllm-router").url
+    seen: dict[str, Any] = {}
+    stored = []
+    for i in range(STORED):
+        body = {"model": LIVE_MODEL, "input": f"keep {i}", "max_output_tokens": 2}
+        answer = httpx.post(f"{url}/v1/responses", json=body, timeout=60)
+        stored.append(answer.json()["id"])
+    session, tokens = asyncio.run(_salience_session(fleet.replica(0)))
+
+    load = SteadyLoad(url, LIVE_MODEL, streams=STREAMS)
+    load.start()
+    try:
+        time.sleep(2)  # the load under way on both replicas
+        seen["roll_started"] = time.monotonic()
+        seen["rejoined_s"], seen["restart_s"] = [], []
+        for i, replica in enumerate(fleet.members_replicas):
+            restarting = time.monotonic()
+            fleet.restart(i, group=True)
+            seen["restart_s"].append(time.monotonic() - restarting)
+            seen["rejoined_s"].append(_serving(replica, REJOIN_S))
+        seen["roll_ended"] = time.monotonic()
+        dead = fleet.replica(0)
+        seen["killed_at"] = time.monotonic()
+        dead.kill()
+        time.sleep(PROBE.out_within_s + 2)  # replica 1 alone, past the router's probes
+        seen["alone_until"] = time.monotonic()
+        seen["stored"] = [
+            httpx.get(f"{url}/v1/responses/{id_}", timeout=30).status_code for id_ in stored
+        ]
+        seen["session"] = asyncio.run(_dump(fleet.replica(1), session))
+        fleet.restart(0)
+        seen["rejoined_after_death_s"] = _serving(dead, REJOIN_S)
+    finally:
+        seen["outcomes"] = load.stop()
+    seen["load"] = load
+    seen["tokens"] = tokens
+    return seen
+
+
+def test_a_rolling_restart_fails_no_request(rolled: dict[str, Any]) -> None:
+    load: SteadyLoad = rolled["load"]
+    began, killed = rolled["roll_started"], rolled["killed_at"]
+    during = [o for o in load.outcomes if began <= o.started and o.ended < killed]
+    assert len(during) > 20, len(during)  # the load ran through the roll
+    assert [o for o in during if o.error] == []
+
+
+def test_a_restarted_replica_gets_work_again(rolled: dict[str, Any]) -> None:
+    assert len(rolled["rejoined_s"]) == 2  # each within REJOIN_S (else the roll failed)
+    assert rolled["rejoined_after_death_s"] <= REJOIN_S
+
+
+def test_a_death_ends_only_the_streams_the_dead_replica_held(rolled: dict[str, Any]) -> None:
+    """At most one request per client fails, each one running when the replica died; every
+    request started after the death succeeds (the router retries a connection refused
+    on the survivor until its probes take the dead one out); none hangs."""
+    load: SteadyLoad = rolled["load"]
+    killed = rolled["killed_at"]
+    failed = [o for o in load.outcomes if o.error and o.ended >= killed]
+    assert len(failed) <= STREAMS, failed
+    for outcome in failed:
+        assert outcome.started <= killed <= outcome.ended, outcome
+    assert not any("Timeout" in (o.error or "") for o in load.outcomes)
+    after = [o for o in load.outcomes if killed < o.started <= rolled["alone_until"]]
+    assert after and not any(o.error for o in after)
+
+
+def test_a_death_loses_no_stored_response_or_session(rolled: dict[str, Any]) -> None:
+    assert rolled["stored"] == [200] * STORED
+    dumped = rolled["session"]
+    assert "error" not in dumped, dumped
+    assert dumped["response"]["tokens"] == rolled["tokens"]
