@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SWITCHBOARD_TEST_CACHE", ROOT / ".cache"))
 os.environ["SWITCHBOARD_GRPC_PORT"] = "0"  # tests that serve gRPC pass a port
 # A drain returns once its work is done, not after a router's probe interval: the tests
-# of the grace period (tests/e2e/test_drain.py, the fleet's) set one.
+# of the grace period (the fleet's replicas: tests/fleet_setup.py) set one.
 os.environ["SWITCHBOARD_DRAIN_GRACE_S"] = "0"
 # Stored responses go to a file of this run, not to the user's state directory.
 os.environ["SWITCHBOARD_RESPONSES_STORE"] = str(

@@ -96,12 +96,12 @@ def stop() -> None:
 
 
 # The fleet's test modules, in the order they run: those that need every replica as it
-# started first; then the drain (replica 0), the rolling restart and the failover.
+# started first; then the rolling restart and the death; then replica 0's drain.
 MODULES = [
     "test_openai_through_router",
     "test_smg",
     "test_sessions",
     "test_kv_aware",
-    "test_drain",
     "test_rolling_restart",
+    "test_drain",  # replica 0, for good
 ]

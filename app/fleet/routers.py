@@ -84,7 +84,7 @@ def vllm_router_argv(
         "--port", str(port),
         "--worker-urls", *(r.url for r in replicas),
         "--policy", policy,
-        *_probe_flags(probe),
+        *probe_flags(probe),
         "--prometheus-port", str(free_port()),
         "--log-level", "warning",
     ]  # fmt: skip
@@ -103,20 +103,43 @@ def smg_argv(replicas: list[Replica], policy: str, port: int, probe: Probe) -> l
         "--port", str(port),
         "--worker-urls", *(r.url for r in replicas),
         "--policy", policy,
-        *_probe_flags(probe),
+        *probe_flags(probe),
         "--prometheus-port", str(free_port()),
         "--log-level", "warn",
     ]  # fmt: skip
 
 
-def _probe_flags(probe: Probe) -> list[str]:
+def probe_flags(probe: Probe) -> list[str]:
+    """The probes, and what the router does with a request a replica refused (a draining
+    one's 503) or could not take (a dead one's closed port): try again, on whichever
+    replica the policy picks, for longer than the probes take to put the replica out
+    (both routers' 5 attempts over 0.4 s failed a request whose every attempt landed on a
+    draining replica, once in a roll, measured). Their circuit breakers are off: opened
+    by the same few seconds of failures, they held a replica out for 60 s whatever its
+    probes said once it was back, where the probes alone already take a failing replica
+    out (a dead engine answers /ready 503 too)."""
+    attempts, waited, wait = 1, 0.0, _RETRY_FIRST_S
+    while waited * (1 - _RETRY_JITTER) < probe.out_within_s:
+        attempts, waited, wait = attempts + 1, waited + wait, min(wait * 1.5, _RETRY_MAX_S)
     return [
         "--health-check-endpoint", "/ready",
         "--health-check-interval-secs", str(probe.interval_s),
         "--health-failure-threshold", str(probe.failures),
         "--health-success-threshold", str(probe.successes),
         "--health-check-timeout-secs", str(probe.timeout_s),
+        "--retry-max-retries", str(attempts),
+        "--retry-initial-backoff-ms", str(int(_RETRY_FIRST_S * 1000)),
+        "--retry-max-backoff-ms", str(int(_RETRY_MAX_S * 1000)),
+        "--retry-backoff-multiplier", "1.5",
+        "--disable-circuit-breaker",
     ]  # fmt: skip
+
+
+# A retry's first wait and its longest (both routers wait 1.5x longer each time, give or
+# take their default jitter of a fifth).
+_RETRY_FIRST_S = 0.2
+_RETRY_MAX_S = 1.0
+_RETRY_JITTER = 0.2
 
 
 def nginx_conf(replicas: list[Replica], port: int, grpc_port: int, workdir: Path) -> str:

@@ -1,14 +1,16 @@
-"""SIGTERM during streams on every protocol, against a real `switchboard serve` process.
+"""SIGTERM during streams on every protocol, against a real `switchboard serve` process:
+the fleet's replica 0 (tests/fleet_setup.py: the tiny model at an 8k context, no
+`VLLM_CPU_KVCACHE_SPACE` in its environment, so it also proves that serve starts on a CPU
+host on a page cache the suite has filled; a 4 s drain; a grace past it), drained last
+of the fleet's tests.
 
 The signal goes to the server's whole process group, as a terminal's Ctrl-C or systemd's
 stop sends it: vLLM's engine core and worker get it too, and must live on under the drain
 (app/engine/vllm/hold.py), so every ending below is the drain's, never "The engine is not
 running".
 
-ONE subprocess server (the tiny model at an 8k context, no `VLLM_CPU_KVCACHE_SPACE` in its
-environment, so it also proves that serve starts on a CPU host right after the suite has
-filled the page cache) is drained once, by the module's `drained` fixture; each test then
-checks one part of what the clients saw:
+The replica is drained once, by the module's `drained` fixture; each test then checks one
+part of what the clients saw:
 
 - before SIGTERM: idle websocket sessions; then, all started at once, long streams on
   every protocol (16 choices x 8,000 tokens under `ignore_eos`: a minute and more, far
@@ -40,10 +42,8 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,28 +54,28 @@ import pytest
 import websockets
 from google.protobuf import json_format, struct_pb2
 
+from app.fleet.fleet import Fleet
 from schemas import evergreen_service_pb2 as service_pb
 from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as salience_pb
 from schemas import salience_pb2_grpc as salience_grpc
-from tests.conftest import ROOT, free_port, tiny_model_path
 from tests.evergreen_client import outcome as evergreen_outcome
 from tests.evergreen_frames import turn
+from tests.fleet_setup import DRAIN_TIMEOUT_S, GRACE_S
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
 from tests.grpc_retry import retry_after_s
 from tests.salience_client import JsonClient, gen, open_session
 
 pytestmark = pytest.mark.e2e
 
-# The window in which the probes after SIGTERM must be answered and the short stream end,
-# and which the long work must outlast. Measured on 2 cores: the probes took 0.1 s (up to
-# 1.3 s with others' engines and 3 busy processes beside the server), the short stream
-# ended 0.7-1.5 s after SIGTERM, the long work had run 5-30% of LONG when cut.
-DRAIN_TIMEOUT_S = 4.0
-# How long the listener stays open after SIGTERM at least: past the drain's end, so that
+# DRAIN_TIMEOUT_S (the replicas' --drain-timeout-s) is the window in which the probes
+# after SIGTERM must be answered and the short stream end, and which the long work must
+# outlast. Measured on 2 cores: the probes took 0.1 s (up to 1.3 s with others' engines
+# and 3 busy processes beside the server), the short stream ended 0.7-1.5 s after
+# SIGTERM, the long work had run 5-30% of LONG when cut. GRACE_S (--drain-grace-s) is
+# how long the listener stays open after SIGTERM at least: past the drain's end, so that
 # the grace, not the drain, decides when it closes. How long after that it closes is not
 # asserted; a poll of /ready every POLL_S tells when it did, to within a poll.
-GRACE_S = DRAIN_TIMEOUT_S + 4
 POLL_S = 0.1
 # What exiting may take past the drain timeout: the cut streams' last words, goodbyes,
 # uvicorn's shutdown and vLLM stopping its engine core (it waits up to 5 s for workers).
@@ -86,8 +86,7 @@ EXIT_TIMEOUT_S = 120.0
 # sequence (about 100 s for 18 of them, measured), so that no drain can see it end by
 # itself, however slowly the test sets it up, while few sequences keep the server's
 # frontend (and so the probes after SIGTERM) light.
-CONTEXT = 8192
-LONG = 8000  # tokens: the context, less the prompt
+LONG = 8000  # tokens: CONTEXT, less the prompt
 SHORT = 100  # tokens: a stream still running at SIGTERM that ends within the drain
 WIDE = 16  # choices (and GraphPipe rows) of the long requests
 
@@ -103,55 +102,11 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
-    port, grpc_port = free_port(), free_port()
-    log = tmp_path_factory.mktemp("drain") / "serve.log"
-    command = [
-        sys.executable,
-        "-m",
-        "app.cli",
-        "serve",
-        "--model",
-        str(tiny_model_path(CONTEXT)),
-        "--served-model-name",
-        "tiny",
-        "--port",
-        str(port),
-        "--drain-timeout-s",
-        str(DRAIN_TIMEOUT_S),
-        "--drain-grace-s",
-        str(GRACE_S),
-        "--grpc-port",
-        str(grpc_port),
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        str(CONTEXT),
-    ]
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    live = Server(process, port, grpc_port, log)
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert process.poll() is None, f"serve exited: {log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "serve did not become ready in 600 s"
-            try:
-                if httpx.get(f"{live.base_url}/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        warm = {"model": "tiny", "prompt": "warm up", "max_tokens": 2}
-        httpx.post(f"{live.base_url}/v1/completions", json=warm, timeout=300).raise_for_status()
-        yield live
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(30)
+def server(fleet: Fleet) -> Server:
+    """The fleet's replica 0, the last of its tests: drained here, it does not come back."""
+    replica = fleet.replica(0)
+    assert replica.process is not None and replica.ready()
+    return Server(replica.process, replica.port, replica.grpc_port, replica.log)
 
 
 async def _sse(

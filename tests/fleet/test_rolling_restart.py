@@ -37,6 +37,7 @@ pytestmark = pytest.mark.e2e
 
 STREAMS = 3
 STORED = 6
+DEAD = 1  # the replica killed (replica 0 is drained for good by test_drain.py, next)
 # A restarted replica is back in the router's rotation within its probes' successes
 # once ready; what a circuit breaker opened by its death would hold it out for is 60 s.
 REJOIN_S = 30.0
@@ -76,7 +77,7 @@ def rolled(fleet: Fleet) -> dict[str, Any]:
         body = {"model": LIVE_MODEL, "input": f"keep {i}", "max_output_tokens": 2}
         answer = httpx.post(f"{url}/v1/responses", json=body, timeout=60)
         stored.append(answer.json()["id"])
-    session, tokens = asyncio.run(_salience_session(fleet.replica(0)))
+    session, tokens = asyncio.run(_salience_session(fleet.replica(DEAD)))
 
     load = SteadyLoad(url, LIVE_MODEL, streams=STREAMS)
     load.start()
@@ -90,16 +91,16 @@ def rolled(fleet: Fleet) -> dict[str, Any]:
             seen["restart_s"].append(time.monotonic() - restarting)
             seen["rejoined_s"].append(_serving(replica, REJOIN_S))
         seen["roll_ended"] = time.monotonic()
-        dead = fleet.replica(0)
+        dead = fleet.replica(DEAD)
         seen["killed_at"] = time.monotonic()
         dead.kill()
-        time.sleep(PROBE.out_within_s + 2)  # replica 1 alone, past the router's probes
+        time.sleep(PROBE.out_within_s + 2)  # the survivor alone, past the router's probes
         seen["alone_until"] = time.monotonic()
         seen["stored"] = [
             httpx.get(f"{url}/v1/responses/{id_}", timeout=30).status_code for id_ in stored
         ]
-        seen["session"] = asyncio.run(_dump(fleet.replica(1), session))
-        fleet.restart(0)
+        seen["session"] = asyncio.run(_dump(fleet.replica(1 - DEAD), session))
+        fleet.restart(DEAD)
         seen["rejoined_after_death_s"] = _serving(dead, REJOIN_S)
     finally:
         seen["outcomes"] = load.stop()

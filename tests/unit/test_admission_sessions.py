@@ -2,7 +2,7 @@
 Generate refused with an UNAVAILABLE error frame (the socket and the session untouched),
 an Evergreen GENERATE refused with ABORT UNAVAILABLE, and the drain's goodbye on both
 (and its refusal of new sessions). Real vLLM and a real server: tests/e2e/test_overload.py
-and tests/e2e/test_drain.py."""
+and tests/fleet/test_drain.py."""
 
 from __future__ import annotations
 

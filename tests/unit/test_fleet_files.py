@@ -13,7 +13,14 @@ import yaml
 
 from app.engine.vllm import hold
 from app.fleet.members import Replica
-from app.fleet.routers import KvIdentity, Probe, nginx_conf, smg_argv, vllm_router_argv
+from app.fleet.routers import (
+    KvIdentity,
+    Probe,
+    nginx_conf,
+    probe_flags,
+    smg_argv,
+    vllm_router_argv,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = ROOT / "deploy" / "fleet"
@@ -72,13 +79,7 @@ def test_the_compose_router_is_the_fleets(tmp_path: Path) -> None:
     replicas = sorted(name for name in services if name.startswith("replica-"))
     flags = _flags(services["router"]["command"])
     ours = _flags(vllm_router_argv(_replicas(tmp_path), "kv_aware", 8000, Probe()))
-    for flag in (
-        "--health-check-endpoint",
-        "--health-check-interval-secs",
-        "--health-failure-threshold",
-        "--health-success-threshold",
-        "--health-check-timeout-secs",
-    ):
+    for flag in _flags(probe_flags(Probe())):  # probes, retries, breaker
         assert flags[flag] == ours[flag], flag
     assert flags["--worker-urls"] == [f"http://{name}:8000" for name in replicas]
     assert flags["--kv-event-source"] == [
