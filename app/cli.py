@@ -234,7 +234,7 @@ def _run_fleet(argv: list[str]) -> None:
     fleet = Fleet(
         workdir=args.workdir.resolve(),
         serve_args=serve_args,
-        replicas=args.replicas,
+        count=args.replicas,
         routers={"router": RouterSpec(args.router, args.policy, args.router_port)},
         nginx=not args.no_proxy,
         nginx_ports=(args.proxy_port, args.proxy_grpc_port),

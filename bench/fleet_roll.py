@@ -92,7 +92,7 @@ def measure(router: RouterSpec) -> Callable[[Round, Path], Figures]:
                 time.sleep(QUIET_S)
                 marks["roll"] = time.monotonic()
                 restarts = []
-                for i, replica in enumerate(fleet.members_replicas):
+                for i, replica in enumerate(fleet.replicas):
                     began = time.monotonic()
                     fleet.restart(i, group=True)
                     restarts.append(time.monotonic() - began)

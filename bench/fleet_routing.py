@@ -153,7 +153,7 @@ def _counters(fleet: Fleet) -> list[dict[str, float]]:
             "queries": r.metric("vllm:prefix_cache_queries_total"),
             "requests": r.metric("vllm:request_success_total"),
         }
-        for r in fleet.members_replicas
+        for r in fleet.replicas
     ]
 
 
@@ -172,13 +172,13 @@ def measure(replicas: int, router: RouterSpec) -> Callable[[Round, Path], Figure
             "--log-level", "warning",
         ]  # fmt: skip
         fleet = Fleet(
-            workdir, serve, replicas=replicas, routers={"router": router}, shared_store=False
+            workdir, serve, count=replicas, routers={"router": router}, shared_store=False
         )
         with running(fleet):
             url = fleet.router().url
             # Warm each engine (its first batch is slow) with prompts no conversation shares.
             warm = {"model": "tiny", "prompt": "warm", "max_tokens": 2}
-            for replica in fleet.members_replicas:
+            for replica in fleet.replicas:
                 httpx.post(f"{replica.url}/v1/completions", json=warm, timeout=300)
             before = _counters(fleet)
             ttfts = asyncio.run(_workload(url, round_.seed()))

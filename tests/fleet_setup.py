@@ -64,7 +64,7 @@ def launch() -> Fleet:
         _fleet = Fleet(
             workdir=workdir,
             serve_args=_serve_args(),
-            replicas=2,
+            count=2,
             routers={
                 "vllm-router": RouterSpec(VLLM_ROUTER, "round_robin"),
                 "smg": RouterSpec(SMG, "round_robin"),

@@ -48,7 +48,7 @@ class Fleet:
 
     workdir: Path
     serve_args: list[str]
-    replicas: int = 2
+    count: int = 2  # replicas
     routers: dict[str, RouterSpec] = field(default_factory=lambda: {"router": RouterSpec()})
     nginx: bool = False
     nginx_ports: tuple[int, int] | None = None  # HTTP and gRPC; free ones if None
@@ -71,7 +71,7 @@ class Fleet:
         if grace is None:
             grace = self.probe.out_within_s + self.probe.interval_s
         drain = ["--drain-timeout-s", str(self.drain_timeout_s)]
-        self.members_replicas = [
+        self.replicas = [
             Replica(
                 f"replica-{i}",
                 self.workdir,
@@ -81,13 +81,11 @@ class Fleet:
                 drain_grace_s=grace,
                 env=self.replica_env,
             )
-            for i in range(self.replicas)
+            for i in range(self.count)
         ]
         self.fronts: dict[str, Member] = {}
         for name, spec in self.routers.items():
-            router = Router(name, self.workdir)
-            router.port = spec.port or router.port
-            self.fronts[name] = router
+            self._new_router(name, spec)
         if self.nginx:
             nginx = Nginx("nginx", self.workdir)
             if self.nginx_ports is not None:
@@ -109,7 +107,7 @@ class Fleet:
         return front
 
     def replica(self, i: int) -> Replica:
-        return self.members_replicas[i]
+        return self.replicas[i]
 
     # -- life ------------------------------------------------------------------------
 
@@ -122,34 +120,35 @@ class Fleet:
         if self.redis is not None:
             self.redis.start()
             self.redis.wait_ready()
-        for replica in self.members_replicas:
+        for replica in self.replicas:
             replica.start()
 
     def start(self) -> None:
         """`launch`, the replicas ready, then the fronts, each ready."""
         self.launch()
-        for replica in self.members_replicas:
+        for replica in self.replicas:
             replica.wait_ready()
         for name, spec in self.routers.items():
             self._start_router(name, spec)
         if self.nginx:
-            temp = self.workdir / "temp"
-            temp.mkdir(parents=True, exist_ok=True)
-            self.proxy.conf = nginx_conf(
-                self.members_replicas, self.proxy.port, self.proxy.grpc_port, self.workdir
-            )
-            self.proxy.start()
+            proxy = self.proxy
+            proxy.conf = nginx_conf(self.replicas, proxy.port, proxy.grpc_port, self.workdir)
+            proxy.start()
         for front in self.fronts.values():
             front.wait_ready(START_TIMEOUT_S)
 
     def add_router(self, name: str, spec: RouterSpec) -> Router:
         """Another router in front of the running fleet, ready when it returns."""
         self.routers[name] = spec
+        router = self._new_router(name, spec)
+        self._start_router(name, spec)
+        router.wait_ready(START_TIMEOUT_S)
+        return router
+
+    def _new_router(self, name: str, spec: RouterSpec) -> Router:
         router = Router(name, self.workdir)
         router.port = spec.port or router.port
         self.fronts[name] = router
-        self._start_router(name, spec)
-        router.wait_ready(START_TIMEOUT_S)
         return router
 
     def remove_router(self, name: str) -> None:
@@ -162,11 +161,12 @@ class Fleet:
         router.start()
 
     def stop(self) -> None:
+        """The fronts, then every replica's drain at once, then Redis."""
         for front in self.fronts.values():
             front.stop(_FRONT_STOP_S)
-        for replica in self.members_replicas:  # every drain at once
+        for replica in self.replicas:
             replica.terminate()
-        for replica in self.members_replicas:
+        for replica in self.replicas:
             replica.stop(self._replica_stop_s)
         if self.redis is not None:
             self.redis.stop(_FRONT_STOP_S)
@@ -175,7 +175,7 @@ class Fleet:
         """Replica `i` drains (SIGTERM, to its whole process group with `group`) or dies
         (SIGKILL to its group), then starts again on the same ports; returns once it
         answers ready."""
-        replica = self.members_replicas[i]
+        replica = self.replicas[i]
         if kill:
             replica.kill()
         else:
@@ -185,18 +185,18 @@ class Fleet:
 
     @property
     def _replica_stop_s(self) -> float:
-        grace = self.members_replicas[0].drain_grace_s or 0.0
+        grace = self.replicas[0].drain_grace_s or 0.0
         return max(self.drain_timeout_s, grace) + _STOP_SLACK_S
 
     def _router_argv(self, spec: RouterSpec, port: int) -> list[str]:
         if spec.kind == VLLM_ROUTER:
             kv = None
             if spec.policy == "kv_aware":  # the engines' own, read off a replica
-                first = self.members_replicas[0]
+                first = self.replicas[0]
                 kv = KvIdentity(first.model_name(), first.block_size())
-            return vllm_router_argv(self.members_replicas, spec.policy, port, self.probe, kv)
+            return vllm_router_argv(self.replicas, spec.policy, port, self.probe, kv)
         if spec.kind == SMG:
-            return smg_argv(self.members_replicas, spec.policy, port, self.probe)
+            return smg_argv(self.replicas, spec.policy, port, self.probe)
         raise ConfigError(f"unknown router {spec.kind!r}: one of {VLLM_ROUTER}, {SMG}")
 
 

@@ -315,7 +315,7 @@ class Nginx(Member):
         if not os.path.exists(binary):
             raise ConfigError("nginx is not installed (scripts/setup installs it)")
         path = self.workdir / "nginx.conf"
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "temp").mkdir(parents=True, exist_ok=True)  # its buffers' files
         path.write_text(self.conf)
         return [binary, "-c", str(path), "-p", str(self.workdir), "-e", str(self.log)]
 

@@ -23,6 +23,4 @@ def fleet() -> Iterator[Fleet]:
 
 def admitted(fleet: Fleet, protocol: str) -> list[float]:
     """Each replica's count of admitted units of work of `protocol`."""
-    return [
-        r.metric("switchboard_admitted_total", protocol=protocol) for r in fleet.members_replicas
-    ]
+    return [r.metric("switchboard_admitted_total", protocol=protocol) for r in fleet.replicas]

@@ -84,7 +84,7 @@ def _served(replica: Replica) -> float:
 
 
 def test_kv_aware_sends_a_turn_where_its_prefix_is(fleet: Fleet, kv_router: Router) -> None:
-    replicas = fleet.members_replicas
+    replicas = fleet.replicas
     chosen = []
     for n in range(2 * PRIMED):
         primed = replicas[n % 2]

@@ -275,7 +275,7 @@ def test_a_refusal_is_retried_on_every_replica_then_returned_whole(url: str, fle
     """Two choices of a prompt over half the replicas' prompt-token bound: every replica
     refuses the call (503 + Retry-After) whatever its queue holds. The router tries it
     on each replica before it answers, then hands the client the replica's own refusal."""
-    refused = [r.metric("switchboard_refused_total") for r in fleet.members_replicas]
+    refused = [r.metric("switchboard_refused_total") for r in fleet.replicas]
     body = {"model": LIVE_MODEL, "prompt": "x" * (MAX_QUEUED_TOKENS * 3 // 4), "n": 2}
     answer = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 1}, timeout=60)
     assert answer.status_code == 503
@@ -284,7 +284,7 @@ def test_a_refusal_is_retried_on_every_replica_then_returned_whole(url: str, fle
     assert error["type"] == "server_error" and error["code"] == "overloaded", error
     tried = [
         r.metric("switchboard_refused_total") - before
-        for r, before in zip(fleet.members_replicas, refused, strict=True)
+        for r, before in zip(fleet.replicas, refused, strict=True)
     ]
     assert all(count >= 1 for count in tried), tried  # every replica was asked
 

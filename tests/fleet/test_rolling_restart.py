@@ -85,7 +85,7 @@ def rolled(fleet: Fleet) -> dict[str, Any]:
         time.sleep(2)  # the load under way on both replicas
         seen["roll_started"] = time.monotonic()
         seen["rejoined_s"], seen["restart_s"] = [], []
-        for i, replica in enumerate(fleet.members_replicas):
+        for i, replica in enumerate(fleet.replicas):
             restarting = time.monotonic()
             fleet.restart(i, group=True)
             seen["restart_s"].append(time.monotonic() - restarting)

@@ -41,7 +41,7 @@ def _socket(url: str) -> str:
 
 
 async def test_a_salience_session_any_replica_serves(fleet: Fleet) -> None:
-    a, b = fleet.members_replicas
+    a, b = fleet.replicas
     await sessions_across_replicas_ws([_socket(a.url), _socket(b.url), _socket(a.url)], LIVE_MODEL)
     await sessions_across_replicas_grpc([a.grpc_target, b.grpc_target, a.grpc_target], LIVE_MODEL)
     await busy_across_replicas(_socket(a.url), b.grpc_target, LIVE_MODEL)

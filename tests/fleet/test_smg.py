@@ -30,7 +30,7 @@ def url(fleet: Fleet) -> str:
 
 @pytest.fixture(scope="module")
 def replicas(fleet: Fleet) -> set[str]:
-    return {r.url for r in fleet.members_replicas}
+    return {r.url for r in fleet.replicas}
 
 
 def test_chat(url: str, replicas: set[str]) -> None:
