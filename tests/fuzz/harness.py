@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import websockets
 
 from tests.fuzz.corpus import INPUTS, Offence, describe, json_input, rng
 
@@ -29,6 +30,22 @@ PROBE_TIMEOUT_S = 90
 
 # One input: its seed index in, None if its answer had the shape, else what went wrong.
 Probe = Callable[[int], Awaitable[Offence | None]]
+# One websocket input: its seed index in, (the input sent, what went wrong or None) out.
+SocketSession = Callable[[int], Awaitable[tuple[Any, str | None]]]
+
+
+def socket_probe(session: SocketSession) -> Probe:
+    """The probe of a websocket corpus: `session(index)` judges its input's answers; a
+    connection that is refused, reset or not upgraded is the input's offence too."""
+
+    async def probe(index: int) -> Offence | None:
+        try:
+            sent, reason = await session(index)
+        except (OSError, websockets.WebSocketException) as exc:
+            sent, reason = "(see the seed index)", f"connection failed: {exc!r}"
+        return None if reason is None else Offence(index, sent, reason)
+
+    return probe
 
 
 async def run_corpus(probe: Probe, total: int = INPUTS) -> list[Offence]:

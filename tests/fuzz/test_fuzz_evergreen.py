@@ -22,9 +22,9 @@ from google.protobuf import json_format
 
 from schemas import evergreen_service_pb2 as service_pb
 from tests.conftest import LiveServer
-from tests.fuzz.corpus import Offence, binary_input, json_input, rng
+from tests.fuzz.corpus import binary_input, json_input, rng
 from tests.fuzz.evergreen import SEEDS, evergreen_abort
-from tests.fuzz.harness import run_corpus, verdict
+from tests.fuzz.harness import run_corpus, socket_probe, verdict
 
 pytestmark = pytest.mark.e2e
 
@@ -103,15 +103,11 @@ async def session(url: str, binary: bool, frame: bytes | str) -> str | None:
 async def test_evergreen_corpus(live_server: LiveServer) -> None:
     url = f"{live_server.ws_url}/evergreen/ws"
 
-    async def probe(index: int) -> Offence | None:
+    async def one(index: int) -> tuple[Any, str | None]:
         binary, frame = make_input(index)
-        try:
-            reason = await session(url, binary, frame)
-        except (OSError, websockets.WebSocketException) as exc:  # refused, reset, bad handshake
-            reason = f"connection failed: {exc!r}"
-        return None if reason is None else Offence(index, frame, reason)
+        return frame, await session(url, binary, frame)
 
-    offences = await run_corpus(probe)
+    offences = await run_corpus(socket_probe(one))
     verdict(live_server, "Evergreen", offences)
 
 

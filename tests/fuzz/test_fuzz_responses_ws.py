@@ -21,8 +21,8 @@ import pytest
 import websockets
 
 from tests.conftest import LiveServer
-from tests.fuzz.corpus import Offence, json_input, rng
-from tests.fuzz.harness import run_corpus, verdict
+from tests.fuzz.corpus import json_input, rng
+from tests.fuzz.harness import run_corpus, socket_probe, verdict
 
 pytestmark = pytest.mark.e2e
 
@@ -123,14 +123,8 @@ async def socket_turns(url: str, index: int) -> tuple[Any, str | None]:
 async def test_responses_websocket_corpus(live_server: LiveServer) -> None:
     url = f"{live_server.ws_url}/v1/responses"
 
-    async def probe(index: int) -> Offence | None:
-        try:
-            frame, reason = await socket_turns(url, index)
-        except (OSError, websockets.WebSocketException) as exc:  # refused, reset, handshake
-            frame, reason = "(see the seed index)", f"connection failed: {exc!r}"
-        return None if reason is None else Offence(index, frame, reason)
-
-    verdict(live_server, "Responses WebSocket", await run_corpus(probe))
+    offences = await run_corpus(socket_probe(lambda index: socket_turns(url, index)))
+    verdict(live_server, "Responses WebSocket", offences)
 
 
 def test_corpus_is_seeded() -> None:

@@ -23,12 +23,11 @@ from google.protobuf import json_format
 from schemas import salience_ws_pb2 as ws_pb
 from tests.conftest import LiveServer
 from tests.fuzz.corpus import (
-    Offence,
     binary_input,
     json_input,
     rng,
 )
-from tests.fuzz.harness import run_corpus, verdict
+from tests.fuzz.harness import run_corpus, socket_probe, verdict
 
 pytestmark = pytest.mark.e2e
 
@@ -199,14 +198,7 @@ async def socket_session(url: str, index: int) -> tuple[Any, str | None]:
 async def test_salience_corpus(live_server: LiveServer) -> None:
     url = f"{live_server.ws_url}/salience/ws"
 
-    async def probe(index: int) -> Offence | None:
-        try:
-            frame, reason = await socket_session(url, index)
-        except (OSError, websockets.WebSocketException) as exc:  # refused, reset, handshake
-            frame, reason = "(see the seed index)", f"connection failed: {exc!r}"
-        return None if reason is None else Offence(index, frame, reason)
-
-    offences = await run_corpus(probe)
+    offences = await run_corpus(socket_probe(lambda index: socket_session(url, index)))
     verdict(live_server, "Salience", offences)
 
 
