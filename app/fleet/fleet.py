@@ -9,14 +9,21 @@ ready before it returns; the routers take it back on their own probes.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.errors import ConfigError
-from app.fleet.members import START_TIMEOUT_S, Member, Nginx, RedisServer, Replica, Router
+from app.fleet.members import (
+    START_TIMEOUT_S,
+    Member,
+    Nginx,
+    RedisServer,
+    Replica,
+    Router,
+    machine_cpus,
+)
 from app.fleet.routers import (
     SMG,
     VLLM_ROUTER,
@@ -65,7 +72,7 @@ class Fleet:
         self._launched = False
         self.redis = RedisServer("redis", self.workdir) if self.shared_store else None
         store = self.redis.url if self.redis is not None else None
-        cores = len(os.sched_getaffinity(0))
+        cores = sorted(machine_cpus())
         # The replica's own drain flags: its grace covers the routers' probes.
         grace = self.drain_grace_s
         if grace is None:
@@ -77,7 +84,7 @@ class Fleet:
                 self.workdir,
                 serve_args=drain + self.serve_args,
                 store=store,
-                cpu_core=i % cores if self.bind_cores else None,
+                cpu_core=cores[i % len(cores)] if self.bind_cores else None,
                 drain_grace_s=grace,
                 env=self.replica_env,
             )

@@ -26,6 +26,7 @@ from tests.conftest import LIVE_MODEL
 from tests.evergreen_client import outcome
 from tests.evergreen_frames import turn
 from tests.fleet.conftest import admitted
+from tests.fleet_setup import CONTEXT
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
 from tests.salience_client import (
     busy_across_replicas,
@@ -44,7 +45,8 @@ async def test_a_salience_session_any_replica_serves(fleet: Fleet) -> None:
     a, b = fleet.replicas
     await sessions_across_replicas_ws([_socket(a.url), _socket(b.url), _socket(a.url)], LIVE_MODEL)
     await sessions_across_replicas_grpc([a.grpc_target, b.grpc_target, a.grpc_target], LIVE_MODEL)
-    await busy_across_replicas(_socket(a.url), b.grpc_target, LIVE_MODEL)
+    # Most of the context: a lone Generate that lasts seconds on an idle replica.
+    await busy_across_replicas(_socket(a.url), b.grpc_target, LIVE_MODEL, CONTEXT - 64)
 
 
 async def test_salience_through_nginx_lands_on_every_replica(fleet: Fleet) -> None:

@@ -1,0 +1,64 @@
+"""The CPUs a fleet's processes run on are the machine's, never those of the thread that
+starts them: in the suite, that thread is pinned to one core by the live server's
+`--pin-frontend`, and the fleet it started put every replica's engine on the core left,
+where a restarted replica starved (app/fleet/members.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.fleet.fleet import Fleet
+from app.fleet.members import Member, machine_cpus
+
+pytestmark = pytest.mark.skipif(
+    len(machine_cpus()) < 2, reason="a pinned caller needs a machine of two CPUs or more"
+)
+
+
+@dataclass
+class Sleeper(Member):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    def ready(self) -> bool:
+        return True
+
+
+def _pinned(work: Callable[[], Any]) -> Any:
+    """`work()` in a thread pinned to one CPU, as a frontend thread of a pinned server is."""
+    done: list[Any] = []
+
+    def run() -> None:
+        os.sched_setaffinity(0, {min(machine_cpus())})
+        done.append(work())
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return done[0]
+
+
+def test_a_member_started_by_a_pinned_thread_runs_on_every_cpu(tmp_path: Path) -> None:
+    member = Sleeper("sleeper", tmp_path)
+    _pinned(member.start)
+    try:
+        assert member.process is not None
+        assert os.sched_getaffinity(member.process.pid) == machine_cpus()
+    finally:
+        member.kill()
+
+
+def test_replicas_are_bound_to_distinct_cores_whatever_the_caller_is_pinned_to(
+    tmp_path: Path,
+) -> None:
+    fleet = _pinned(lambda: Fleet(workdir=tmp_path, serve_args=[], count=2))
+    cores = [replica.cpu_core for replica in fleet.replicas]
+    assert cores == sorted(machine_cpus())[:2]
