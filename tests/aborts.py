@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,40 @@ async def measure_workload(engine: Any) -> Workload:
         "from a natural end"
     )
     return workload
+
+
+async def _run_all(engine: Any, workload: Workload) -> None:
+    await asyncio.gather(
+        *(
+            _drain(
+                engine,
+                GenerationRequest(
+                    f"ballast-{i}",
+                    prompt_token_ids=prompt,
+                    sampling=SamplingOptions(max_tokens=workload.max_tokens, temperature=0.0),
+                ),
+            )
+            for i, prompt in enumerate(workload.prompts)
+        )
+    )
+
+
+@asynccontextmanager
+async def busy_engine(
+    engine: Any, loop: asyncio.AbstractEventLoop, workload: Workload
+) -> AsyncIterator[None]:
+    """The engine (living on `loop`) running all of `workload` for the block, aborted on
+    exit: a lone request then decodes at the pace of a full batch, so that a few hundred
+    tokens of it last seconds where alone they could end before a protocol's abort lands
+    (one request cannot run long in the live server's 1,024-token context)."""
+    running = asyncio.run_coroutine_threadsafe(_run_all(engine, workload), loop)
+    try:
+        seen = await wait_engine(engine, lambda n: n >= WORKERS, workload.bound)
+        assert seen >= WORKERS, f"the engine held {seen} of the ballast's {WORKERS} requests"
+        yield
+    finally:
+        running.cancel()
+        await wait_engine(engine, lambda n: n == 0, timeout=3 * workload.natural)
 
 
 async def wait_engine(engine: Any, done: Callable[[int], bool], timeout: float) -> int:

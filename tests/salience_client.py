@@ -198,10 +198,13 @@ async def sessions_across_replicas_grpc(targets: list[str], model: str) -> None:
     await call(third, "CloseSession", pb.CloseSessionRequest(session_id=child))
 
 
-async def busy_across_replicas(running_url: str, other_target: str, model: str) -> None:
+async def busy_across_replicas(
+    running_url: str, other_target: str, model: str, max_tokens: int
+) -> None:
     """A Generate running at one replica (on a socket at `running_url`) makes its session
     busy at another (over gRPC at `other_target`: ABORTED); a CloseSession made there
-    ends it: the stream ends with Done CANCELLED, long before its max_tokens."""
+    ends it: the stream ends with Done CANCELLED, before its `max_tokens` (which the
+    caller makes last seconds: the close reaches the Generate within a lease's fifth)."""
     import grpc
     import websockets
 
@@ -215,7 +218,12 @@ async def busy_across_replicas(running_url: str, other_target: str, model: str) 
         stub = salience_grpc.SalienceStub(channel)
         client = JsonClient(ws)
         session = await open_session(client, model)
-        request = {"sessionId": session, "appendTokens": ENDLESS, "maxTokens": 1000, "topK": 1}
+        request = {
+            "sessionId": session,
+            "appendTokens": ENDLESS,
+            "maxTokens": max_tokens,
+            "topK": 1,
+        }
         await ws.send(json.dumps(gen("long", **request)))
         first = json.loads(await asyncio.wait_for(ws.recv(), READ_TIMEOUT_S))
         assert "token" in first["event"], first
@@ -233,4 +241,4 @@ async def busy_across_replicas(running_url: str, other_target: str, model: str) 
         ):
             pass
         assert event["done"]["finishReason"] == "FINISH_REASON_CANCELLED", event
-        assert event["done"]["completionTokens"] < 1000
+        assert event["done"]["completionTokens"] < max_tokens

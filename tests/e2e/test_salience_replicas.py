@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from tests.aborts import Workload, busy_engine
 from tests.conftest import LiveServer, free_port
 from tests.redis_server import redis_server
 from tests.salience_client import (
@@ -91,8 +92,10 @@ async def test_a_session_is_served_by_any_replica_over_grpc(
 
 
 async def test_a_generate_on_one_replica_makes_the_session_busy_on_the_other(
-    replicas: tuple[Replica, Replica], live_server: LiveServer
+    replicas: tuple[Replica, Replica], live_server: LiveServer, abort_workload: Workload
 ) -> None:
+    """Beside the abort workload: alone, its 1,000 tokens once ended before the close."""
     a, b = replicas
-    await busy_across_replicas(a.socket_url, b.grpc_target, live_server.model)
+    async with busy_engine(live_server.engine, live_server.loop, abort_workload):
+        await busy_across_replicas(a.socket_url, b.grpc_target, live_server.model, 1000)
     assert live_server.wait_idle() == 0
