@@ -69,6 +69,25 @@ async def _drain(engine: Any, request: GenerationRequest) -> None:
         pass
 
 
+async def _run_all(
+    engine: Any, prompts: Sequence[Sequence[int]], max_tokens: int, tag: str
+) -> None:
+    """Every prompt at once, decoded greedily for `max_tokens`, to the end."""
+    await asyncio.gather(
+        *(
+            _drain(
+                engine,
+                GenerationRequest(
+                    f"{tag}-{i}",
+                    prompt_token_ids=prompt,
+                    sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0),
+                ),
+            )
+            for i, prompt in enumerate(prompts)
+        )
+    )
+
+
 async def measure_workload(engine: Any) -> Workload:
     """Build the workload and run it once, unaborted, on `engine` (on the server's loop)."""
     texts = tuple(f"Tell me story number {i}, and make it long." for i in range(WORKERS))
@@ -80,19 +99,7 @@ async def measure_workload(engine: Any) -> Workload:
     max_tokens = engine.info.max_model_len - PROMPT_ROOM
     await wait_engine(engine, lambda n: n == 0, timeout=120)
     started = time.monotonic()
-    await asyncio.gather(
-        *(
-            _drain(
-                engine,
-                GenerationRequest(
-                    f"natural-{i}",
-                    prompt_token_ids=prompt,
-                    sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0),
-                ),
-            )
-            for i, prompt in enumerate(prompts)
-        )
-    )
+    await _run_all(engine, prompts, max_tokens, "natural")
     await wait_engine(engine, lambda n: n == 0, timeout=120)
     workload = Workload(texts, prompts, max_tokens, natural=time.monotonic() - started)
     assert workload.natural >= MIN_NATURAL, (
@@ -100,22 +107,6 @@ async def measure_workload(engine: Any) -> Workload:
         "from a natural end"
     )
     return workload
-
-
-async def _run_all(engine: Any, workload: Workload) -> None:
-    await asyncio.gather(
-        *(
-            _drain(
-                engine,
-                GenerationRequest(
-                    f"ballast-{i}",
-                    prompt_token_ids=prompt,
-                    sampling=SamplingOptions(max_tokens=workload.max_tokens, temperature=0.0),
-                ),
-            )
-            for i, prompt in enumerate(workload.prompts)
-        )
-    )
 
 
 @asynccontextmanager
@@ -126,7 +117,8 @@ async def busy_engine(
     exit: a lone request then decodes at the pace of a full batch, so that a few hundred
     tokens of it last seconds where alone they could end before a protocol's abort lands
     (one request cannot run long in the live server's 1,024-token context)."""
-    running = asyncio.run_coroutine_threadsafe(_run_all(engine, workload), loop)
+    ballast = _run_all(engine, workload.prompts, workload.max_tokens, "ballast")
+    running = asyncio.run_coroutine_threadsafe(ballast, loop)
     try:
         seen = await wait_engine(engine, lambda n: n >= WORKERS, workload.bound)
         assert seen >= WORKERS, f"the engine held {seen} of the ballast's {WORKERS} requests"

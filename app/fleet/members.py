@@ -1,8 +1,13 @@
 """The processes of a fleet: each a child with a log file, started, probed, stopped.
 
-A member runs in a session of its own, so that a signal to the fleet's process group
-(Ctrl-C on `switchboard fleet`) reaches only the fleet, which stops its members in order
-(routers first, then each replica's drain, then Redis). `stop` is SIGTERM to the member
+A member runs in a process group of its own, so that a signal to the fleet's process
+group (Ctrl-C on `switchboard fleet`) reaches only the fleet, which stops its members in
+order (routers first, then each replica's drain, then Redis). It stays in the fleet's
+session: Linux schedules each session as one group (autogroup), where a process's
+niceness weighs only against its own session's, so replicas in sessions of their own
+made the engines' spinning at niceness 10 (app/engine/cpu_host.py) as heavy as a
+restarting replica's start (seen: its engine core importing vLLM at 7% of a CPU for
+two and a half minutes, under the suite's load). `stop` is SIGTERM to the member
 (a replica drains: app/drain.py), SIGKILL to its whole group past a deadline; `kill` is
 SIGKILL to the whole group at once, as if the machine it ran on died (a replica's engine
 core and worker die with it).
@@ -119,7 +124,7 @@ class Member(ABC):
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                process_group=0,
             )
         # Popen returns once the child has exec'd, before it can start a thread or a
         # process: all it will start inherits this.

@@ -1,7 +1,8 @@
-"""The CPUs a fleet's processes run on are the machine's, never those of the thread that
-starts them: in the suite, that thread is pinned to one core by the live server's
-`--pin-frontend`, and the fleet it started put every replica's engine on the core left,
-where a restarted replica starved (app/fleet/members.py)."""
+"""How a fleet's processes are placed (app/fleet/members.py): on the machine's CPUs, never
+those of the thread that starts them (in the suite, that thread is pinned to one core by
+the live server's `--pin-frontend`, and the fleet it started put every replica's engine
+on the core left, where a restarted replica starved); each in a process group of its
+own, in the fleet's session (one autogroup, where the engines' niceness counts)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from app.fleet.fleet import Fleet
 from app.fleet.members import Member, machine_cpus
 
-pytestmark = pytest.mark.skipif(
+MULTICORE = pytest.mark.skipif(
     len(machine_cpus()) < 2, reason="a pinned caller needs a machine of two CPUs or more"
 )
 
@@ -46,6 +47,7 @@ def _pinned(work: Callable[[], Any]) -> Any:
     return done[0]
 
 
+@MULTICORE
 def test_a_member_started_by_a_pinned_thread_runs_on_every_cpu(tmp_path: Path) -> None:
     member = Sleeper("sleeper", tmp_path)
     _pinned(member.start)
@@ -56,9 +58,22 @@ def test_a_member_started_by_a_pinned_thread_runs_on_every_cpu(tmp_path: Path) -
         member.kill()
 
 
+@MULTICORE
 def test_replicas_are_bound_to_distinct_cores_whatever_the_caller_is_pinned_to(
     tmp_path: Path,
 ) -> None:
     fleet = _pinned(lambda: Fleet(workdir=tmp_path, serve_args=[], count=2))
     cores = [replica.cpu_core for replica in fleet.replicas]
     assert cores == sorted(machine_cpus())[:2]
+
+
+def test_a_member_has_a_process_group_of_its_own_in_the_fleets_session(tmp_path: Path) -> None:
+    member = Sleeper("sleeper", tmp_path)
+    member.start()
+    try:
+        assert member.process is not None
+        pid = member.process.pid
+        assert os.getpgid(pid) == pid != os.getpgid(0)
+        assert os.getsid(pid) == os.getsid(0)
+    finally:
+        member.kill()
