@@ -4,10 +4,13 @@ second): what the clients and the fleet's state see.
 
 Once, for the module (`rolled`): stored responses and a Salience session are made; then,
 under the load (`app.fleet.load.SteadyLoad`: three clients streaming short chats one
-after the other), each replica in turn is sent SIGTERM (to its process group, as systemd
-or Ctrl-C would), drains, starts again on its ports, and is waited for until the router
-sends it work again; then replica 1's whole process group is killed (SIGKILL: its machine
-died), replica 0 carries on alone, and replica 1 starts again and rejoins.
+after the other), replica 0 is sent SIGTERM (to its process group, as systemd or Ctrl-C
+would), drains, starts again on its ports, and is waited for until the router sends it
+work again: a roll's step (the roll of every replica, each step the same, is
+bench/fleet_roll.py's). Then replica 1's whole process group is killed (SIGKILL: its
+machine died), replica 0 carries on alone, and replica 1 starts again and rejoins. Each
+replica is restarted once: a restart costs the suite ~25 s, and once in a few runs
+minutes (docs/testing.md).
 
 How these fail: a request of the load fails during the roll (a replica closed its port
 while the router still sent to it, or cut a stream); a request that started after the
@@ -37,7 +40,8 @@ pytestmark = pytest.mark.e2e
 
 STREAMS = 3
 STORED = 6
-DEAD = 1  # the replica killed (replica 0 is drained for good by test_drain.py, next)
+ROLLED = 0  # the replica drained and restarted (and drained for good by test_drain.py)
+DEAD = 1  # the replica killed
 # A restarted replica is back in the router's rotation within its probes' successes
 # once ready; what a circuit breaker opened by its death would hold it out for is 60 s.
 REJOIN_S = 30.0
@@ -84,10 +88,8 @@ def rolled(fleet: Fleet) -> dict[str, Any]:
     try:
         time.sleep(2)  # the load under way on both replicas
         seen["roll_started"] = time.monotonic()
-        seen["rejoined_s"] = []
-        for i, replica in enumerate(fleet.replicas):
-            fleet.restart(i, group=True)
-            seen["rejoined_s"].append(_serving(replica, REJOIN_S))
+        fleet.restart(ROLLED, group=True)
+        seen["rejoined_s"] = _serving(fleet.replica(ROLLED), REJOIN_S)
         dead = fleet.replica(DEAD)
         seen["killed_at"] = time.monotonic()
         dead.kill()
@@ -115,7 +117,7 @@ def test_a_rolling_restart_fails_no_request(rolled: dict[str, Any]) -> None:
 
 
 def test_a_restarted_replica_gets_work_again(rolled: dict[str, Any]) -> None:
-    assert len(rolled["rejoined_s"]) == 2  # each within REJOIN_S (else the roll failed)
+    assert rolled["rejoined_s"] <= REJOIN_S
     assert rolled["rejoined_after_death_s"] <= REJOIN_S
 
 
