@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from app.fleet.fleet import Fleet
 from tests.conftest import LIVE_LORA, LIVE_MODEL, tiny_model_path
-from tests.fleet.conftest import admitted
+from tests.fleet.conftest import admitted, stream_whole
 from tests.fleet_setup import CONTEXT, MAX_QUEUED_TOKENS
 
 pytestmark = pytest.mark.e2e
@@ -80,18 +80,7 @@ def test_models_completions_and_chat(client: openai.OpenAI) -> None:
             model=LIVE_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
         assert chat.choices[0].finish_reason in ("length", "stop")
-        stream = client.chat.completions.create(
-            model=LIVE_MODEL,
-            messages=[{"role": "user", "content": "hi"}],
-            max_tokens=6,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )
-        chunks = list(stream)
-        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert text
+        assert stream_whole(client, 6)
 
 
 def test_a_lora_adapter_by_model_on_every_replica(client: openai.OpenAI) -> None:

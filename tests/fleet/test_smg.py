@@ -17,6 +17,7 @@ import pytest
 
 from app.fleet.fleet import Fleet
 from tests.conftest import LIVE_MODEL
+from tests.fleet.conftest import stream_whole
 
 pytestmark = pytest.mark.e2e
 
@@ -43,17 +44,7 @@ def test_chat(url: str, replicas: set[str]) -> None:
         chosen.add(answer.headers[WORKER])
         assert answer.parse().choices[0].message.content
     assert chosen == replicas
-    chunks = list(
-        client.chat.completions.create(
-            model=LIVE_MODEL,
-            messages=[{"role": "user", "content": "hi"}],
-            max_tokens=5,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )
-    )
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    stream_whole(client, 5)
 
 
 def test_responses(url: str, replicas: set[str]) -> None:
