@@ -115,12 +115,12 @@ async def _run(settings: Settings) -> None:
     import uvicorn
 
     from app.drain import Drain
-    from app.engine.vllm.startup import freeze_startup_heap, start_engine
+    from app.engine.vllm.startup import settle_heap, start_engine
     from app.main import create_app
 
     engine = await start_engine(settings)
     app = create_app(settings, engine=engine)
-    freeze_startup_heap()
+    settle_heap()
     drain: Drain = app.state.drain
     loop = asyncio.get_running_loop()
     stopped = False

@@ -216,3 +216,19 @@ def test_the_kubernetes_files_refer_to_each_other() -> None:
         ("authorization.k8s.io", "subjectaccessreviews"),
     ):
         assert needed in granted, needed
+
+
+def test_a_served_heap_is_frozen_and_its_young_collected_less_often() -> None:
+    import gc
+
+    from app.engine.vllm.startup import YOUNG_THRESHOLD, settle_heap
+
+    before = gc.get_threshold()
+    try:
+        settle_heap()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, before[1], before[2])
+        assert before[0] < YOUNG_THRESHOLD
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -101,11 +101,11 @@ class Sink:
 
     def put(self, item: Delta | Exception) -> None:
         """vLLM's side: a `Delta`, or an error for every request."""
-        if isinstance(item, EngineDeadError | VLLMError):
-            self._fail(item)
-        elif isinstance(item, Exception):  # the output handler failed
-            error = EngineGenerateError()
-            error.__cause__ = item
+        if isinstance(item, Exception):
+            error = item
+            if not isinstance(item, EngineDeadError | VLLMError):  # the output handler failed
+                error = EngineGenerateError()
+                error.__cause__ = item
             self._fail(error)
         elif self._receiver is not None and self._error is None:
             self._give(item)
