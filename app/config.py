@@ -85,11 +85,13 @@ class Settings(BaseSettings):
         "start alike). On a host busy with other work they give way to it too.",
     )
     pin_frontend: bool = Field(
-        default=False,
+        default=True,
         description="On vLLM's CPU build, once the engine has started, keep this process's "
-        "threads off the cores vLLM bound its OpenMP threads to (off by default: in seven "
-        "runs of bench/frontends.py it bought no tokens per second and cost ~10% more "
-        "frontend CPU per token at 64 streams). "
+        "threads off the cores vLLM bound its OpenMP threads to. On by default: beside a "
+        "client the kernel places (bench/frontends.py, two runs of 4 starts each) it read "
+        "1.08-1.24x the tokens per second at 16 streams on 0.83-0.84x the frontend CPU per "
+        "token, and no start below 0.84x its median where the unpinned frontend had one at "
+        "0.24x; with the client pinned off the frontend's core it bought nothing (seven runs). "
         "A CPU build with no --kv-cache-memory-bytes and no VLLM_CPU_KVCACHE_SPACE also gets "
         "a 4 GiB KV cache (a quarter of available memory when that is less) instead of "
         "vLLM's 92% of the NUMA node, which fails to start when the page cache is full.",

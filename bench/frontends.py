@@ -15,7 +15,7 @@ Targets, one alive at a time, each start fresh and warmed:
 - switchboard: `switchboard serve` as it starts by default;
 - switchboard, engine not niced: `--engine-niceness 0`, its engine's processes left at
   the frontend's priority (as every start was before issue 32; see docs/benchmarks.md);
-- switchboard pinned (not by default): `--pin-frontend true`, its frontend kept off the
+- switchboard unpinned: `--pin-frontend false`, its frontend not kept off the
   engine's core;
 - vllm serve: `vllm serve` with its Python frontend (bench/vllm_serve.py);
 - vllm serve (Rust): the same with `VLLM_USE_RUST_FRONTEND=1`;
@@ -73,7 +73,7 @@ from harness import (
 
 INPUT_LEN, OUTPUT_LEN = 128, 64
 PROMPTS = {1: 32, 16: 320, 64: 1024}  # concurrency -> requests per run
-SWITCHBOARD, PINNED = "switchboard", "switchboard pinned"
+SWITCHBOARD, UNPINNED = "switchboard", "switchboard unpinned"
 UNNICED = "switchboard, engine not niced"  # --engine-niceness 0: as before issue 32
 VLLM, RUST = "vllm serve", "vllm serve (Rust)"
 BARE, FLOOR = "bare engine", "transport floor"
@@ -84,7 +84,7 @@ STARTS_WITHIN = 0.8  # issue 32: every start within 0.8x of the median start's t
 def targets(names: list[str]) -> list[Target]:
     every = {
         SWITCHBOARD: lambda: switchboard(SWITCHBOARD),
-        PINNED: lambda: switchboard(PINNED, "--pin-frontend", "true"),
+        UNPINNED: lambda: switchboard(UNPINNED, "--pin-frontend", "false"),
         UNNICED: lambda: switchboard(UNNICED, "--engine-niceness", "0"),
         VLLM: lambda: vllm_serve(VLLM),
         RUST: lambda: vllm_serve(RUST, rust=True),
@@ -416,7 +416,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--starts", type=int, default=2, help="fresh starts per target a round")
     parser.add_argument(
-        "--targets", nargs="+", default=[*SERVERS, BARE], choices=[*SERVERS, PINNED, BARE]
+        "--targets", nargs="+", default=[*SERVERS, BARE], choices=[*SERVERS, UNPINNED, BARE]
     )
     parser.add_argument("--pinned-client", action="store_true")
     parser.add_argument("--no-publish", action="store_true", help="print, write nothing")

@@ -23,12 +23,13 @@ leaves the rest for the frontend, but does not move the frontend. A frontend thr
 lands on an engine core waits behind spinning OpenMP threads and streams in bursts (TTFT
 x10 at concurrency 1). `pin_frontend` reads the binding vLLM actually applied (the
 affinity of the engine processes' threads) and restricts every thread of this process to
-the other cores. Threads created later inherit it. It runs only with `--pin-frontend`:
-measured with a load client that leaves the frontend's core alone (bench/frontends.py,
-seven runs), the kernel's own placement streamed as many tokens per second (0.99x pinned
-against unpinned at 64 streams, the median of the runs' medians) and the pinned frontend,
-sharing one core with the engine core's busy loop, spent ~10% more CPU per token (0.82x
-to 1.13x); none of those runs showed the bursts.
+the other cores. Threads created later inherit it. It runs with `--pin-frontend` (on by
+default): beside a client the kernel places (bench/frontends.py, two runs of 4 starts
+each, 2026-11-26), the pinned frontend streamed 1.08-1.24x the tokens per second at 16
+streams on 0.83-0.84x the CPU per token, and none of its starts fell into the slow mode
+one of the unpinned frontend's eight did (0.24x its median). With the client pinned to
+the engine's core (seven runs before) the kernel's own placement had done as well, since
+the client kept the frontend off that core itself.
 
 Engine niceness: vLLM's CPU build runs a scheduling process (its engine core) and a
 worker process, and each waits for the other by spinning (`sched_yield` in a loop, for
