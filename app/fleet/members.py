@@ -192,7 +192,9 @@ class Replica(Member):
     `serve_args` are the replica's own flags (model, engine flags); the fleet adds the
     listening ports, the shared store, vLLM's KV-cache events on a ZMQ port of its own,
     and, on a CPU build, the core its engine's threads are bound to (two CPU engines
-    bound to the same core slow each other badly, and an exiting one lingers)."""
+    bound to the same core slow each other badly, and an exiting one lingers), with its
+    frontend left unpinned: `--pin-frontend` keeps a frontend off its own engine's cores
+    only, which with replicas sharing a host puts it on a neighbour's engine core."""
 
     serve_args: list[str] = field(default_factory=list)
     store: str | None = None
@@ -235,6 +237,8 @@ class Replica(Member):
             args += ["--responses-store", self.store]  # Salience's store follows it
         if self.drain_grace_s is not None:
             args += ["--drain-grace-s", str(self.drain_grace_s)]
+        if self.cpu_core is not None:
+            args += ["--pin-frontend", "false"]
         return args + self.serve_args
 
     def environment(self) -> dict[str, str]:

@@ -2,7 +2,8 @@
 those of the thread that starts them (in the suite, that thread is pinned to one core by
 the live server's `--pin-frontend`, and the fleet it started put every replica's engine
 on the core left, where a restarted replica starved); each in a process group of its
-own, in the fleet's session (one autogroup, where the engines' niceness counts)."""
+own, in the fleet's session (one autogroup, where the engines' niceness counts); their
+frontends unpinned, since pinning keeps a frontend off its own engine's cores only."""
 
 from __future__ import annotations
 
@@ -65,6 +66,14 @@ def test_replicas_are_bound_to_distinct_cores_whatever_the_caller_is_pinned_to(
     fleet = _pinned(lambda: Fleet(workdir=tmp_path, serve_args=[], count=2))
     cores = [replica.cpu_core for replica in fleet.replicas]
     assert cores == sorted(machine_cpus())[:2]
+
+
+def test_replicas_sharing_a_host_leave_their_frontends_unpinned(tmp_path: Path) -> None:
+    fleet = Fleet(workdir=tmp_path, serve_args=[], count=2)
+    for replica in fleet.replicas:
+        command = replica.command()
+        at = command.index("--pin-frontend")
+        assert command[at + 1] == "false"
 
 
 def test_a_member_has_a_process_group_of_its_own_in_the_fleets_session(tmp_path: Path) -> None:
