@@ -53,8 +53,9 @@ WORDS = ["the", "of", "and", "to", "in", "is", "for", "on", "that", "with", "as"
 
 def targets(bound: int) -> list[Target]:
     """The same bound on every server: `bound` waiting beside the `MAX_NUM_SEQS` running.
-    "switchboard pinned": `--pin-frontend true` (the default until 2026-11-25; runs
-    published before name it "switchboard" and the default "switchboard unpinned"). The
+    "switchboard unpinned": `--pin-frontend false`. The default was unpinned from
+    2026-11-25 to 2026-11-26, and runs published then name the default "switchboard" and
+    the other "switchboard pinned"; runs before and since, "switchboard" is pinned. The
     load client runs on the same two cores and needs more than one at this rate; the
     pinned frontend shares its one core with it, where a remote client would leave it
     alone (both rows are shown)."""
@@ -62,7 +63,7 @@ def targets(bound: int) -> list[Target]:
     ours = (*seqs, "--max-queued-requests", str(bound), "--max-queued-tokens", "0")
     return [
         harness.switchboard("switchboard", *ours),
-        harness.switchboard("switchboard pinned", *ours, "--pin-frontend", "true"),
+        harness.switchboard("switchboard unpinned", *ours, "--pin-frontend", "false"),
         harness.vllm_serve("vllm serve", *seqs, "--max-num-queued-reqs", str(bound + MAX_NUM_SEQS)),
     ]
 
