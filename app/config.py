@@ -77,12 +77,14 @@ class Settings(BaseSettings):
         default=10,
         ge=0,
         le=19,
-        description="On vLLM's CPU build, once the engine has started, the niceness of its "
-        "processes' threads (its engine core and workers; 0 leaves them as they are). They "
-        "spin on both cores while they wait for each other; niced, they give way at once to "
-        "the frontend and to clients on the same host, which otherwise stall beside them "
-        "(bench/frontends.py, unpinned load: 1.4x the tokens per second at 16 streams, every "
-        "start alike). On a host busy with other work they give way to it too.",
+        description="On vLLM's CPU build, the niceness of the engine's processes (its engine "
+        "core and workers; 0 leaves them as they are): of their threads once started, and of "
+        "the session of their own they run in (its group, where the kernel groups by "
+        "session). They spin on both cores while they wait for each other; niced, they give "
+        "way at once to the frontend and to clients on the same host, in any session, which "
+        "otherwise stall beside them (a client in another session sat runnable for up to "
+        "1.5 s at a time at 16 streams). On a host busy with other work they give way to it "
+        "too.",
     )
     pin_frontend: bool = Field(
         default=True,

@@ -45,6 +45,22 @@ client beside the spinning worker and the frontend beside the engine core's loop
 engine's own work still has every core that nothing else wants. Threads made later
 inherit it.
 
+Engine session: a niceness weighs only against the threads of its own scheduling group,
+and where the kernel groups by session (autogroup, on by default on desktop and many
+server kernels, for every process outside a cgroup of its own) a server started in a
+session of its own (a service, `setsid`, bench/harness.py) faced a client in another one
+at the group's full weight: measured per thread, a load client on the worker's core sat
+runnable for up to 1.5 s at a time, 9.3 s of a 10-s run, while the worker at niceness 10
+spun (16 streams, one run in three at 0.3-0.7x; with the server's whole group at
+niceness 19 none). So the engine core takes a session of its own (`engine_session`, a
+vLLM general plugin run in each engine process as it starts, before it starts its
+workers, which join it), whose group runs at the same niceness: the engine then gives
+way to every other session on the host, the frontend's included, as its threads give way
+to the frontend inside one group. Out of the server's session and process group it no
+longer gets the signals sent to them, and it could outlive a server killed outright: it
+asks the kernel for SIGTERM when the server's thread that started it ends, which the
+engine obeys once the server is gone (app/engine/vllm/hold.py).
+
 Compilation: vLLM 0.32 with torch 2.10 or later saves each compiled model as an AOT
 artifact and loads it at the next start, but on the CPU build (no inductor) the loaded
 function lacks `finalize_loading`, so every start logs "Compiling model again due to a
@@ -57,9 +73,14 @@ Linux only (`/proc`, `sched_setaffinity`); elsewhere the pinning is a no-op.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
-from collections.abc import Iterable, Mapping
+import signal
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -70,6 +91,9 @@ GiB = 1 << 30
 DEFAULT_KV_CACHE_BYTES = 4 * GiB
 _KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 _AOT_ENV = "VLLM_USE_AOT_COMPILE"
+# Set by the server while its engine starts: "<server pid> <niceness>".
+SESSION_ENV = "SWITCHBOARD_ENGINE_SESSION"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def kv_cache_default(engine_args: Mapping[str, Any], available_bytes: int) -> int | None:
@@ -157,6 +181,44 @@ def renice_engine(niceness: int, parent: psutil.Process | None = None) -> int:
         done += 1
     logger.info("engine threads at niceness %d (%d threads)", niceness, done)
     return done
+
+
+@contextmanager
+def engine_session_announced(niceness: int) -> Iterator[None]:
+    """While the engine's processes start: its core is to take a session of its own whose
+    group runs at `niceness` (`engine_session`). Only then, so that a process the server
+    starts later (a test's `vllm serve`) does not inherit it."""
+    if niceness == 0 or sys.platform != "linux":
+        yield
+        return
+    os.environ[SESSION_ENV] = f"{os.getpid()} {niceness}"
+    try:
+        yield
+    finally:
+        os.environ.pop(SESSION_ENV, None)
+
+
+def engine_session() -> None:
+    """vLLM's general plugin: in an engine core of a server that announced it (a child of
+    the server, before it starts its workers), a session of its own, its group at the
+    announced niceness, and SIGTERM when the server's thread that started it ends. Any
+    other process (the server itself, a worker, an unrelated vLLM) is left alone."""
+    server, _, niceness = os.environ.get(SESSION_ENV, "").partition(" ")
+    if not niceness or os.getppid() != int(server):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != int(server):  # the server ended before the kernel could tell
+        signal.raise_signal(signal.SIGTERM)
+        return
+    os.setsid()
+    try:
+        Path("/proc/self/autogroup").write_text(niceness)
+    except OSError:  # a kernel without autogroups: the threads' niceness is all there is
+        logger.info("engine core in a session of its own (no autogroup to nice)")
+        return
+    logger.info("engine core in a session of its own, its group at niceness %s", niceness)
 
 
 def pin_frontend() -> frozenset[int] | None:

@@ -1,10 +1,12 @@
 """On vLLM's CPU build: with `--pin-frontend`, the frontend keeps off the engine's cores (the
 live server, started with it, pinned this process once its engine had started); the
-engine's processes run niced (`--engine-niceness`, 10 by default), this one does not."""
+engine's processes run niced (`--engine-niceness`, 10 by default), this one does not, in
+a session of their own whose group runs at that niceness too."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import psutil
 import pytest
@@ -38,6 +40,22 @@ def test_the_engine_gives_way_to_the_frontend(live_server: LiveServer) -> None:
     niceness = {os.getpriority(os.PRIO_PROCESS, t.id) for p in engine for t in p.threads()}
     assert niceness == {live_server.app.state.settings.engine_niceness} == {10}
     assert os.getpriority(os.PRIO_PROCESS, 0) == 0
+
+
+def test_the_engine_runs_in_a_session_of_its_own(live_server: LiveServer) -> None:
+    """Its group (where the kernel groups by session) at the engine's niceness, so that
+    it gives way to processes of other sessions too (app.engine.cpu_host)."""
+    engine = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if child.name().startswith("VLLM::")
+    ]
+    sessions = {os.getsid(process.pid) for process in engine}
+    assert len(sessions) == 1 and sessions != {os.getsid(0)}, sessions
+    autogroup = Path(f"/proc/{engine[0].pid}/autogroup")
+    if autogroup.exists():
+        niceness = live_server.app.state.settings.engine_niceness
+        assert autogroup.read_text().split()[-1] == str(niceness)
 
 
 def test_prompts_are_prefilled_whole(live_server: LiveServer) -> None:

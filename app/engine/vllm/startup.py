@@ -30,6 +30,7 @@ from app.config import Settings
 from app.engine.base import EngineInfo, ReadoutManifest
 from app.engine.concepts import Concepts, load_concepts
 from app.engine.cpu_host import (
+    engine_session_announced,
     pin_frontend,
     renice_engine,
     with_cpu_kv_cache,
@@ -127,7 +128,8 @@ async def start_engine(settings: Settings) -> VllmEngine:
     # The engine's processes learn of the hold from the environment they start with.
     hold = EngineHold()
     try:
-        with hold.announced():
+        niceness = settings.engine_niceness if cpu else 0
+        with hold.announced(), engine_session_announced(niceness):
             llm = AsyncLLM.from_vllm_config(
                 vllm_config,
                 stat_loggers=[lambda _config, _index: counts],

@@ -1,0 +1,88 @@
+"""`engine_session` (app.engine.cpu_host), the general plugin that moves vLLM's engine core
+into a session of its own, on real processes and no engine: a "server" process announces
+it and starts a child that runs the plugin, as vLLM starts its engine core. The child
+leaves the server's session and process group, its group (autogroup) takes the
+announced niceness, and it gets SIGTERM when the server is killed outright (a child
+left in a session of its own would otherwise live on: the group's SIGKILL misses it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from app.engine.cpu_host import SESSION_ENV, engine_session, engine_session_announced
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="sessions and prctl: Linux")
+
+# The child: the plugin as vLLM's engine core runs it, then a wait it should not finish.
+CHILD = (
+    "from app.engine.cpu_host import engine_session; engine_session(); import time; time.sleep(60)"
+)
+# The server: the announcement, the child started under it, its pid told, then a wait.
+SERVER = f"""
+import subprocess, sys, time
+from app.engine.cpu_host import engine_session_announced
+with engine_session_announced(7):
+    child = subprocess.Popen([sys.executable, "-c", {CHILD!r}])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _wait_for(check: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_engine_core_takes_a_session_of_its_own_and_ends_with_its_server() -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        child = int(server.stdout.readline())
+        assert _wait_for(lambda: os.getsid(child) == child, 10), "no session of its own"
+        assert os.getsid(child) != os.getsid(server.pid)
+        assert os.getpgid(child) == child
+        autogroup = Path(f"/proc/{child}/autogroup")
+        if autogroup.exists():
+            assert autogroup.read_text().split()[-1] == "7"
+        server.kill()  # SIGKILL to the server alone: nothing else reaches the child
+        server.wait()
+        assert _wait_for(lambda: not psutil.pid_exists(child), 10), "it outlived its server"
+    finally:
+        server.kill()
+        if "child" in locals() and psutil.pid_exists(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_any_other_process_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server itself, and a worker (its parent is the engine core), see the
+    # announcement with a pid that is not their parent's; without it, nothing at all.
+    session = os.getsid(0)
+    monkeypatch.setenv(SESSION_ENV, f"{os.getpid()} 10")
+    engine_session()
+    monkeypatch.delenv(SESSION_ENV)
+    engine_session()
+    assert os.getsid(0) == session
+
+
+def test_the_announcement_lasts_while_the_engine_starts_only() -> None:
+    with engine_session_announced(10):
+        assert os.environ[SESSION_ENV] == f"{os.getpid()} 10"
+    assert SESSION_ENV not in os.environ
+    with engine_session_announced(0):  # no niceness asked: no session either
+        assert SESSION_ENV not in os.environ
