@@ -129,3 +129,18 @@ def test_a_pushed_stream_writes_what_its_producer_writes_then_ends() -> None:
     sent = asyncio.run(_call(bodies_past_middleware(app)))
     assert [m["body"] for m in sent[1:]] == [*EVENTS, b""]
     assert sent[-1]["more_body"] is False
+
+
+def test_a_pushed_streams_tail_goes_in_the_write_that_ends_the_body() -> None:
+    async def produce(write: Callable[[bytes], None]) -> None:
+        write(EVENTS[0])
+
+    async def endpoint(request: Request) -> PushedStream:
+        return PushedStream(produce, Tickets([]), tail=b"data: [DONE]\n\n")
+
+    app = Starlette(routes=[Route("/s", endpoint)])
+    sent = asyncio.run(_call(bodies_past_middleware(app)))
+    assert [(m["body"], m["more_body"]) for m in sent[1:]] == [
+        (EVENTS[0], True),
+        (b"data: [DONE]\n\n", False),
+    ]

@@ -59,14 +59,11 @@ async def answer_call(
 ) -> Response:
     """`call` run and answered: streamed as SSE, or its body as JSON."""
     if stream:
-        done = call.core.ends_with_done
 
         async def produce(write: Callable[[bytes], None]) -> None:
             await stream_call(engine, call, lambda events: write(_encoded(events)), hooks)
-            if done:
-                write(DONE)
 
-        return PushedStream(produce, call.tickets)
+        return PushedStream(produce, call.tickets, DONE if call.core.ends_with_done else b"")
     try:
         body = await collect_answer(request, engine, call, hooks)
     except ClientGone:

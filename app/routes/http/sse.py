@@ -174,13 +174,16 @@ Produce = Callable[[Callable[[bytes], None]], Awaitable[None]]
 
 class PushedStream(Response):
     """A 200 `text/event-stream` whose events `produce(write)` writes as they come (each
-    already encoded), from any code on the event loop, its own task waiting once."""
+    already encoded), from any code on the event loop, its own task waiting once, then
+    `tail` (OpenAI's `[DONE]`, say) in the one write that ends the body: the end's
+    separate write was one more socket write per request."""
 
-    def __init__(self, produce: Produce, tickets: Tickets) -> None:
+    def __init__(self, produce: Produce, tickets: Tickets, tail: bytes = b"") -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         self.raw_headers = list(_HEADERS)
         self._produce = produce
         self._tickets = tickets
+        self._tail = tail
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         with self._tickets:
@@ -191,7 +194,7 @@ class PushedStream(Response):
             with contextlib.suppress(ClientGone):
                 await unless_disconnected(receive, self._produce(writer.write))
             await writer.drained()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": self._tail, "more_body": False})
 
 
 def bodies_past_middleware(app: ASGIApp) -> ASGIApp:
