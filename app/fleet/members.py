@@ -7,7 +7,9 @@ session: Linux schedules each session as one group (autogroup), where a process'
 niceness weighs only against its own session's, so replicas in sessions of their own
 made the engines' spinning at niceness 10 (app/engine/cpu_host.py) as heavy as a
 restarting replica's start (seen: its engine core importing vLLM at 7% of a CPU for
-two and a half minutes, under the suite's load). `stop` is SIGTERM to the member
+two and a half minutes, under the suite's load). Each engine has since moved into a
+session of its own whose group runs at that niceness, which keeps its spinning behind
+every other session's work whatever session its server is in. `stop` is SIGTERM to the member
 (a replica drains: app/drain.py), SIGKILL to its whole group past a deadline; `kill` is
 SIGKILL to the whole group at once, as if the machine it ran on died (a replica's engine
 core and worker die with it).
