@@ -212,7 +212,11 @@ def engine_session() -> None:
     if os.getppid() != int(server):  # the server ended before the kernel could tell
         signal.raise_signal(signal.SIGTERM)
         return
-    os.setsid()
+    try:
+        os.setsid()
+    except OSError:  # a process group's leader already: it stays where it is
+        logger.warning("the engine core could not take a session of its own")
+        return
     try:
         Path("/proc/self/autogroup").write_text(niceness)
     except OSError:  # a kernel without autogroups: the threads' niceness is all there is

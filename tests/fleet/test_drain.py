@@ -5,9 +5,10 @@ host on a page cache the suite has filled; a 4 s drain; a grace past it), draine
 of the fleet's tests.
 
 The signal goes to the server's whole process group, as a terminal's Ctrl-C or systemd's
-stop sends it: vLLM's engine core and worker get it too, and must live on under the drain
-(app/engine/vllm/hold.py), so every ending below is the drain's, never "The engine is not
-running".
+stop sends it: vLLM's engine core and worker must live on under the drain, whether a
+signal reaches them (app/engine/vllm/hold.py) or not (on a CPU build they run in a
+process group of their own, app/engine/cpu_host.py), so every ending below is the
+drain's, never "The engine is not running".
 
 The replica is drained once, by the module's `drained` fixture; each test then checks one
 part of what the clients saw:

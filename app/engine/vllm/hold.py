@@ -5,7 +5,9 @@ signal meant for the server reaches them too when it goes to the whole process g
 terminal's Ctrl-C, `kill -TERM -- -PGID`) or to every process of a service (systemd's
 default `KillMode=control-group`): the engine then stopped under the server's drain, and
 every stream ended with "The engine is not running", where the same signal to the server
-alone drained cleanly.
+alone drained cleanly. (On a CPU build the engine core by default runs in a session and
+process group of its own, app/engine/cpu_host.py, out of a group signal's reach; a
+service's signal to every process still reaches it.)
 
 So while the server holds its engine, the engine's processes ignore those two signals:
 the server drains, then stops its engine itself (`EngineHold.release`, then vLLM's own
