@@ -30,13 +30,19 @@ def test_the_frontend_runs_off_the_engine_cores(live_server: LiveServer) -> None
         assert not allowed & bound, f"thread {thread.id} may run on engine cores {bound}"
 
 
-def test_the_engine_gives_way_to_the_frontend(live_server: LiveServer) -> None:
+def _engine_processes() -> list[psutil.Process]:
+    """vLLM's engine core and workers under this process (at least one)."""
     engine = [
         child
         for child in psutil.Process().children(recursive=True)
         if child.name().startswith("VLLM::")
     ]
     assert engine, "no engine process under this one"
+    return engine
+
+
+def test_the_engine_gives_way_to_the_frontend(live_server: LiveServer) -> None:
+    engine = _engine_processes()
     niceness = {os.getpriority(os.PRIO_PROCESS, t.id) for p in engine for t in p.threads()}
     assert niceness == {live_server.app.state.settings.engine_niceness} == {10}
     assert os.getpriority(os.PRIO_PROCESS, 0) == 0
@@ -45,11 +51,7 @@ def test_the_engine_gives_way_to_the_frontend(live_server: LiveServer) -> None:
 def test_the_engine_runs_in_a_session_of_its_own(live_server: LiveServer) -> None:
     """Its group (where the kernel groups by session) at the engine's niceness, so that
     it gives way to processes of other sessions too (app.engine.cpu_host)."""
-    engine = [
-        child
-        for child in psutil.Process().children(recursive=True)
-        if child.name().startswith("VLLM::")
-    ]
+    engine = _engine_processes()
     sessions = {os.getsid(process.pid) for process in engine}
     assert len(sessions) == 1 and sessions != {os.getsid(0)}, sessions
     autogroup = Path(f"/proc/{engine[0].pid}/autogroup")

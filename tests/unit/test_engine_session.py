@@ -7,11 +7,11 @@ left in a session of its own would otherwise live on: the group's SIGKILL misses
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from app.engine.cpu_host import SESSION_ENV, engine_session, engine_session_announced
+from tests.waits import until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="sessions and prctl: Linux")
 
@@ -38,13 +39,8 @@ time.sleep(60)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _wait_for(check: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    asyncio.run(until(condition, what, timeout=10))
 
 
 def test_the_engine_core_takes_a_session_of_its_own_and_ends_with_its_server() -> None:
@@ -54,7 +50,7 @@ def test_the_engine_core_takes_a_session_of_its_own_and_ends_with_its_server() -
     try:
         assert server.stdout is not None
         child = int(server.stdout.readline())
-        assert _wait_for(lambda: os.getsid(child) == child, 10), "no session of its own"
+        _wait_for(lambda: os.getsid(child) == child, "the child's session of its own")
         assert os.getsid(child) != os.getsid(server.pid)
         assert os.getpgid(child) == child
         autogroup = Path(f"/proc/{child}/autogroup")
@@ -62,7 +58,7 @@ def test_the_engine_core_takes_a_session_of_its_own_and_ends_with_its_server() -
             assert autogroup.read_text().split()[-1] == "7"
         server.kill()  # SIGKILL to the server alone: nothing else reaches the child
         server.wait()
-        assert _wait_for(lambda: not psutil.pid_exists(child), 10), "it outlived its server"
+        _wait_for(lambda: not psutil.pid_exists(child), "the child to end with its server")
     finally:
         server.kill()
         if "child" in locals() and psutil.pid_exists(child):
