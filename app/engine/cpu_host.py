@@ -78,6 +78,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,6 +95,7 @@ _AOT_ENV = "VLLM_USE_AOT_COMPILE"
 # Set by the server while its engine starts: "<server pid> <niceness>".
 SESSION_ENV = "SWITCHBOARD_ENGINE_SESSION"
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_AUTOGROUP_TRIES = 10  # of the kernel's one write a tenth of a second: a second in all
 
 
 def kv_cache_default(engine_args: Mapping[str, Any], available_bytes: int) -> int | None:
@@ -198,6 +200,22 @@ def engine_session_announced(niceness: int) -> Iterator[None]:
         os.environ.pop(SESSION_ENV, None)
 
 
+def _nice_autogroup(niceness: str) -> bool:
+    """Set this session's group (autogroup) to `niceness`; False on a kernel without them.
+    Without CAP_SYS_ADMIN the kernel takes one such write a tenth of a second host-wide and
+    refuses the others with EAGAIN (another engine starting beside this one), so a refusal
+    is tried again a few times."""
+    for _ in range(_AUTOGROUP_TRIES):
+        try:
+            Path("/proc/self/autogroup").write_text(niceness)
+            return True
+        except BlockingIOError:
+            time.sleep(0.11)
+        except OSError:
+            return False
+    return False
+
+
 def engine_session() -> None:
     """vLLM's general plugin: in an engine core of a server that announced it (a child of
     the server, before it starts its workers), a session of its own, its group at the
@@ -217,9 +235,7 @@ def engine_session() -> None:
     except OSError:  # a process group's leader already: it stays where it is
         logger.warning("the engine core could not take a session of its own")
         return
-    try:
-        Path("/proc/self/autogroup").write_text(niceness)
-    except OSError:  # a kernel without autogroups: the threads' niceness is all there is
+    if not _nice_autogroup(niceness):
         logger.info("engine core in a session of its own (no autogroup to nice)")
         return
     logger.info("engine core in a session of its own, its group at niceness %s", niceness)
