@@ -2,11 +2,16 @@
 `bodies_past_middleware` put it in the scope (as `switchboard serve` does), and through
 the middleware otherwise; the start always passes the middleware, which is all any of
 ours reads. `PushedStream`'s body is written from synchronous code by a `BodyWriter`, in
-order even when the connection makes a send wait."""
+order even when the connection makes a send wait; under uvicorn's httptools protocol (as
+served) as chunks straight onto the connection, uvicorn's `send` taking over while the
+client is slow."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
+import time
 from collections.abc import AsyncGenerator, Callable
 
 import pytest
@@ -16,7 +21,14 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.admission import Tickets
-from app.routes.http.sse import EventStream, PushedStream, bodies_past_middleware, body_writer
+from app.routes.http import sse
+from app.routes.http.sse import (
+    ChunkWriter,
+    EventStream,
+    PushedStream,
+    bodies_past_middleware,
+    body_writer,
+)
 
 EVENTS = [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
 
@@ -144,3 +156,138 @@ def test_a_pushed_streams_tail_goes_in_the_write_that_ends_the_body() -> None:
         (EVENTS[0], True),
         (b"data: [DONE]\n\n", False),
     ]
+
+
+def _serve(app: ASGIApp) -> tuple[int, Callable[[], None]]:
+    """`app` served by uvicorn's httptools protocol on a socket, as `switchboard serve`
+    serves; its port and how to stop it."""
+    import uvicorn
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    config = uvicorn.Config(
+        bodies_past_middleware(app), port=port, http="httptools", log_level="critical"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+    return port, stop
+
+
+def _unchunked(body: bytes) -> bytes:
+    out = b""
+    while True:
+        size, _, body = body.partition(b"\r\n")
+        if int(size, 16) == 0:
+            return out
+        out, body = out + body[: int(size, 16)], body[int(size, 16) + 2 :]
+
+
+def test_a_served_body_goes_onto_the_connection_and_through_send_while_the_client_lags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 4 MiB written faster than the client reads: the transport's buffer fills, uvicorn's
+    # flow control holds the connection and the pieces after take uvicorn's `send` until
+    # it has caught up, again and again. Every byte arrives, in order, in one well-formed
+    # chunked body.
+    pieces = [bytes([65 + i % 26]) * 16384 for i in range(256)]
+    writers: list[object] = []
+    through_send: list[int] = []
+    writes = sse.BodyWriter.write
+
+    def counted(self: sse.BodyWriter[bytes], piece: bytes) -> None:
+        through_send.append(len(piece))
+        writes(self, piece)
+
+    monkeypatch.setattr(sse.BodyWriter, "write", counted)
+
+    async def produce(write: Callable[[bytes], None]) -> None:
+        writers.append(getattr(write, "__self__", None))
+        for piece in pieces:
+            write(piece)
+            await asyncio.sleep(0)  # the client's reads come in between
+
+    async def endpoint(request: Request) -> PushedStream:
+        return PushedStream(produce, Tickets([]), tail=b"end")
+
+    port, stop = _serve(Starlette(routes=[Route("/s", endpoint)]))
+    try:
+        with socket.socket() as sock:
+            sock.settimeout(30)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # before the window
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(b"GET /s HTTP/1.1\r\nHost: t\r\n\r\n")
+            time.sleep(0.5)  # not reading: the server's writes back up
+            received = b""
+            while not received.endswith(b"\r\n0\r\n\r\n"):
+                chunk = sock.recv(1 << 16)
+                time.sleep(0.001)
+                assert chunk, "connection closed before the body's end"
+                received += chunk
+    finally:
+        stop()
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower()
+    assert _unchunked(body) == b"".join(pieces) + b"end"
+    assert isinstance(writers[0], ChunkWriter)
+    assert 0 < len(through_send) < len(pieces)  # some took the connection, some `send`
+
+
+class _Transport(asyncio.Transport):
+    """What a connection was sent, as it was written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.append(bytes(data))
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def test_a_chunk_written_as_the_client_catches_up_waits_behind_those_held_before_it() -> None:
+    # The flow resumes before uvicorn's `send` has written what waited: a piece written in
+    # between must follow those pieces, not pass them on the connection.
+    import logging
+
+    from uvicorn.protocols.http.flow_control import FlowControl
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    async def scenario() -> bytes:
+        transport = _Transport()
+        flow = FlowControl(transport)
+        scope: Scope = {"type": "http", "method": "GET", "path": "/s", "headers": []}
+        log = logging.getLogger("test")
+        cycle = RequestResponseCycle(
+            scope, transport, flow, log, log, False, [], asyncio.Event(), False, True, print
+        )  # type: ignore[arg-type]
+        await cycle.send({"type": "http.response.start", "status": 200, "headers": []})
+        writer = body_writer(cycle.send)
+        assert isinstance(writer, ChunkWriter)
+        writer.write(b"1")
+        flow.pause_writing()
+        writer.write(b"2")
+        writer.write(b"3")
+        flow.resume_writing()
+        writer.write(b"4")  # before the waiting send has run
+        await writer.drained()
+        writer.write(b"5")
+        await cycle.send({"type": "http.response.body", "body": b"", "more_body": False})
+        return b"".join(transport.written).partition(b"\r\n\r\n")[2]
+
+    assert _unchunked(asyncio.run(scenario())) == b"12345"
