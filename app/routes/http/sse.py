@@ -17,7 +17,7 @@ before the producer started.
 
 The body goes to the server's own `send` (`RAW_SEND`, put in the scope by
 `bodies_past_middleware` around the app uvicorn serves), past the middleware stack:
-every middleware here (Starlette's error layers, the Prometheus instrumentator, our last
+every middleware here (Starlette's error layers, the HTTP metrics, our last
 resort) watches the response's start and only passes its body through, and wrapping each
 event's `send` in five of them cost about 7% of the frontend's CPU per token (profiled
 at 64 streams). Without the key (an ASGI test client) the body takes the chain. A pushed
