@@ -6,11 +6,8 @@ hostile bodies against real vLLM are in tests/e2e/test_http_shapes.py."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -41,6 +38,7 @@ from schemas.openai_replies import (
 )
 from tests.fake_engine import FakeEngine, FakeTokenizer
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
+from tests.uvicorn_thread import uvicorn_in_thread
 
 JSON_ROUTES = [
     "/v1/completions",
@@ -228,22 +226,8 @@ async def test_a_bug_before_the_first_byte_is_an_internal_error_in_shape() -> No
 @pytest.fixture(scope="module")
 def buggy_server() -> Iterator[int]:
     """uvicorn over the buggy fake engine, on a real socket (keep-alive is the point)."""
-    import uvicorn
-
-    app = create_app(Settings(model="fake"), engine=BuggyEngine())
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield port
-    server.should_exit = True
-    thread.join(timeout=10)
+    with uvicorn_in_thread(create_app(Settings(model="fake"), engine=BuggyEngine())) as port:
+        yield port
 
 
 def test_the_connection_survives_a_bug(buggy_server: int) -> None:

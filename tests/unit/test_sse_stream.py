@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import AsyncGenerator, Callable
 
@@ -29,6 +28,7 @@ from app.routes.http.sse import (
     bodies_past_middleware,
     body_writer,
 )
+from tests.uvicorn_thread import uvicorn_in_thread
 
 EVENTS = [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
 
@@ -158,32 +158,6 @@ def test_a_pushed_streams_tail_goes_in_the_write_that_ends_the_body() -> None:
     ]
 
 
-def _serve(app: ASGIApp) -> tuple[int, Callable[[], None]]:
-    """`app` served by uvicorn's httptools protocol on a socket, as `switchboard serve`
-    serves; its port and how to stop it."""
-    import uvicorn
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    config = uvicorn.Config(
-        bodies_past_middleware(app), port=port, http="httptools", log_level="critical"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-    return port, stop
-
-
 def _unchunked(body: bytes) -> bytes:
     out = b""
     while True:
@@ -220,22 +194,19 @@ def test_a_served_body_goes_onto_the_connection_and_through_send_while_the_clien
     async def endpoint(request: Request) -> PushedStream:
         return PushedStream(produce, Tickets([]), tail=b"end")
 
-    port, stop = _serve(Starlette(routes=[Route("/s", endpoint)]))
-    try:
-        with socket.socket() as sock:
-            sock.settimeout(30)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # before the window
-            sock.connect(("127.0.0.1", port))
-            sock.sendall(b"GET /s HTTP/1.1\r\nHost: t\r\n\r\n")
-            time.sleep(0.5)  # not reading: the server's writes back up
-            received = b""
-            while not received.endswith(b"\r\n0\r\n\r\n"):
-                chunk = sock.recv(1 << 16)
-                time.sleep(0.001)
-                assert chunk, "connection closed before the body's end"
-                received += chunk
-    finally:
-        stop()
+    app = bodies_past_middleware(Starlette(routes=[Route("/s", endpoint)]))
+    with uvicorn_in_thread(app, http="httptools") as port, socket.socket() as sock:
+        sock.settimeout(30)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # before the window
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /s HTTP/1.1\r\nHost: t\r\n\r\n")
+        time.sleep(0.5)  # not reading: the server's writes back up
+        received = b""
+        while not received.endswith(b"\r\n0\r\n\r\n"):
+            chunk = sock.recv(1 << 16)
+            time.sleep(0.001)
+            assert chunk, "connection closed before the body's end"
+            received += chunk
     head, _, body = received.partition(b"\r\n\r\n")
     assert b"transfer-encoding: chunked" in head.lower()
     assert _unchunked(body) == b"".join(pieces) + b"end"
