@@ -170,10 +170,10 @@ def _unchunked(body: bytes) -> bytes:
 def test_a_served_body_goes_onto_the_connection_and_through_send_while_the_client_lags(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # 4 MiB written faster than the client reads: the transport's buffer fills, uvicorn's
-    # flow control holds the connection and the pieces after take uvicorn's `send` until
-    # it has caught up, again and again. Every byte arrives, in order, in one well-formed
-    # chunked body.
+    # 4 MiB written while the client does not read: the transport's buffer fills,
+    # uvicorn's flow control holds the connection and the pieces meanwhile take uvicorn's
+    # `send` until it has caught up; then the connection again. Every byte arrives, in
+    # order, in one well-formed chunked body.
     pieces = [bytes([65 + i % 26]) * 16384 for i in range(256)]
     writers: list[object] = []
     through_send: list[int] = []
