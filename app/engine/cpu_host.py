@@ -86,6 +86,8 @@ from typing import Any
 
 import psutil
 
+from app.engine.announce import announced
+
 logger = logging.getLogger(__name__)
 
 GiB = 1 << 30
@@ -193,11 +195,8 @@ def engine_session_announced(niceness: int) -> Iterator[None]:
     if niceness == 0 or sys.platform != "linux":
         yield
         return
-    os.environ[SESSION_ENV] = f"{os.getpid()} {niceness}"
-    try:
+    with announced(SESSION_ENV, f"{os.getpid()} {niceness}"):
         yield
-    finally:
-        os.environ.pop(SESSION_ENV, None)
 
 
 def _nice_autogroup(niceness: str) -> bool:

@@ -41,6 +41,8 @@ from typing import Any
 
 import psutil
 
+from app.engine.announce import announced
+
 logger = logging.getLogger(__name__)
 
 # Set by the server before it starts its engine: "<server pid> <hold name>".
@@ -62,11 +64,8 @@ class EngineHold:
         """The hold in the environment while the engine's processes start, and only
         then: a process the server starts later (a test's `vllm serve`, a tool) is no
         engine of this hold, and must not inherit it."""
-        os.environ[ENV] = f"{os.getpid()} {self.name}"
-        try:
+        with announced(ENV, f"{os.getpid()} {self.name}"):
             yield
-        finally:
-            os.environ.pop(ENV, None)
 
     def release(self) -> None:
         """Let the engine's processes obey signals again (idempotent)."""
