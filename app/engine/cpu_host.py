@@ -43,7 +43,9 @@ client beside the spinning worker and the frontend beside the engine core's loop
 `renice_engine` gives every thread of the engine's processes a niceness (10 by default,
 `--engine-niceness`): the spinning then yields to whatever else wants the core, and the
 engine's own work still has every core that nothing else wants. Threads made later
-inherit it.
+inherit it; and since a sweep can miss a thread started while it walks (a thread at 0
+was seen once in the suite), each engine process also sets it on its starting thread
+as it starts (`engine_session`), so that what it starts from then on is born at it.
 
 Engine session: a niceness weighs only against the threads of its own scheduling group,
 and where the kernel groups by session (autogroup, on by default on desktop and many
@@ -216,12 +218,19 @@ def _nice_autogroup(niceness: str) -> bool:
 
 
 def engine_session() -> None:
-    """vLLM's general plugin: in an engine core of a server that announced it (a child of
-    the server, before it starts its workers), a session of its own, its group at the
-    announced niceness, and SIGTERM when the server's thread that started it ends. Any
-    other process (the server itself, a worker, an unrelated vLLM) is left alone."""
+    """vLLM's general plugin: in every engine process of a server that announced it (its
+    engine core and the core's workers, as each starts), the starting thread at the
+    announced niceness, so that every thread it starts from then on is born at it (the
+    sweep after startup, `renice_engine`, can miss a thread started while it walks);
+    in the engine core (the server's child, before it starts its workers) also a session
+    of its own, its group at that niceness, and SIGTERM when the server's thread that
+    started it ends. The server itself, and any process started without the
+    announcement, are left alone."""
     server, _, niceness = os.environ.get(SESSION_ENV, "").partition(" ")
-    if not niceness or os.getppid() != int(server):
+    if not niceness or os.getpid() == int(server):
+        return
+    os.setpriority(os.PRIO_PROCESS, 0, int(niceness))  # this thread: Linux nices threads
+    if os.getppid() != int(server):
         return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:

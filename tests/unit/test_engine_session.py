@@ -1,8 +1,8 @@
 """`engine_session` (app.engine.cpu_host), the general plugin that moves vLLM's engine core
 into a session of its own, on real processes and no engine: a "server" process announces
 it and starts a child that runs the plugin, as vLLM starts its engine core. The child
-leaves the server's session and process group, its group (autogroup) takes the
-announced niceness, and it gets SIGTERM when the server is killed outright (a child
+leaves the server's session and process group, its threads and its group (autogroup)
+take the announced niceness, and it gets SIGTERM when the server is killed outright (a child
 left in a session of its own would otherwise live on: the group's SIGKILL misses it)."""
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from tests.waits import until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="sessions and prctl: Linux")
 
-# The child: the plugin as vLLM's engine core runs it, then a wait it should not finish.
+# The child: the plugin as vLLM's engine core runs it, a thread started after it (as the
+# core's own threads are), then a wait it should not finish.
 CHILD = (
-    "from app.engine.cpu_host import engine_session; engine_session(); import time; time.sleep(60)"
+    "from app.engine.cpu_host import engine_session; engine_session(); import threading, time; "
+    "threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); time.sleep(60)"
 )
 # The server: the announcement, the child started under it, its pid told, then a wait.
 SERVER = f"""
@@ -53,6 +55,9 @@ def test_the_engine_core_takes_a_session_of_its_own_and_ends_with_its_server() -
         _wait_for(lambda: os.getsid(child) == child, "the child's session of its own")
         assert os.getsid(child) != os.getsid(server.pid)
         assert os.getpgid(child) == child
+        _wait_for(lambda: len(psutil.Process(child).threads()) == 2, "the child's thread")
+        threads = psutil.Process(child).threads()
+        assert {os.getpriority(os.PRIO_PROCESS, t.id) for t in threads} == {7}
         autogroup = Path(f"/proc/{child}/autogroup")
         if autogroup.exists():  # written just after the session is taken: waited for too
             _wait_for(lambda: autogroup.read_text().split()[-1] == "7", "the group's niceness")
@@ -66,14 +71,13 @@ def test_the_engine_core_takes_a_session_of_its_own_and_ends_with_its_server() -
 
 
 def test_any_other_process_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The server itself, and a worker (its parent is the engine core), see the
-    # announcement with a pid that is not their parent's; without it, nothing at all.
-    session = os.getsid(0)
+    # The server itself sees its own announcement; without one, nothing at all.
+    session, niceness = os.getsid(0), os.getpriority(os.PRIO_PROCESS, 0)
     monkeypatch.setenv(SESSION_ENV, f"{os.getpid()} 10")
     engine_session()
     monkeypatch.delenv(SESSION_ENV)
     engine_session()
-    assert os.getsid(0) == session
+    assert (os.getsid(0), os.getpriority(os.PRIO_PROCESS, 0)) == (session, niceness)
 
 
 def test_the_announcement_lasts_while_the_engine_starts_only() -> None:
