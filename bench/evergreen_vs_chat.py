@@ -12,7 +12,7 @@ Two measurements, each alternating the two protocols over rounds, medians report
    whose prompt node names the previous prompt and response; the chat client resends
    the whole conversation. Per turn: bytes sent, and time to the first output text.
 
-Writes bench/results/evergreen.json and the table in docs/benchmarks.md between the
+Writes bench/results/evergreen.json and the table between the
 `bench:evergreen` markers.
 
     flock /tmp/switchboard-engine.lock .venv/bin/python bench/evergreen_vs_chat.py [--rounds 3]

@@ -15,7 +15,7 @@ frontend: the engine core is a child process and excluded). Medians over the rou
 Salience counts tokens from Done; Evergreen reports none, so its "tokens" are output
 fragments (one per engine step that produced text: about one a token).
 
-Writes bench/results/grpc.json and the table in docs/benchmarks.md between the
+Writes bench/results/grpc.json and the table between the
 `bench:grpc` markers.
 
     flock /tmp/switchboard-engine.lock .venv/bin/python bench/grpc_vs_ws.py \

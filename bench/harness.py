@@ -1,8 +1,9 @@
 """The one harness every benchmark runs on: targets and the servers they start, load
 clients, rounds and starts, CPU accounting, and results.
 
-How to add a benchmark (one script per claim; an experiment is kept as its results in
-bench/results/ and a paragraph in docs/benchmarks.md, not as code to maintain):
+How to add a benchmark (one script per claim, its claim on docs/benchmarks.md in the shape
+that page gives; an experiment is kept as its results in bench/results/ and its reading in
+bench/results/README.md, not as code to maintain):
 
 1. Targets: `switchboard(name, *flags)`, `vllm_serve(name, *flags, rust=...)`, or any
    `Target(name, argv, env)` whose command line serves HTTP on `{port}` (and gRPC on
@@ -25,9 +26,9 @@ bench/results/ and a paragraph in docs/benchmarks.md, not as code to maintain):
    drift); `spread` prints a median with its range.
 5. `publish(NAME, figures, table)`: bench/results/NAME.json (with the date, the machine
    and every round) and the table between `<!-- bench:NAME -->` and
-   `<!-- /bench:NAME -->` in docs/benchmarks.md (add the markers and a paragraph on how
-   to read it). Run it under the engine lock, with nothing else measuring:
-   `flock /tmp/switchboard-engine.lock .venv/bin/python bench/NAME.py`.
+   `<!-- /bench:NAME -->` (in docs/benchmarks.md, or the page of the API it measures: add
+   the markers, and the claim on docs/benchmarks.md). Run it under the engine lock,
+   with nothing else measuring: `flock /tmp/switchboard-engine.lock .venv/bin/python bench/NAME.py`.
 
 The machine has two cores. vLLM's CPU build binds its OpenMP threads to core 0
 (`CLIENT_CORE`: a load client placed there, at real-time priority, leaves the frontend

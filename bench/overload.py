@@ -20,7 +20,7 @@ a streamed request that way once it has rendered its prompt); other 5xx (goal 0)
 connection errors (refused, reset or timed out), other failures, the peak RSS of the
 server's process tree (frontend + engine core), sampled every 0.5 s, and the frontend's
 CPU seconds over the burst. One server alive at a time. Writes bench/results/overload.json
-and the table in docs/benchmarks.md between the `bench:overload` markers.
+and the table between the `bench:overload` markers.
 
     flock /tmp/switchboard-engine.lock .venv/bin/python bench/overload.py \
         [--duration 60] [--factor 10] [--bound 64]

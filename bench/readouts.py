@@ -4,7 +4,7 @@ positions, against the same engine without readouts configured at all.
 One engine at a time (two CPU engines slow each other), 8 concurrent requests of a
 128-token prompt and 64 output tokens each, `ignore_eos`, rounds alternating between the
 plain engine and the readout engine; medians. Writes bench/results/readouts.json and the
-table in docs/benchmarks.md between the `bench:readouts` markers.
+table between the `bench:readouts` markers.
 
     flock /tmp/switchboard-engine.lock .venv/bin/python bench/readouts.py [--rounds 3]
 """

@@ -25,7 +25,7 @@ seconds, the same for rows that run back to back, so the median of those ratios 
 where ratios of whole-run figures did not. Switchboard's Responses against `vllm
 serve`'s is a ratio of medians (the servers run minutes apart). One server alive at a
 time; rounds alternate which goes first.
-Writes bench/results/responses.json and the table in docs/benchmarks.md between
+Writes bench/results/responses.json and the table between
 `bench:responses`.
 
     flock /tmp/switchboard-engine.lock .venv/bin/python bench/responses_vs_chat.py \

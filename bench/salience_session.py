@@ -6,7 +6,7 @@ the completions client the whole token list so far (as a chat client without ses
 must). Measured per turn: bytes the client sent, and time to the first decoded token.
 Both sides hit vLLM's prefix cache equally; what differs is what crosses the wire and
 what the server must parse. Writes bench/results/salience_session.json and the
-table in docs/benchmarks.md between the `bench:salience` markers.
+table between the `bench:salience` markers.
 
     flock /tmp/switchboard-engine.lock .venv/bin/python bench/salience_session.py [--turns 36]
 """

@@ -10,7 +10,7 @@ TTFT p50/p99, and frontend CPU per output token (the server process's own user+s
 engine-core child excluded).
 
 One CPU engine at a time; targets alternate over rounds and the figures are medians over
-rounds. Writes bench/results/structured.json and the table in docs/benchmarks.md
+rounds. Writes bench/results/structured.json and the table
 between the `bench:structured` markers.
 
     flock /tmp/switchboard-engine.lock .venv/bin/python bench/structured_chat.py \

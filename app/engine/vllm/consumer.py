@@ -26,7 +26,7 @@ every step's tokens).
 Measured: the walk itself costs 5.5 us a token against 6.5 for `process_outputs` with
 vLLM's request state (64 requests x 64 tokens, one process, the minimum of 9); what it
 saves beside that is the per-request wake-up and the generator layers of a pulled stream
-(see docs/benchmarks.md).
+(see bench/results/README.md, "Without an engine" and after).
 
 Invariants:
 - `StepConsumer.add` registers a request exactly as `AsyncLLM.add_request` does for a
