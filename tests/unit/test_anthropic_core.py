@@ -27,8 +27,8 @@ from app.errors import InvalidRequest, Overloaded, ShuttingDown
 from app.protocols.anthropic.core import MessagesCore
 from app.protocols.anthropic.errors import error_body, error_kind
 from app.protocols.anthropic.messages import conversation
+from app.protocols.bodies import validate
 from app.protocols.conversation.plan import plan_conversation
-from app.routes.http.bodies import validate
 from schemas.anthropic import AnthropicMessagesRequest
 from tests.conftest import tiny_model_path
 from tests.fake_engine import FakeEngine, vllm_tool_support

@@ -25,6 +25,7 @@ from app.engine.base import Engine
 from app.engine.models import served_by
 from app.engine.validation import check_token_ids
 from app.errors import SwitchboardError
+from app.protocols.bodies import parse_json, validate
 from app.protocols.conversation.plan import render_conversation
 from app.protocols.openai.chat import ChatCore, tokenize_conversation
 from app.protocols.openai.completions import CompletionCore
@@ -33,7 +34,7 @@ from app.protocols.openai.render import render_chat, render_completions
 from app.protocols.openai.units import admission_units
 from app.routes.deps import AdmissionDep, AuthDep, EngineDep
 from app.routes.http.answers import Answers, error_answers, event_stream
-from app.routes.http.bodies import json_body, parse_json, read_body, validate
+from app.routes.http.bodies import json_body, read_body
 from app.routes.http.calls import serve_call
 from app.routes.http.errors import api_router, retry_headers
 from app.routes.http.json import OrjsonResponse

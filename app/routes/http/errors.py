@@ -43,7 +43,7 @@ from app.errors import (
     SwitchboardError,
     Unauthenticated,
 )
-from app.routes.http.bodies import describe_errors
+from app.protocols.bodies import describe_errors
 
 
 class ErrorRenderer(Protocol):

@@ -41,11 +41,11 @@ from starlette.websockets import WebSocketDisconnect
 
 from app.engine.models import served_by
 from app.errors import InvalidRequest, ResourceExhausted, SwitchboardError, client_error
+from app.protocols.bodies import parse_json, validate
 from app.protocols.core import Event
 from app.protocols.openai.errors import error_body
 from app.protocols.openai.units import admission_units
 from app.routes.deps import check_credentials, get_drain, get_engine, get_settings, responses_api
-from app.routes.http.bodies import parse_json, validate
 from app.routes.http.errors import retry_headers
 from app.routes.http.json import OrjsonResponse, dump_json
 from app.routes.http.sse import RAW_SEND, frame_writer
