@@ -1,7 +1,6 @@
 """Running a call's engine requests (one, or many for OpenAI `n` and prompt batches), each
-on its admission ticket: their events pushed to one receiver (`run_generations`, the
-engine's `run`: no task wakes per event) or merged into one pulled stream of `(index,
-TokenEvent)` (`merge_generations`, the engine's `generate`).
+on its admission ticket, their events pushed to one receiver (`run_generations`, the
+engine's `run`: no task wakes per event).
 
 Invariant: however the call ends (every request finished, cancelled, or failed in one
 branch), every branch is closed, which aborts any engine request still running and
@@ -12,13 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
-from app.admission import Tickets, generate, run
+from app.admission import Tickets, run
 from app.engine.base import Engine, GenerationRequest, TokenEvent
-
-_DONE = object()
 
 
 async def run_generations(
@@ -39,48 +36,6 @@ async def run_generations(
     try:
         for finished in asyncio.as_completed(tasks):
             await finished
-    finally:
-        await _cancel_all(tasks)
-
-
-async def merge_generations(
-    engine: Engine, requests: Sequence[GenerationRequest], tickets: Tickets
-) -> AsyncIterator[tuple[int, TokenEvent]]:
-    """`tickets[i]` is `requests[i]`'s."""
-    if len(requests) == 1:
-        # The common case: no tasks, no queue, one engine iterator.
-        stream = generate(engine, requests[0], tickets[0])
-        try:
-            async for event in stream:
-                yield 0, event
-        finally:
-            await stream.aclose()
-        return
-
-    queue: asyncio.Queue[tuple[int, TokenEvent] | BaseException | object] = asyncio.Queue()
-
-    async def pump(index: int, request: GenerationRequest) -> None:
-        stream = generate(engine, request, tickets[index])
-        try:
-            async for event in stream:
-                queue.put_nowait((index, event))
-            queue.put_nowait(_DONE)
-        except Exception as exc:
-            queue.put_nowait(exc)
-        finally:
-            await stream.aclose()
-
-    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            item = await queue.get()
-            if item is _DONE:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item  # type: ignore[misc]
     finally:
         await _cancel_all(tasks)
 

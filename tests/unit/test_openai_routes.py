@@ -3,6 +3,8 @@ fan-out of `n`. The same behaviour on real vLLM is in tests/e2e."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 from collections.abc import AsyncGenerator
@@ -12,11 +14,12 @@ import pytest
 
 from app.admission import Admission, Tickets
 from app.config import Settings
-from app.engine.base import GenerationRequest, TokenEvent
+from app.engine.base import GenerationRequest, SamplingOptions, TokenEvent
 from app.errors import EngineError
 from app.main import create_app
-from app.sessions.generations import merge_generations
+from app.sessions.generations import run_generations
 from tests.fake_engine import FakeEngine
+from tests.waits import until
 
 
 def _tickets(n: int) -> Tickets:
@@ -86,23 +89,52 @@ async def test_n_choices_are_merged_and_accounted() -> None:
     assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 9, "total_tokens": 11}
 
 
-async def test_merge_closes_every_branch_when_one_fails() -> None:
-    engine = FailingEngine(step_delay=0.001)
-    requests = [GenerationRequest(request_id=f"r{i}", prompt_text="a") for i in range(3)]
+class FirstFailsEngine(FakeEngine):
+    """Request r0 fails after its second token; the others run to their end."""
+
+    def __init__(self) -> None:
+        super().__init__(max_model_len=4096, step_delay=0.001)
+        self.events: dict[str, list[TokenEvent]] = {f"r{i}": [] for i in range(3)}
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        inner = super().generate(request)
+        try:
+            async for event in inner:
+                if request.request_id == "r0" and len(self.events["r0"]) == 2:
+                    raise EngineError("the engine fell over")
+                self.events[request.request_id].append(event)
+                yield event
+        finally:
+            await inner.aclose()
+
+
+# Long enough that a branch left running would not have ended by itself when the call did.
+_LONG = SamplingOptions(max_tokens=4000)
+
+
+async def test_generations_close_every_branch_when_one_fails() -> None:
+    engine = FirstFailsEngine()
+    requests = [GenerationRequest(f"r{i}", prompt_text="a", sampling=_LONG) for i in range(3)]
     with pytest.raises(EngineError):
-        async for _ in merge_generations(engine, requests, _tickets(len(requests))):
-            pass
+        await run_generations(engine, requests, _tickets(len(requests)), lambda i, e: None)
     assert engine.running == set()
+    assert all(len(events) < _LONG.max_tokens for events in engine.events.values())
 
 
-async def test_merge_closes_branches_when_consumer_stops_early() -> None:
-    engine = FakeEngine(step_delay=0.001)
-    requests = [GenerationRequest(request_id=f"r{i}", prompt_text="a") for i in range(2)]
-    stream = merge_generations(engine, requests, _tickets(len(requests)))
-    await stream.__anext__()
+async def test_generations_close_every_branch_when_cancelled() -> None:
+    engine = FakeEngine(max_model_len=4096, step_delay=0.001)
+    requests = [GenerationRequest(f"r{i}", prompt_text="a", sampling=_LONG) for i in range(2)]
+    received: list[int] = []
+    call = asyncio.ensure_future(
+        run_generations(engine, requests, _tickets(len(requests)), lambda i, e: received.append(i))
+    )
+    await until(lambda: {0, 1} <= set(received), "both requests' first events")
     assert engine.running == {"r0", "r1"}
-    await stream.aclose()
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await call
     assert engine.running == set()
+    assert len(received) < 2 * _LONG.max_tokens
 
 
 async def test_lora_admin_routes() -> None:
