@@ -34,11 +34,6 @@ class Concepts:
     def hidden_size(self) -> int:
         return int(self.directions.shape[2])
 
-    @property
-    def readout_floats(self) -> int:
-        """Floats per position: n_layers * n_concepts."""
-        return len(self.layers) * len(self.names)
-
     def check_model(self, hidden_size: int, num_layers: int) -> None:
         """The file fits a model of `num_layers` decoder layers of `hidden_size`."""
         if self.hidden_size != hidden_size:

@@ -23,7 +23,6 @@ Buffer = bytes | bytearray | memoryview
 _VTABLE_HEAD = struct.Struct("<HH")
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
-_I64 = struct.Struct("<q")
 _OFFSET = 4
 
 
@@ -101,10 +100,6 @@ class Table:
     def u8(self, slot: int, name: str) -> int:
         field = self._field(slot, 1, name)
         return 0 if field is None else int(self.buf[field])
-
-    def i64(self, slot: int, name: str) -> int:
-        field = self._field(slot, 8, name)
-        return 0 if field is None else int(_I64.unpack_from(self.buf, field)[0])
 
     def table(self, slot: int, name: str, path: str | None = None) -> Table | None:
         """The table field `slot`; `path` renames it in errors (a union member by its

@@ -45,9 +45,6 @@ class StoredResponse:
     def context(self) -> list[Item]:
         return [*self.history, *self.input_items, *(self.response.get("output") or ())]
 
-    def with_response(self, response: dict[str, Any]) -> StoredResponse:
-        return StoredResponse(response, self.input_items, self.history)
-
     def encode(self) -> bytes:
         return orjson.dumps(
             {
