@@ -1,74 +1,59 @@
 """What vLLM's CPU build needs from its host: a KV cache size chosen up front, prompts
 prefilled whole, engine processes that give way to the frontend, the frontend kept off
 the cores the engine's OpenMP threads spin on when asked, and a compile cache that loads.
+The measurements behind each rule: bench/results/README.md, "The engine's host".
 
 KV cache: with no size given, vLLM's CPU worker reserves `gpu_memory_utilization` (0.92)
-of its NUMA node and refuses to start when the page cache holds part of it ("Available
-memory on node 0 (8.4/9.71 GiB) on startup is less than desired CPU memory
-utilization"), which is whenever the machine has recently read a few GiB of files. So on
-a CPU build with no `--kv-cache-memory-bytes` and no `VLLM_CPU_KVCACHE_SPACE`, Switchboard
-asks for `DEFAULT_KV_CACHE_BYTES`, or a quarter of the memory available at start when
-that is less, and logs what it chose.
+of its NUMA node and refuses to start when the page cache holds part of it, which is
+whenever the machine has recently read a few GiB of files. So on a CPU build with no
+`--kv-cache-memory-bytes` and no `VLLM_CPU_KVCACHE_SPACE`, Switchboard asks for
+`DEFAULT_KV_CACHE_BYTES`, or a quarter of the memory available at start when that is
+less, and logs what it chose.
 
 Whole prefills: vLLM's CPU worker kills the engine when a seeded request's prompt is
 prefilled in parts: after the part it rewinds the request's torch.Generator, which only
-CUDA's generators can do ("CPU Generator does not use offset"). A client's `seed` on a
-long prompt in a busy batch was enough (seen in CI). So a CPU build runs without chunked
-prefill unless `--enable-chunked-prefill` is given: vLLM then sizes a step's token budget
-to hold the longest prompt (at least `max_model_len`), as its own CPU platform does for
-the models it cannot chunk.
+CUDA's generators can do ("CPU Generator does not use offset"). So a CPU build runs
+without chunked prefill unless `--enable-chunked-prefill` is given: vLLM then sizes a
+step's token budget to hold the longest prompt (at least `max_model_len`), as its own
+CPU platform does for the models it cannot chunk.
 
 Frontend: vLLM binds its OpenMP threads to some cores (on a 2-core machine, core 0) and
 leaves the rest for the frontend, but does not move the frontend. A frontend thread that
-lands on an engine core waits behind spinning OpenMP threads and streams in bursts (TTFT
-x10 at concurrency 1). `pin_frontend` reads the binding vLLM actually applied (the
-affinity of the engine processes' threads) and restricts every thread of this process to
-the other cores. Threads created later inherit it. It runs with `--pin-frontend` (on by
-default): beside a client the kernel places (bench/frontends.py, two runs of 4 starts
-each, 2026-11-26), the pinned frontend streamed 1.08-1.24x the tokens per second at 16
-streams on 0.83-0.84x the CPU per token, and none of its starts fell into the slow mode
-one of the unpinned frontend's eight did (0.24x its median). With the client pinned to
-the engine's core (seven runs before) the kernel's own placement had done as well, since
-the client kept the frontend off that core itself.
+lands on an engine core waits behind spinning OpenMP threads and streams in bursts.
+`pin_frontend` reads the binding vLLM actually applied (the affinity of the engine
+processes' threads) and restricts every thread of this process to the other cores;
+threads created later inherit it. It runs with `--pin-frontend`, on by default: beside a
+client the kernel places, the pinned frontend streams more tokens per second on less CPU
+per token, and none of its starts falls into the slow mode an unpinned one can.
 
 Engine niceness: vLLM's CPU build runs a scheduling process (its engine core) and a
 worker process, and each waits for the other by spinning (`sched_yield` in a loop, for
-up to a second after its last message): under load the worker's OpenMP thread, bound to
-one core, and the engine core's loop on the other keep both cores busy even between
-steps. The frontend and any client on the host share a core with a spinner, and which
-core each lands on, decided by the kernel at start and kept by its wake-ups, decided how
-fast the start served: measured per thread under an unpinned load, the slow starts (a
-third to half of the fast ones' tokens per second, for the server's whole life) had the
-client beside the spinning worker and the frontend beside the engine core's loop.
-`renice_engine` gives every thread of the engine's processes a niceness (10 by default,
-`--engine-niceness`): the spinning then yields to whatever else wants the core, and the
-engine's own work still has every core that nothing else wants. Threads made later
-inherit it; and since a sweep can miss a thread started while it walks (a thread at 0
-was seen once in the suite), each engine process also sets it on its starting thread
-as it starts (`engine_session`), so that what it starts from then on is born at it.
+up to a second after its last message), so under load both cores stay busy even between
+steps, and a frontend or client that the kernel placed beside a spinner is slowed for the
+server's whole life. `renice_engine` gives every thread of the engine's processes a
+niceness (10 by default, `--engine-niceness`): the spinning then yields to whatever else
+wants the core, and the engine's own work still has every core nothing else wants.
+Threads made later inherit it; since a sweep can miss a thread started while it walks,
+each engine process also sets it on its starting thread as it starts (`engine_session`),
+so that what it starts from then on is born at it.
 
 Engine session: a niceness weighs only against the threads of its own scheduling group,
-and where the kernel groups by session (autogroup, on by default on desktop and many
-server kernels, for every process outside a cgroup of its own) a server started in a
-session of its own (a service, `setsid`, bench/harness.py) faced a client in another one
-at the group's full weight: measured per thread, a load client on the worker's core sat
-runnable for up to 1.5 s at a time, 9.3 s of a 10-s run, while the worker at niceness 10
-spun (16 streams, one run in three at 0.3-0.7x; with the server's whole group at
-niceness 19 none). So the engine core takes a session of its own (`engine_session`, a
-vLLM general plugin run in each engine process as it starts, before it starts its
-workers, which join it), whose group runs at the same niceness: the engine then gives
-way to every other session on the host, the frontend's included, as its threads give way
-to the frontend inside one group. Out of the server's session and process group it no
-longer gets the signals sent to them, and it could outlive a server killed outright: it
-asks the kernel for SIGTERM when the server's thread that started it ends, which the
-engine obeys once the server is gone (app/engine/vllm/hold.py).
+and where the kernel groups by session (autogroup, on by default on many kernels, for
+every process outside a cgroup of its own) a server started in a session of its own (a
+service, `setsid`, bench/harness.py) faces a client in another one at the group's full
+weight. So the engine core takes a session of its own (`engine_session`, a vLLM general
+plugin run in each engine process as it starts, before it starts its workers, which join
+it), whose group runs at the same niceness: the engine then gives way to every other
+session on the host, the frontend's included. Out of the server's session and process
+group it no longer gets the signals sent to them, and could outlive a server killed
+outright: it asks the kernel for SIGTERM when the server's thread that started it ends,
+which the engine obeys once the server is gone (app/engine/vllm/hold.py).
 
 Compilation: vLLM 0.32 with torch 2.10 or later saves each compiled model as an AOT
 artifact and loads it at the next start, but on the CPU build (no inductor) the loaded
 function lacks `finalize_loading`, so every start logs "Compiling model again due to a
 load failure" and compiles anew. With no `VLLM_USE_AOT_COMPILE` in the environment a CPU
-build uses vLLM's earlier compile cache, which loads: the engine's start took 7.8-8.5 s
-against 15.0-15.3 (the tiny model, warm caches), the server was ready in 39 s against 46.
+build uses vLLM's earlier compile cache, which loads: about half the engine's start.
 
 Linux only (`/proc`, `sched_setaffinity`); elsewhere the pinning is a no-op.
 """
