@@ -9,24 +9,22 @@ from pathlib import Path
 import pytest
 
 from schemas import evergreen_service_pb2 as service_pb
+from tests.seeds import published
 
 ROOT = Path(__file__).resolve().parents[2]
-SEEDS = ROOT.parent / "shared" / "seeds"
 
 
 def test_schemas_are_the_published_ones() -> None:
-    if not (SEEDS / "evergreen.proto").is_file():
-        pytest.skip("the published schema is not beside this checkout")
     assert (ROOT / "schemas" / "evergreen.proto").read_bytes() == (
-        SEEDS / "evergreen.proto"
-    ).read_bytes()
+        published("evergreen.proto").read_bytes()
+    )
     ours = (ROOT / "schemas" / "evergreen_service.proto").read_text().splitlines()
-    published = (SEEDS / "evergreen_service.proto").read_text().splitlines()
-    differ = [line for line in ours if line not in published]
+    theirs = published("evergreen_service.proto").read_text().splitlines()
+    differ = [line for line in ours if line not in theirs]
     assert [line for line in differ if not line.startswith("//")] == [
         'import "schemas/evergreen.proto";'
     ]
-    assert [line for line in published if line not in ours] == ['import "evergreen.proto";']
+    assert [line for line in theirs if line not in ours] == ['import "evergreen.proto";']
 
 
 def test_wire_names_and_numbers() -> None:
@@ -52,3 +50,10 @@ def test_wire_names_and_numbers() -> None:
     }
     chunk = fragment.fields_by_name["chunk_fragment"].message_type
     assert {f.name: f.number for f in chunk.fields} == {"metadata": 1, "ref": 3, "data": 10}
+
+
+def test_a_missing_published_schema_fails_the_test() -> None:
+    # A schema test that skipped where the seeds are missing would pass having compared
+    # nothing (CI lays shared/ beside the checkout; a git worktree finds its main one's).
+    with pytest.raises(pytest.fail.Exception, match="looked for"):
+        published("no-such-schema.proto")

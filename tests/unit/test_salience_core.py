@@ -29,6 +29,7 @@ from app.errors import (
 from app.protocols.salience.generate import GenerateCall
 from app.protocols.salience.sessions import Limits, Session, SessionStore
 from schemas import salience_pb2 as pb
+from tests.seeds import published
 
 ROOT = Path(__file__).resolve().parents[2]
 Finish = pb.GenerateDone.FinishReason
@@ -286,10 +287,9 @@ def test_generated_protobuf_matches_the_script(tmp_path: Path) -> None:
 
 
 def test_schema_is_the_published_one() -> None:
-    published = ROOT.parent / "shared" / "seeds" / "salience.proto"
-    if not published.is_file():
-        pytest.skip("the published schema is not beside this checkout")
-    assert (ROOT / "schemas" / "salience.proto").read_bytes() == published.read_bytes()
+    assert (ROOT / "schemas" / "salience.proto").read_bytes() == published(
+        "salience.proto"
+    ).read_bytes()
 
 
 def test_scoring_needs_room_for_the_token_the_engine_samples() -> None:
