@@ -16,6 +16,7 @@ from typing import Any
 from app.engine.base import (
     ChatPrompt,
     EngineInfo,
+    FinishReason,
     GenerationRequest,
     LoraAdapter,
     TokenEvent,
@@ -147,12 +148,12 @@ class FakeEngine:
                 token = (last + 1) % 256
                 last = token
                 done = i == sampling.max_tokens - 1 or token in sampling.stop_token_ids
-                reason = "stop" if token in sampling.stop_token_ids else "length"
+                reason: FinishReason = "stop" if token in sampling.stop_token_ids else "length"
                 yield TokenEvent(
                     token_ids=[token],
                     text=self._tokenizer.decode([token]),
                     logprobs=[_logprob(token, k)] if k is not None else None,
-                    finish_reason=reason if done else None,  # type: ignore[arg-type]
+                    finish_reason=reason if done else None,
                     stop_reason=token if reason == "stop" and done else None,
                     prompt_token_ids=prompt if first else None,
                     prompt_logprobs=self._prompt_logprobs(prompt, pk) if first else None,
@@ -201,4 +202,4 @@ def vllm_tool_support(
             structured_outputs_config=structured_outputs or StructuredOutputsConfig()
         ),
     )
-    return VllmToolSupport(llm, "hermes", True, "auto", **kwargs)  # type: ignore[arg-type]
+    return VllmToolSupport(llm, "hermes", True, "auto", **kwargs)

@@ -45,8 +45,9 @@ class RawTensor:
 @dataclass
 class Infer:
     tensors: Sequence[RawTensor | np.ndarray] = ()
-    input_names: Sequence[str] | None = None
-    output_names: Sequence[str] | None = None
+    # bytes as well: a hostile client's names need not be UTF-8.
+    input_names: Sequence[bytes | str] | None = None
+    output_names: Sequence[bytes | str] | None = None
     config: str | None = None
 
 
@@ -149,7 +150,7 @@ class InferAnswer:
     errors: list[tuple[int, str]]
 
 
-def read_infer_response(body: bytes) -> InferAnswer:
+def read_infer_response(body: bytes | memoryview) -> InferAnswer:
     response = fb.InferResponse.GetRootAs(body, 0)
     outputs = [
         read_tensor(response.OutputTensors(i)) for i in range(response.OutputTensorsLength())
@@ -161,7 +162,7 @@ def read_infer_response(body: bytes) -> InferAnswer:
     return InferAnswer(outputs, errors)
 
 
-def read_metadata_response(body: bytes) -> dict[str, Any]:
+def read_metadata_response(body: bytes | memoryview) -> dict[str, Any]:
     """The MetadataResponse as the JSON form `GET` answers (type by name)."""
     meta = fb.MetadataResponse.GetRootAs(body, 0)
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
+
+import redis
 
 from app.fleet.members import RedisServer
 
@@ -24,3 +27,14 @@ def redis_server(workdir: Path, *extra: str) -> Iterator[str]:
         yield server.url
     finally:
         server.stop(10)
+
+
+def sorted_set(client: redis.Redis, key: str) -> list[str]:
+    """The members of the sorted set `key`, lowest score first."""
+    # redis-py types a reply as the union of its sync and async clients' results.
+    return [member.decode() for member in cast("list[bytes]", client.zrange(key, 0, -1))]
+
+
+def keys(client: redis.Redis, pattern: str) -> list[str]:
+    """The keys matching `pattern`."""
+    return [key.decode() for key in cast("list[bytes]", client.keys(pattern))]

@@ -13,6 +13,7 @@ import pytest
 
 from schemas import evergreen_service_pb2 as service_pb
 from schemas import evergreen_service_pb2_grpc as evergreen_grpc
+from tests import grpc_bytes
 from tests.conftest import LiveServer
 from tests.evergreen_client import GrpcSession, reference_chat
 from tests.evergreen_frames import GREEDY, abort_status, first_turn
@@ -63,7 +64,7 @@ async def test_a_half_close_drains_the_session_then_ends_ok(
 async def test_an_undecodable_message_aborts_the_session(
     live_server: LiveServer, channel: grpc.aio.Channel
 ) -> None:
-    raw = channel.stream_stream("/evergreen.v2.EvergreenService/StartSession")()
+    raw = grpc_bytes.stream_stream(channel, "/evergreen.v2.EvergreenService/StartSession")()
     await raw.write(b"\xff\xff\xff")
     status = abort_status(service_pb.SessionMessage.FromString(await raw.read()))
     with pytest.raises(grpc.aio.AioRpcError) as ended:

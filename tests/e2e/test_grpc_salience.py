@@ -17,6 +17,7 @@ import websockets
 from schemas import salience_pb2 as pb
 from schemas import salience_pb2_grpc as salience_grpc
 from schemas import salience_ws_pb2 as ws_pb
+from tests import grpc_bytes
 from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.e2e
@@ -156,7 +157,7 @@ async def test_errors_are_the_proto_headers_status_codes(live_server: LiveServer
             ),
         }
         # A request that is not a GenerateRequest at all (raw bytes on the same method).
-        raw = channel.unary_stream("/salience.v1.Salience/Generate")
+        raw = grpc_bytes.unary_stream(channel, "/salience.v1.Salience/Generate")
         codes["undecodable"] = await status(raw(b"\xff\xff\xff"))
         # Busy: a second Generate while one runs.
         running = stub.Generate(greedy(session, [], at, 900))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import msgspec
@@ -59,13 +60,13 @@ def kv_router(fleet: Fleet) -> Iterator[Router]:
 
 def test_a_replica_publishes_the_blocks_it_stores(fleet: Fleet) -> None:
     replica = fleet.replica(0)
-    context = zmq.Context.instance()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     with context.socket(zmq.SUB) as sub:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(replica.kv_events_endpoint)
         time.sleep(0.5)  # a subscription made as a message is published may miss it
         _chat(replica.url, 1000, 1)
-        stored: list[dict[str, object]] = []
+        stored: list[dict[str, Any]] = []
         deadline = time.monotonic() + 30
         while not stored and time.monotonic() < deadline:
             if sub.poll(1000):
@@ -76,7 +77,7 @@ def test_a_replica_publishes_the_blocks_it_stores(fleet: Fleet) -> None:
     block_size = replica.block_size()
     # An event stores a run of whole blocks: its hashes, and every token they hold.
     assert all(e["block_size"] == block_size for e in stored), stored
-    assert all(len(e["token_ids"]) == block_size * len(e["block_hashes"]) for e in stored)  # type: ignore[arg-type]
+    assert all(len(e["token_ids"]) == block_size * len(e["block_hashes"]) for e in stored)
 
 
 def _served(replica: Replica) -> float:

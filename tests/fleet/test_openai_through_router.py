@@ -31,12 +31,13 @@ from pydantic import BaseModel
 
 from app.fleet.fleet import Fleet
 from tests.conftest import LIVE_LORA, LIVE_MODEL, tiny_model_path
+from tests.error_bodies import body_of
 from tests.fleet.conftest import admitted, stream_whole
 from tests.fleet_setup import CONTEXT, MAX_QUEUED_TOKENS
 
 pytestmark = pytest.mark.e2e
 
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -116,7 +117,7 @@ def test_forced_tool_calls_are_calls(client: openai.OpenAI, stream: bool) -> Non
         (call,) = message.tool_calls
         assert call.type == "function" and call.function.name == "get_weather"
         arguments = json.loads(call.function.arguments)
-        jsonschema.validate(arguments, WEATHER["function"]["parameters"])  # type: ignore[index]
+        jsonschema.validate(arguments, WEATHER["function"]["parameters"])
 
 
 def test_structured_outputs_follow_the_schema(client: openai.OpenAI) -> None:
@@ -137,7 +138,7 @@ def test_structured_outputs_follow_the_schema(client: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_responses_and_a_forced_call(client: openai.OpenAI, stream: bool) -> None:
-    tool = {**WEATHER["function"], "type": "function"}  # type: ignore[dict-item]
+    tool = {**WEATHER["function"], "type": "function"}
     for seed in range(SAMPLES // 2):
         body: dict[str, Any] = dict(
             model=LIVE_MODEL,
@@ -184,7 +185,11 @@ def test_a_chain_of_responses_alternates_replicas(client: openai.OpenAI, fleet: 
     inputs = []
     while previous is not None:
         items = client.responses.input_items.list(previous).data
-        inputs += [item.content[0].text for item in items if item.type == "message"]  # type: ignore[union-attr]
+        for item in items:
+            if item.type == "message":
+                part = item.content[0]
+                assert part.type == "input_text", part
+                inputs.append(part.text)
         previous = client.responses.retrieve(previous).previous_response_id
     assert inputs == [f"turn {turn}" for turn in reversed(range(turns))], inputs
 
@@ -244,20 +249,20 @@ def test_client_errors_are_the_replicas(client: openai.OpenAI) -> None:
     """Errors of a body the router forwards are the replica's, in OpenAI's shape."""
     with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="no-such-model", prompt="a", max_tokens=2)
-    assert missing.value.body["param"] == "model"  # type: ignore[index]
+    assert body_of(missing.value)["param"] == "model"
     with pytest.raises(openai.BadRequestError) as hot:
         client.chat.completions.create(
             model=LIVE_MODEL, messages=[{"role": "user", "content": "a"}], temperature=5
         )
-    assert hot.value.body["param"] == "temperature"  # type: ignore[index]
+    assert body_of(hot.value)["param"] == "temperature"
     with pytest.raises(openai.BadRequestError) as streamed:
         client.chat.completions.create(
             model=LIVE_MODEL, messages=[{"role": "user", "content": "a"}], stream=True, n=0
         )
-    assert streamed.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+    assert body_of(streamed.value)["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as responses:
         client.responses.create(model=LIVE_MODEL, input="a", max_output_tokens=-1)
-    assert responses.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+    assert body_of(responses.value)["type"] == "invalid_request_error"
 
 
 def test_a_refusal_is_retried_on_every_replica_then_returned_whole(url: str, fleet: Fleet) -> None:

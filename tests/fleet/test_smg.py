@@ -17,6 +17,7 @@ import pytest
 
 from app.fleet.fleet import Fleet
 from tests.conftest import LIVE_MODEL
+from tests.error_bodies import body_of
 from tests.fleet.conftest import stream_whole
 
 pytestmark = pytest.mark.e2e
@@ -89,7 +90,7 @@ def test_anthropic_messages(url: str, replicas: set[str]) -> None:
         client.messages.create(
             model="no-such-model", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
         )
-    assert missing.value.body["type"] == "error"  # type: ignore[index]
+    assert body_of(missing.value)["type"] == "error"
 
 
 def test_what_smg_answers_itself(url: str) -> None:

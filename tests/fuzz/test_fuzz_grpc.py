@@ -40,6 +40,7 @@ from schemas import evergreen_service_pb2 as service_pb
 from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as pb
 from schemas import salience_pb2_grpc as salience_grpc
+from tests import grpc_bytes
 from tests.conftest import LiveServer
 from tests.fuzz.corpus import DEFAULT_INPUTS, Offence, binary_input, rng
 from tests.fuzz.evergreen import SEEDS as EVERGREEN_SEEDS
@@ -108,7 +109,7 @@ def _bad_scalar(field: FieldDescriptor, r: random.Random) -> Any:
 
 def _mutate_message(message: Message, r: random.Random, depth: int = 0) -> None:
     """Set one field of `message` (or of a message inside it) to a bad value."""
-    fields = list(message.DESCRIPTOR.fields)
+    fields: list[FieldDescriptor] = [*message.DESCRIPTOR.fields]
     if not fields:
         return
     field = r.choice(fields)
@@ -120,7 +121,7 @@ def _mutate_message(message: Message, r: random.Random, depth: int = 0) -> None:
             message.ClearField(field.name)
         elif is_message:
             if op == "many" or depth >= 3:
-                template = value[0] if len(value) else field.message_type._concrete_class()
+                template = value[0] if len(value) else value.add()
                 value.extend([template] * _copies(r.choice((2, 100, 5_000)), template.ByteSize()))
             else:
                 item = value[r.randrange(len(value))] if len(value) else value.add()
@@ -132,7 +133,7 @@ def _mutate_message(message: Message, r: random.Random, depth: int = 0) -> None:
         else:
             value.append(_bad_scalar(field, r))
     elif is_message:
-        if depth < 3 and field.message_type.full_name != "google.protobuf.Any":
+        if depth < 3 and value.DESCRIPTOR.full_name != "google.protobuf.Any":
             _mutate_message(value, r, depth + 1)
         else:
             message.ClearField(field.name)
@@ -225,13 +226,13 @@ async def salience_call(
     path = f"/{SALIENCE}/{method}"
     try:
         if method == "Generate":
-            call = channel.unary_stream(path)(data, timeout=TIMEOUT_S)
+            call = grpc_bytes.unary_stream(channel, path)(data, timeout=TIMEOUT_S)
             events = [pb.GenerateEvent.FromString(raw) async for raw in call]
             kinds = [event.WhichOneof("event") for event in events]
             if not kinds or kinds[-1] != "done" or "done" in kinds[:-1] or None in kinds:
                 return events, f"a Generate that ended OK with events {kinds[-5:]}"
             return events, None
-        raw = await channel.unary_unary(path)(data, timeout=TIMEOUT_S)
+        raw = await grpc_bytes.unary_unary(channel, path)(data, timeout=TIMEOUT_S)
         return RESPONSES[method].FromString(raw), None
     except grpc.aio.AioRpcError as error:
         return error, _status(error, SALIENCE_CODES)
@@ -257,7 +258,7 @@ async def salience_probe(channel: grpc.aio.Channel, stub: Any, index: int) -> Of
 
 async def evergreen_session(channel: grpc.aio.Channel, first: bytes) -> tuple[Any, str | None]:
     """(the messages received, why the session did not end in Evergreen's shape or None)."""
-    call = channel.stream_stream(START_SESSION)(timeout=TIMEOUT_S)
+    call = grpc_bytes.stream_stream(channel, START_SESSION)(timeout=TIMEOUT_S)
     try:
         await call.write(first)
         await call.write(b"\xff")  # never a SessionMessage: the session must abort

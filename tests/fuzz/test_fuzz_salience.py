@@ -105,7 +105,7 @@ def as_client_frame(envelope: dict[str, Any]) -> bytes:
         frame = {"id": envelope["id"], "cancel": True}
     else:
         frame = {"id": envelope["id"], FIELD[envelope["method"]]: envelope["request"]}
-    return json_format.ParseDict(frame, ws_pb.ClientFrame()).SerializeToString()
+    return bytes(json_format.ParseDict(frame, ws_pb.ClientFrame()).SerializeToString())
 
 
 def make_input(index: int, session: str) -> tuple[bool, bytes | str]:

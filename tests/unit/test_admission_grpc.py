@@ -49,21 +49,25 @@ def _session(
 
 def test_a_refused_generate_ends_the_grpc_session_unavailable() -> None:
     with served(max_queued_requests=1) as (app, client, channel):
-        held = client.portal.call(app.state.admission.admit, "test")  # type: ignore[union-attr]
+        assert client.portal is not None
+        held = client.portal.call(app.state.admission.admit, "test")
         received, error = _session(channel)
-        client.portal.call(held.release)  # type: ignore[union-attr]
+        client.portal.call(held.release)
         assert app.state.admission.refused["evergreen"] == 1
     status = abort_status(received[-1])
     assert status["code"] == "UNAVAILABLE" and status["retry_after_s"] >= 1
-    assert error.code() == grpc.StatusCode.UNAVAILABLE and "retry after" in error.details()
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "retry after" in (error.details() or "")
     assert retry_after_s(error) == status["retry_after_s"]
 
 
 def test_a_draining_server_refuses_a_new_grpc_session() -> None:
     with served() as (app, client, channel):
-        client.portal.call(app.state.drain.begin)  # type: ignore[union-attr]
+        assert client.portal is not None
+        client.portal.call(app.state.drain.begin)
         received, error = _session(channel, actions=False)
     status = abort_status(received[-1])
     assert status["code"] == "UNAVAILABLE"
-    assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in error.details()
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in (
+        error.details() or ""
+    )
     assert retry_after_s(error) == status["retry_after_s"]

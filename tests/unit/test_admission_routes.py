@@ -234,18 +234,18 @@ async def test_generate_releases_its_ticket_however_the_request_ends() -> None:
         await anext(run)
     assert admission.in_flight == 0 and engine.running == set()
     # Closed before its first event: released, engine request aborted.
-    engine = FakeEngine(step_delay=0.05)
+    slow = FakeEngine(step_delay=0.05)
     ticket = admission.admit("salience")
-    run = generate(engine, GenerationRequest(request_id="s", prompt_text="ab"), ticket)
+    run = generate(slow, GenerationRequest(request_id="s", prompt_text="ab"), ticket)
     task = asyncio.ensure_future(anext(run))
     await asyncio.sleep(0.01)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await run.aclose()
-    assert admission.in_flight == 0 and engine.running == set()
+    assert admission.in_flight == 0 and slow.running == set()
     # Cut before it started: refused as Overloaded, never reaching the engine.
     ticket = admission.admit("salience")
     admission.cut()
     with pytest.raises(Overloaded, match="shutting down"):
-        await anext(generate(engine, GenerationRequest(request_id="t", prompt_text="a"), ticket))
-    assert admission.in_flight == 0 and "t" not in [r.request_id for r in engine.requests]
+        await anext(generate(slow, GenerationRequest(request_id="t", prompt_text="a"), ticket))
+    assert admission.in_flight == 0 and "t" not in [r.request_id for r in slow.requests]

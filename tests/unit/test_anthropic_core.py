@@ -20,7 +20,7 @@ import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message
 
-from app.engine.base import ChatMessage, ImagePart, TextPart, TokenEvent
+from app.engine.base import ChatMessage, FinishReason, ImagePart, TextPart, TokenEvent
 from app.engine.models import ServedModel
 from app.engine.tools import NamedTool, ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
 from app.errors import InvalidRequest, Overloaded, ShuttingDown
@@ -87,12 +87,14 @@ def _core(info: Any, **fields: Any) -> MessagesCore:
     )
 
 
-def _events(deltas: list[str], finish: str = "stop", stop: str | None = None) -> list[TokenEvent]:
+def _events(
+    deltas: list[str], finish: FinishReason = "stop", stop: str | None = None
+) -> list[TokenEvent]:
     return [
         TokenEvent(
             token_ids=[7 + i],
             text=delta,
-            finish_reason=finish if i == len(deltas) - 1 else None,  # type: ignore[arg-type]
+            finish_reason=finish if i == len(deltas) - 1 else None,
             stop_reason=stop if i == len(deltas) - 1 else None,
             prompt_token_ids=[1, 2, 3] if i == 0 else None,
             num_cached_tokens=1 if i == 0 else 0,
@@ -185,7 +187,9 @@ def test_the_stream_frames_blocks_in_order(info: Any) -> None:
         ("stop", "\n\n", "stop_sequence", "\n\n"),
     ],
 )
-def test_stop_reasons(info: Any, finish: str, stop: Any, reason: str, sequence: Any) -> None:
+def test_stop_reasons(
+    info: Any, finish: FinishReason, stop: Any, reason: str, sequence: Any
+) -> None:
     events = _events(["a", "b"], finish, stop)
     whole = _whole(_core(info), events)
     assert (whole["stop_reason"], whole["stop_sequence"]) == (reason, sequence)

@@ -41,7 +41,7 @@ BOUNDED = {
     "required": ["city"],
     "additionalProperties": False,
 }
-SCHEMAS = [
+SCHEMAS: list[dict[str, Any]] = [
     BOUNDED,
     {
         "type": "object",
@@ -277,7 +277,7 @@ def test_guidance_forced_calls_are_read_back_by_the_parser(
 def test_a_non_strict_tools_arguments_are_an_object() -> None:
     tools = support(backend="xgrammar")
     plan = tools.plan(TOOLS[1:], "required", None, ToolFields(), None, {})
-    tag = json.loads(str(plan.constraint.spec))  # type: ignore[union-attr]
+    tag = json.loads(str(plan.constraint.spec))
     grammars = [t["content"]["grammar"] for t in tag["format"]["tags"]]
     assert grammars and all(g == json_grammar({"type": "object"}, True) for g in grammars)
 

@@ -59,6 +59,8 @@ def test_bad_lora_module_is_rejected() -> None:
 def test_environment_fills_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWITCHBOARD_MODEL", "from-env")
     monkeypatch.setenv("SWITCHBOARD_SALIENCE_MAX_SESSIONS", "3")
+    # pydantic-settings fills a required field from the environment; mypy (without its
+    # plugin) sees only the field.
     settings = Settings()  # type: ignore[call-arg]
     assert settings.model == "from-env" and settings.salience_max_sessions == 3
 

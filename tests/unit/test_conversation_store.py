@@ -25,6 +25,7 @@ from app.store import open_conversations, open_store
 from app.store.conversations import ConversationStore
 from app.store.redis_conversations import RedisConversations
 from app.store.sqlite_conversations import SqliteConversations
+from tests.redis_server import sorted_set
 from tests.store_backends import Clock, location
 
 Factory = Callable[..., ConversationStore]
@@ -71,8 +72,7 @@ def held_bytes(store: ConversationStore) -> tuple[int, int]:
     client = redis.Redis.from_url(store.url)
     total = int(client.get(store.prefix + "total") or 0)
     held = 0
-    for key in client.zrange(store.prefix + "index", 0, -1):
-        conversation = key.decode()
+    for conversation in sorted_set(client, store.prefix + "index"):
         held += client.hstrlen(store.prefix + "c:" + conversation, "data")
         held += sum(len(v) for v in client.hvals(store.prefix + "d:" + conversation))
     return total, held
@@ -220,9 +220,11 @@ async def test_both_live_beside_the_responses(make: Factory, closing: list[Any])
     store = make(Clock())
     closing.append(store)
     await store.create("conv_1", orjson.dumps({"id": "conv_1"}), _items("a"))
-    location = (
-        str(store.path) if isinstance(store, SqliteConversations) else store.url  # type: ignore[attr-defined]
-    )
+    if isinstance(store, SqliteConversations):
+        location = str(store.path)
+    else:
+        assert isinstance(store, RedisConversations)
+        location = store.url
     responses = open_store(location, ttl_s=60, max_bytes=10_000)
     closing.append(responses)
     await responses.put("resp_1", b"r")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import pytest
 from google.protobuf import text_format
@@ -105,7 +106,7 @@ def test_configs() -> None:
     assert p.sampling.stop == ("a", "b")
     assert plan(target="tiny-lora").lora_name == "tiny-lora"
     assert plan(target="tiny").lora_name is None
-    for bad, match in [
+    cases: list[tuple[Any, str]] = [
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 2.5}, "max_tokens"),
         ({"max_tokens": "5"}, "must be a number"),
@@ -114,7 +115,8 @@ def test_configs() -> None:
         ({"top_p": 1.5}, "top_p"),
         ({"stop": [1]}, "stop"),
         ({"max_tokens": 5, "max_output_tokens": 6}, "given twice"),
-    ]:
+    ]
+    for bad, match in cases:
         with pytest.raises(InvalidRequest, match=match):
             plan(bad)
 

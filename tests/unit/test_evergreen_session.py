@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from schemas import evergreen_service_pb2 as service_pb
 from tests.evergreen_frames import message, planner
 
 
-def new_session(**limits: int) -> Session[GeneratePlan]:
+def new_session(**limits: Any) -> Session[GeneratePlan]:
     return Session(Limits(**limits), planner())
 
 

@@ -190,12 +190,14 @@ async def test_a_client_that_leaves_ends_its_engine_requests() -> None:
     assert engine.num_running_requests() == 0
 
 
-def test_an_engine_failure_aborts_with_internal(engine: FakeEngine) -> None:
+def test_an_engine_failure_aborts_with_internal(
+    engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def failing(request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
         yield TokenEvent(token_ids=[1], text="a")
         raise EngineError("the engine fell over")
 
-    engine.generate = failing  # type: ignore[method-assign]
+    monkeypatch.setattr(engine, "generate", failing)
     with client_for(engine) as client, client.websocket_connect("/evergreen/ws") as ws:
         sock = TestClientSocket(ws, binary=False)
         sock.send(generate("p", "r") + leaf("p", "hi"))

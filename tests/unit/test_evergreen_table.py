@@ -156,8 +156,8 @@ def test_random_streams_stay_in_the_table(
         pairs.append((node.state, event))
         return event
 
-    Session._classify = spy  # type: ignore[method-assign]
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Session, "_classify", spy)
         if with_action:
             action = 'actions { name: "GENERATE" inputs { name: "prompt" id: "a" } '
             action += 'outputs { name: "response" id: "c" } }'
@@ -171,6 +171,4 @@ def test_random_streams_stay_in_the_table(
                 session.leaves(action_ready.plan.input_ids[0])
                 session.emit("c", b"out", True, OUTPUT_METADATA)
                 session.finish(action_ready.index)
-    finally:
-        Session._classify = classify  # type: ignore[method-assign]
     assert all(pair in TRANSITIONS for pair in pairs), pairs

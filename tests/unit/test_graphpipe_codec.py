@@ -4,6 +4,8 @@ built with flatbuffers' own Builder -> our decoder. Property-based (hypothesis).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -32,11 +34,14 @@ from tests.graphpipe_client import (
 LIMIT = 1 << 30
 shapes = hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)
 
+# The wire is little-endian whatever the array is.
+BYTE_ORDERS: list[Literal["<", ">"]] = ["<", ">"]
+
 
 @st.composite
 def numeric_arrays(draw: st.DrawFn, kind: TensorType | None = None) -> np.ndarray:
     kind = kind or draw(st.sampled_from(sorted(NUMERIC_DTYPES)))
-    order = draw(st.sampled_from("<>"))  # the wire is little-endian whatever the array is
+    order = draw(st.sampled_from(BYTE_ORDERS))
     array = draw(hnp.arrays(NUMERIC_DTYPES[kind].newbyteorder(order), shapes))
     if array.ndim >= 2 and draw(st.booleans()):
         array = array.T  # not C-contiguous

@@ -69,7 +69,7 @@ def test_a_string_batch_becomes_one_text_request_per_prompt() -> None:
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_padded_id_rows_become_token_prompts(dtype: type) -> None:
-    ids = np.array([[5, 6, 7], [8, -1, -1], [9, 10, -1]], dtype=dtype)
+    ids: np.ndarray = np.array([[5, 6, 7], [8, -1, -1], [9, 10, -1]], dtype=dtype)
     plan = core(call(ids))
     assert [list(r.prompt_token_ids or ()) for r in plan.requests] == [[5, 6, 7], [8], [9, 10]]
     assert all(r.prompt_text is None for r in plan.requests)

@@ -6,7 +6,8 @@ here with the flatc-generated classes."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -30,8 +31,8 @@ LIMIT = 1 << 20
 PATTERN = b"\xab\xcd" * 8  # a payload the patches below can find in the buffer
 
 
-def one(tensor: RawTensor, **kwargs: object) -> Callable[[], bytes]:
-    return lambda: infer_request(Infer([tensor], **kwargs))  # type: ignore[arg-type]
+def one(tensor: RawTensor, **kwargs: Any) -> Callable[[], bytes]:
+    return lambda: infer_request(Infer([tensor], **kwargs))
 
 
 def valid() -> bytes:
@@ -80,7 +81,7 @@ CASES: dict[str, tuple[Callable[[], bytes], str]] = {
     ),
     "InferRequest missing": (lambda: request_with_union(1, None), "req is missing"),
     "name not UTF-8": (
-        lambda: infer_request(Infer([np.array(["a"])], input_names=[b"\xff"])),  # type: ignore[list-item]
+        lambda: infer_request(Infer([np.array(["a"])], input_names=[b"\xff"])),
         "InferRequest.input_names[0]: not valid UTF-8",
     ),
     # Tensors whose fields disagree.
@@ -140,7 +141,7 @@ def test_core_refuses_a_buffer_over_the_limit() -> None:
 
 
 @pytest.fixture
-async def client() -> httpx.AsyncClient:
+async def client() -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(Settings(model="fake", graphpipe_max_request_bytes=LIMIT), engine=FakeEngine())
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url="http://t"
@@ -170,7 +171,8 @@ async def test_http_refuses_a_body_over_the_limit_declared_or_streamed(
     body = infer_request(Infer([np.zeros(LIMIT, np.uint8)]))
     declared = await client.post("/graphpipe", content=body)
 
-    async def chunks():  # no Content-Length: the limit must hold while reading
+    # No Content-Length: the limit must hold while reading.
+    async def chunks() -> AsyncIterator[bytes]:
         for start in range(0, len(body), 65536):
             yield body[start : start + 65536]
 

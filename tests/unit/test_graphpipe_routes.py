@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping
 from typing import Any
 
 import httpx
@@ -224,7 +224,7 @@ async def test_a_client_that_goes_away_aborts_its_batch() -> None:
     engine = TrackingEngine(step_delay=0.01)
     app = create_app(Settings(model="fake"), engine=engine)
     body = infer_request(Infer([strings("a", "b")], config='{"max_tokens": 200}'))
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
     calls = 0
 
     async def receive() -> dict[str, Any]:
@@ -235,7 +235,7 @@ async def test_a_client_that_goes_away_aborts_its_batch() -> None:
         await asyncio.sleep(0.1)  # a few tokens in, the client hangs up
         return {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     scope = {

@@ -66,8 +66,8 @@ GARBAGE: list[tuple[str, bytes, str]] = [
 ]
 
 
-def client(engine: Any = None, **settings: object) -> httpx.AsyncClient:
-    app = create_app(Settings(model="fake", **settings), engine=engine or FakeEngine())  # type: ignore[arg-type]
+def client(engine: Any = None, **settings: Any) -> httpx.AsyncClient:
+    app = create_app(Settings(model="fake", **settings), engine=engine or FakeEngine())
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     return httpx.AsyncClient(transport=transport, base_url="http://t")
 

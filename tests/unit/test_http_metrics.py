@@ -6,6 +6,7 @@ its route's template, the scrapes left out."""
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -32,7 +33,7 @@ def _app() -> FastAPI:
 
     @app.get("/stream")
     async def stream() -> StreamingResponse:
-        async def chunks():  # type: ignore[no-untyped-def]
+        async def chunks() -> AsyncIterator[bytes]:
             yield b"a"
             yield b"b"
 

@@ -28,11 +28,11 @@ def processor() -> Any:
     return AutoImageProcessor.from_pretrained(str(tiny_vl_model_path()))
 
 
-def reader(processor: Any, kwargs: dict[str, object] | None = None) -> ImageReader:
+def reader(processor: Any, kwargs: dict[str, Any] | None = None) -> ImageReader:
     """A reader whose engine places every image as the processor counts it (the live
     engine's own count is checked in the e2e tests)."""
-    merge = processor.merge_size**2
-    flat = dict((kwargs or {}).get("images_kwargs", {}))  # type: ignore[call-overload]
+    merge: int = processor.merge_size**2
+    flat = dict((kwargs or {}).get("images_kwargs", {}))
 
     def count(width: int, height: int) -> int:
         return int(processor.get_number_of_image_patches(height, width, flat)) // merge
@@ -60,7 +60,8 @@ def test_pad_tokens_are_the_features_the_encoder_gets(
     if max(width, height) / min(width, height) < 4:  # extreme ratios overshoot the bounds
         assert MIN_IMAGE_TOKENS <= image.pad_tokens <= MAX_IMAGE_TOKENS
     assert image.digest == hashlib.sha256(data).hexdigest()
-    assert image.pixels.size == (width, height) and image.pixels.mode == "RGB"  # type: ignore[attr-defined]
+    assert isinstance(image.pixels, Image.Image)
+    assert image.pixels.size == (width, height) and image.pixels.mode == "RGB"
 
 
 def test_processor_kwargs_change_the_count(processor: Any) -> None:

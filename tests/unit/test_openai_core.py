@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from schemas.openai import ChatCompletionRequest, CompletionRequest
 from tests.fake_engine import FakeEngine
 
 ENGINE = FakeEngine(max_model_len=64)
-ARGS = {"response_id": "cmpl-1", "created": 1, "served": ServedModel("fake", None)}
+ARGS: dict[str, Any] = {"response_id": "cmpl-1", "created": 1, "served": ServedModel("fake", None)}
 
 
 def completion(**body: object) -> CompletionCore:
@@ -60,7 +61,9 @@ def test_token_prompts_and_default_max_tokens_fill_the_context() -> None:
         ({"prompt": "a", "max_tokens": 0}, InvalidRequest, "max_tokens"),
     ],
 )
-def test_bad_completion_requests(body: dict[str, object], error: type, param: str) -> None:
+def test_bad_completion_requests(
+    body: dict[str, object], error: type[InvalidRequest], param: str
+) -> None:
     with pytest.raises(error) as caught:
         completion(**body)
     assert caught.value.param == param

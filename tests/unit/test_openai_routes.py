@@ -8,6 +8,7 @@ import contextlib
 import json
 import re
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import httpx
 import pytest
@@ -26,8 +27,8 @@ def _tickets(n: int) -> Tickets:
     return Admission(None, None).admit_all("openai", [1] * n)
 
 
-def client(engine: FakeEngine, **settings: object) -> httpx.AsyncClient:
-    app = create_app(Settings(model="fake", **settings), engine=engine)  # type: ignore[arg-type]
+def client(engine: FakeEngine, **settings: Any) -> httpx.AsyncClient:
+    app = create_app(Settings(model="fake", **settings), engine=engine)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
 
 

@@ -4,6 +4,8 @@ engine (the fake's backend compiles anything not marked UNCOMPILABLE)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -16,7 +18,7 @@ from schemas.openai import ChatCompletionRequest, CompletionRequest
 from tests.fake_engine import FakeEngine
 
 ENGINE = FakeEngine(max_model_len=64)
-ARGS = {"response_id": "cmpl-1", "created": 1, "served": ServedModel("fake", None)}
+ARGS: dict[str, Any] = {"response_id": "cmpl-1", "created": 1, "served": ServedModel("fake", None)}
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
 
@@ -82,9 +84,11 @@ def chat(**body: object) -> ChatCore:
 )
 @pytest.mark.parametrize("make", [completion, chat])
 def test_constraint_reaches_every_choice(
-    make: object, body: dict[str, object], expected: Constraint | None
+    make: Callable[..., CompletionCore | ChatCore],
+    body: dict[str, object],
+    expected: Constraint | None,
 ) -> None:
-    core = make(n=2, **body)  # type: ignore[operator]
+    core = make(n=2, **body)
     assert [p.request.sampling.constraint for p in core.plans] == [expected, expected]
 
 
@@ -133,7 +137,9 @@ def test_logit_bias_is_passed_as_sorted_pairs() -> None:
     ],
 )
 @pytest.mark.parametrize("make", [completion, chat])
-def test_bad_constraints_name_the_field(make: object, body: dict[str, object], param: str) -> None:
+def test_bad_constraints_name_the_field(
+    make: Callable[..., CompletionCore | ChatCore], body: dict[str, object], param: str
+) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        make(**body)  # type: ignore[operator]
+        make(**body)
     assert caught.value.param == param

@@ -24,7 +24,7 @@ from app.store import open_store
 from app.store.base import ResponseStore
 from app.store.redis import RedisStore
 from app.store.sqlite import SqliteStore
-from tests.redis_server import redis_server
+from tests.redis_server import keys, redis_server, sorted_set
 from tests.store_backends import Clock, location
 
 
@@ -64,8 +64,8 @@ def stored_ids(store: ResponseStore) -> set[str]:
             return {row[0] for row in db.execute("SELECT id FROM responses")}
     assert isinstance(store, RedisStore)
     client = redis.Redis.from_url(store.url)
-    keys = {k.decode().removeprefix(store.prefix + "r:") for k in client.keys(store.prefix + "r:*")}
-    return keys | {m.decode() for m in client.zrange(store.prefix + "index", 0, -1)}
+    held = {k.removeprefix(store.prefix + "r:") for k in keys(client, store.prefix + "r:*")}
+    return held | set(sorted_set(client, store.prefix + "index"))
 
 
 def bookkeeping(store: ResponseStore) -> tuple[int, int]:
@@ -78,7 +78,7 @@ def bookkeeping(store: ResponseStore) -> tuple[int, int]:
     assert isinstance(store, RedisStore)
     client = redis.Redis.from_url(store.url)
     total = int(client.get(store.prefix + "total") or 0)
-    ids = [m.decode() for m in client.zrange(store.prefix + "index", 0, -1)]
+    ids = sorted_set(client, store.prefix + "index")
     actual = sum(len(client.hget(store.prefix + "r:" + i, "data") or b"") for i in ids)
     assert client.hlen(store.prefix + "sizes") == len(ids)
     return total, actual

@@ -14,7 +14,7 @@ import pytest
 
 from app.admission import Admission
 from app.drain import Drain
-from app.engine.base import TokenEvent
+from app.engine.base import FinishReason, TokenEvent
 from app.engine.models import ServedModel
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.protocols.openai.responses.compaction import SUMMARY_REQUEST, compacted, summary_call
@@ -60,7 +60,7 @@ def _in_spec(events: list[Any]) -> None:
         assert event_errors(body) == [], body
 
 
-def _events(texts: list[str], finish: str = "length") -> list[TokenEvent]:
+def _events(texts: list[str], finish: FinishReason = "length") -> list[TokenEvent]:
     out = []
     for i, text in enumerate(texts):
         last = i == len(texts) - 1
@@ -68,7 +68,7 @@ def _events(texts: list[str], finish: str = "length") -> list[TokenEvent]:
             TokenEvent(
                 token_ids=[ord(text[0])] if text else [],
                 text=text,
-                finish_reason=finish if last else None,  # type: ignore[arg-type]
+                finish_reason=finish if last else None,
                 prompt_token_ids=[1, 2, 3] if i == 0 else None,
                 num_cached_tokens=2 if i == 0 else 0,
             )
@@ -96,7 +96,7 @@ def test_read_input_normal_form_and_errors() -> None:
     assert items[0]["content"] == [{"type": "input_text", "text": "a"}]
     assert items[1]["id"] == "msg_given" and items[1]["content"][0]["type"] == "output_text"
     assert items[2]["id"].startswith("fc_") and items[3]["id"].startswith("fco_")
-    for bad, param in [
+    cases: list[tuple[Any, str]] = [
         ([{"role": "user"}], "input.0.content"),
         (
             [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}],
@@ -107,7 +107,8 @@ def test_read_input_normal_form_and_errors() -> None:
         ([{"role": "user", "content": "a", "phase": "commentary"}], "input.0.phase"),
         ([{"role": "assistant", "content": "a", "phase": "draft"}], "input.0.phase"),
         ([7], "input.0"),
-    ]:
+    ]
+    for bad, param in cases:
         with pytest.raises(InvalidRequest) as raised:
             read_input(bad)
         assert raised.value.param == param
@@ -311,10 +312,12 @@ def test_truncation_auto_drops_the_oldest_turns() -> None:
     with pytest.raises(ContextLengthExceeded):
         _core(engine, context, max_output_tokens=8)
     core = _core(engine, context, max_output_tokens=8, truncation="auto", instructions="sys")
-    prompt = "".join(chr(t) for t in core.requests[0].prompt_token_ids)
+    prompt_ids = core.requests[0].prompt_token_ids
+    assert prompt_ids is not None
+    prompt = "".join(chr(t) for t in prompt_ids)
     assert prompt.startswith("[system]sys")  # instructions are never dropped
     assert "question 0" not in prompt and prompt.rstrip().endswith("[user]hi\n[assistant]")
-    assert len(core.requests[0].prompt_token_ids) + 8 <= 120
+    assert len(prompt_ids) + 8 <= 120
 
 
 class SlowStore(SqliteStore):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import filecmp
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,8 +44,8 @@ class Clock:
         return self.now
 
 
-def store(clock: Clock | None = None, **limits: object) -> SessionStore:
-    return SessionStore("m", Limits(**{"max_model_len": 64, **limits}), clock or Clock())  # type: ignore[arg-type]
+def store(clock: Clock | None = None, **limits: Any) -> SessionStore:
+    return SessionStore("m", Limits(**{"max_model_len": 64, **limits}), clock or Clock())
 
 
 def start(

@@ -64,7 +64,8 @@ def refusal(call: Callable[[], object]) -> grpc.RpcError:
 def test_every_call_is_refused_unavailable_with_a_retry_hint_once_draining() -> None:
     with served(FakeEngine()) as (app, client, stub):
         sid = stub.OpenSession(pb.OpenSessionRequest(model="fake"), timeout=10).session_id
-        client.portal.call(app.state.drain.begin)  # type: ignore[union-attr]
+        assert client.portal is not None
+        client.portal.call(app.state.drain.begin)
         calls = {
             "OpenSession": lambda: stub.OpenSession(pb.OpenSessionRequest(), timeout=10),
             "ForkSession": lambda: stub.ForkSession(
@@ -84,7 +85,7 @@ def test_every_call_is_refused_unavailable_with_a_retry_hint_once_draining() -> 
         for name, call in calls.items():
             error = refusal(call)
             assert error.code() == grpc.StatusCode.UNAVAILABLE, (name, error)
-            assert "shutting down" in error.details(), name
+            assert "shutting down" in (error.details() or ""), name
             assert (retry_after_s(error) or 0) >= 1, name
         # Refused at the door: the session is still there, untouched.
         assert len(app.state.salience.store.table) == 1
@@ -101,8 +102,9 @@ def test_a_generate_running_at_the_goodbyes_ends_unavailable(
         stream = stub.Generate(request, timeout=15)
         first = next(stream)
         assert first.token.id == 3
+        assert client.portal is not None
         drained = threading.Thread(
-            target=client.portal.call,  # type: ignore[union-attr]
+            target=client.portal.call,
             args=(app.state.drain.run, engine.abort),
         )
         drained.start()
@@ -111,7 +113,7 @@ def test_a_generate_running_at_the_goodbyes_ends_unavailable(
         drained.join(30)
         error = ended.value
         assert error.code() == grpc.StatusCode.UNAVAILABLE, error
-        assert "shutting down" in error.details() and (retry_after_s(error) or 0) >= 1
+        assert "shutting down" in (error.details() or "") and (retry_after_s(error) or 0) >= 1
         # The engine request was closed, and the session kept what was decoded.
         session = app.state.salience.store.table.get(sid)
         assert engine.running == set() and session.tokens.tolist() == [1, 2, 3]
@@ -123,7 +125,8 @@ def test_an_open_socket_opens_no_session_once_draining_and_keeps_its_others() ->
     with TestClient(app) as client, client.websocket_connect("/salience/ws") as ws:
         ws.send_json({"id": "o", "method": "OpenSession", "request": {"model": "fake"}})
         sid = ws.receive_json()["response"]["sessionId"]
-        client.portal.call(app.state.drain.begin)  # type: ignore[union-attr]
+        assert client.portal is not None
+        client.portal.call(app.state.drain.begin)
         for method, request in (("OpenSession", {}), ("ForkSession", {"sessionId": sid})):
             ws.send_json({"id": method, "method": method, "request": request})
             error = ws.receive_json()["error"]

@@ -7,6 +7,8 @@ A fake `VisionInfo` stands in for the model's image processor: an image's bytes 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from app.engine.base import DecodedImage, EngineInfo, VisionInfo
@@ -64,7 +66,7 @@ def generate(
     sid: str,
     offset: int,
     append: list[int],
-    images: list[object] = (),  # type: ignore[assignment]
+    images: Sequence[object] = (),
     truncating: bool = False,
     max_tokens: int = 1,
 ) -> GenerateCall:

@@ -251,7 +251,7 @@ def test_the_session_being_grown_and_a_forks_source_are_never_its_victims() -> N
         lifecycle.begin(source, 101, "c")  # only itself to evict
     with pytest.raises(ResourceExhausted):
         lifecycle.open(Lifetime, 60, keep=source)  # a fork of it
-    assert source.phase is P.IDLE and lifecycle.evicted == {}
+    assert (source.phase, lifecycle.evicted) == (P.IDLE, {})
     other = lifecycle.open(Lifetime, 30)
     lifecycle.open(Lifetime, 60, keep=other)  # source goes, other stays
     assert source.phase is P.GONE and other.phase is P.IDLE
@@ -456,7 +456,7 @@ def test_a_generate_refused_by_the_context_evicts_nobody() -> None:
     too_long = pb.GenerateRequest(session_id=grown, append_tokens=[1] * 30, max_tokens=40)
     with pytest.raises(SwitchboardError, match="context"):
         GenerateCall(store, too_long, INFO, "r")
-    assert idle.phase is P.IDLE and store.lifecycle.evicted == {}
+    assert (idle.phase, store.lifecycle.evicted) == (P.IDLE, {})
     fits = pb.GenerateRequest(session_id=grown, append_tokens=[1] * 20, max_tokens=1)
     call = GenerateCall(store, fits, INFO, "r", claim="c")  # 30 + 21 > 40: idle goes
     assert idle.phase is P.GONE and store.lifecycle.tokens == 21

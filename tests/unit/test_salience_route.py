@@ -3,6 +3,8 @@ several calls."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.testclient import TestClient
 
 from app.config import Settings
@@ -12,8 +14,8 @@ from schemas import salience_ws_pb2 as ws_pb
 from tests.fake_engine import FakeEngine
 
 
-def client(**settings: object) -> TestClient:
-    return TestClient(create_app(Settings(model="fake", **settings), engine=FakeEngine()))  # type: ignore[arg-type]
+def client(**settings: Any) -> TestClient:
+    return TestClient(create_app(Settings(model="fake", **settings), engine=FakeEngine()))
 
 
 def test_bearer_token_on_handshake_or_query() -> None:

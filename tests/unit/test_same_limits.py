@@ -32,7 +32,7 @@ from tests.fake_engine import FakeEngine
 
 ENGINE = FakeEngine(max_model_len=64)  # vocabulary: 256 ids
 INFO = ENGINE.info
-OPENAI = {"response_id": "x", "created": 0, "served": ServedModel("fake", None)}
+OPENAI: dict[str, Any] = {"response_id": "x", "created": 0, "served": ServedModel("fake", None)}
 
 Refuse = Callable[[str, Any], InvalidRequest]
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fastapi import FastAPI
 from google.protobuf import text_format
 from starlette.testclient import TestClient
 
@@ -80,7 +81,8 @@ def _evergreen(client: TestClient, model: str | None) -> str:
         evergreen_pb2.Action(),
     )
     action.target_spec.id = model or ""
-    engine = client.app.state.engine  # type: ignore[attr-defined]
+    assert isinstance(client.app, FastAPI)
+    engine = client.app.state.engine
     try:
         plan_action(action, engine.info, engine.has_model)
     except ModelNotFound as refused:

@@ -8,6 +8,7 @@ import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ MODEL = SamplingDefaults(
     temperature=0.7, top_p=0.8, top_k=20, min_p=0.05, repetition_penalty=1.05, max_tokens=7
 )
 INFO = replace(ENGINE.info, sampling_defaults=MODEL)
-ARGS = {"response_id": "r-1", "created": 1, "served": ServedModel("fake", None)}
+ARGS: dict[str, Any] = {"response_id": "r-1", "created": 1, "served": ServedModel("fake", None)}
 
 
 def _model_of(options: SamplingOptions) -> tuple[float, float, int, float, float]:

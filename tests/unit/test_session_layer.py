@@ -21,6 +21,7 @@ from app.main import create_app
 from app.protocols.evergreen.session import Limits
 from app.sessions.evergreen import EvergreenRun
 from app.sessions.salience import SalienceRunner
+from app.store.sessions import MemorySessions
 from schemas import evergreen_service_pb2 as service_pb
 from schemas import salience_pb2 as pb
 from tests.asgi_wire import Wire
@@ -122,6 +123,7 @@ async def test_a_transport_that_cancels_its_call_aborts_the_engine_request() -> 
     with pytest.raises(asyncio.CancelledError):
         await stream
     assert engine.running == set() and not any(e.HasField("done") for e in events)
+    assert isinstance(runner.store, MemorySessions)
     session = runner.store.table.get(sid)
     assert session is not None and not session.busy
     assert 5 <= len(session.tokens) < 402  # what was decoded stays
@@ -174,9 +176,11 @@ async def broken(request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]
     yield  # pragma: no cover
 
 
-def test_a_bug_reaches_salience_clients_as_an_error_id(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_bug_reaches_salience_clients_as_an_error_id(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = FakeEngine()
-    engine.generate = broken  # type: ignore[method-assign]
+    monkeypatch.setattr(engine, "generate", broken)
     app = create_app(Settings(model="fake"), engine=engine)
     with TestClient(app) as client, client.websocket_connect("/salience/ws") as ws:
         ws.send_json({"id": "o", "method": "OpenSession", "request": {"model": "fake"}})
@@ -190,9 +194,9 @@ def test_a_bug_reaches_salience_clients_as_an_error_id(caplog: pytest.LogCapture
     assert "a secret detail of our bug" in caplog.text  # the log has it, under the id
 
 
-def test_a_bug_aborts_evergreen_sessions_with_an_error_id() -> None:
+def test_a_bug_aborts_evergreen_sessions_with_an_error_id(monkeypatch: pytest.MonkeyPatch) -> None:
     engine = FakeEngine()
-    engine.generate = broken  # type: ignore[method-assign]
+    monkeypatch.setattr(engine, "generate", broken)
     app = create_app(Settings(model="fake"), engine=engine)
     with TestClient(app) as client, client.websocket_connect("/evergreen/ws") as ws:
         sock = TestClientSocket(ws, binary=True)

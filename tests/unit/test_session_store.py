@@ -45,6 +45,7 @@ from app.store.redis_sessions import RedisSessions
 from app.store.sessions import MemorySessions, SessionBackend
 from schemas import salience_pb2 as pb
 from tests.fake_engine import FakeEngine
+from tests.redis_server import keys, sorted_set
 from tests.waits import until
 
 TTL = 60.0
@@ -131,7 +132,7 @@ async def redis_fleet(redis_url: str) -> AsyncIterator[Fleet]:
 async def open_session(runner: SalienceRunner) -> str:
     opened = await runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"))
     assert isinstance(opened, pb.OpenSessionResponse)
-    return opened.session_id
+    return str(opened.session_id)
 
 
 async def dump(runner: SalienceRunner, sid: str) -> list[int]:
@@ -145,7 +146,7 @@ async def fork(runner: SalienceRunner, sid: str, at: int) -> str:
         "ForkSession", pb.ForkSessionRequest(session_id=sid, at_position=at)
     )
     assert isinstance(forked, pb.ForkSessionResponse)
-    return forked.session_id
+    return str(forked.session_id)
 
 
 async def close(runner: SalienceRunner, sid: str) -> None:
@@ -274,7 +275,9 @@ async def test_idle_sessions_expire_and_a_use_restarts_the_ttl(fleet: Fleet) -> 
     assert await dump(runner, used) == [] and await runner.stats() == (1, 0)
 
 
-async def test_a_failed_generate_leaves_the_session_as_before(fleet: Fleet) -> None:
+async def test_a_failed_generate_leaves_the_session_as_before(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = FakeEngine()
 
     async def broken(request: GenerationRequest) -> Any:
@@ -284,7 +287,7 @@ async def test_a_failed_generate_leaves_the_session_as_before(fleet: Fleet) -> N
     runner = fleet.replica(engine)
     sid = await open_session(runner)
     await generate(runner, request(sid, 0, [1, 2, 3], max_tokens=1))
-    engine.generate = broken  # type: ignore[method-assign]
+    monkeypatch.setattr(engine, "generate", broken)
     with pytest.raises(EngineError):
         await generate(runner, request(sid, 1, [7, 8], truncating=True))
     assert await dump(runner, sid) == [1, 2, 3, 4]
@@ -324,8 +327,8 @@ async def test_calls_racing_for_the_last_places_keep_the_bounds_exact(fleet: Fle
     if fleet.kind == "redis":
         client = redis.Redis.from_url(fleet.url)
         prefix = "switchboard:salience:"
-        ids = {m.decode() for m in client.zrange(prefix + "lru", 0, -1)}
-        records = {k.decode().removeprefix(prefix + "s:") for k in client.keys(prefix + "s:*")}
+        ids = set(sorted_set(client, prefix + "lru"))
+        records = {k.removeprefix(prefix + "s:") for k in keys(client, prefix + "s:*")}
         assert ids == records and len(ids) == held
         lengths = [client.strlen(prefix + "t:" + i) // 4 for i in ids]
         assert sum(lengths) == charged  # every session idle: charged what it holds

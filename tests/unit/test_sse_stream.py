@@ -244,11 +244,14 @@ def test_a_chunk_written_as_the_client_catches_up_waits_behind_those_held_before
         flow = FlowControl(transport)
         scope: Scope = {"type": "http", "method": "GET", "path": "/s", "headers": []}
         log = logging.getLogger("test")
+        # uvicorn types ASGI scopes and events as TypedDicts, starlette (and our Send) as
+        # mappings: the same objects, typed twice by two libraries that disagree.
         cycle = RequestResponseCycle(
-            scope, transport, flow, log, log, False, [], asyncio.Event(), False, True, print
-        )  # type: ignore[arg-type]
+            scope,  # type: ignore[arg-type]  # uvicorn's TypedDict scope, starlette's mapping
+            transport, flow, log, log, False, [], asyncio.Event(), False, True, print,
+        )  # fmt: skip
         await cycle.send({"type": "http.response.start", "status": 200, "headers": []})
-        writer = body_writer(cycle.send)
+        writer = body_writer(cycle.send)  # type: ignore[arg-type]  # uvicorn's typed events
         assert isinstance(writer, ChunkWriter)
         writer.write(b"1")
         flow.pause_writing()

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionToolParam
 
 from app.engine.base import TokenEvent
 from app.engine.models import ServedModel
@@ -39,11 +39,11 @@ from schemas.openai import ChatCompletionRequest
 from tests.conftest import tiny_model_path
 from tests.fake_engine import FakeEngine, vllm_tool_support
 
-WEATHER = {
+WEATHER: dict[str, object] = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
 }
-TOOLS = [
+TOOLS: list[ChatCompletionToolParam] = [
     {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
     {"type": "function", "function": {"name": "plan", "parameters": {"type": "object"}}},
 ]
@@ -282,7 +282,8 @@ def _vllm_full(serving: Any, tokenizer: Any, case: Case) -> dict[str, Any]:
             parser=parser,
         )
     )
-    return json.loads(response.model_dump_json())  # type: ignore[no-any-return]
+    answer: dict[str, Any] = json.loads(response.model_dump_json())
+    return answer
 
 
 def _vllm_stream(
@@ -318,7 +319,7 @@ def _vllm_stream(
 def _accumulate(chunks: list[dict[str, Any]]) -> ChatCompletion:
     """The SDK's stream accumulator over the chunks, after the SDK-level rules of
     `delta.tool_calls`: per index, the id and name come once, with its first piece."""
-    state: ChatCompletionStreamState[Any] = ChatCompletionStreamState(input_tools=TOOLS)  # type: ignore[arg-type]
+    state: ChatCompletionStreamState[Any] = ChatCompletionStreamState(input_tools=TOOLS)
     started: set[int] = set()
     for chunk in chunks:
         parsed = ChatCompletionChunk.model_validate(chunk)
