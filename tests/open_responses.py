@@ -337,7 +337,7 @@ def _create(target: Target, input: Json, **extra: Json) -> Json:
     return {"type": "response.create", "model": target.model, "input": input, **extra}
 
 
-WEATHER_TOOL = {
+WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
     "name": "get_weather",
     "description": "Get the current weather for a location",

@@ -19,13 +19,15 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from anthropic.types import MessageParam
 
 from tests.aborts import WORKERS, AbortWatch, Workload
 from tests.conftest import LiveServer, free_port
+from tests.error_bodies import body_of
 
 pytestmark = pytest.mark.e2e
 
-USER = [{"role": "user", "content": "Write a long story."}]
+USER: list[MessageParam] = [{"role": "user", "content": "Write a long story."}]
 
 
 def _events(raw: str) -> list[tuple[str, dict[str, Any]]]:
@@ -97,7 +99,7 @@ def test_the_key(live_server: LiveServer) -> None:
     """`x-api-key` (what Claude Code sends) or a bearer token (the SDK's `api_key` and
     `auth_token`); anything else is the SDK's AuthenticationError, on every route here
     (count_tokens, an unknown path under /v1/messages) and before the body is read."""
-    request = {"model": live_server.model, "max_tokens": 2, "messages": USER}
+    request: dict[str, Any] = {"model": live_server.model, "max_tokens": 2, "messages": USER}
     with small_server(live_server, api_key="sk-right") as (url, _):
         for good in (
             _client(url, api_key="sk-right"),
@@ -126,7 +128,7 @@ def test_a_full_queue_is_overloaded_and_the_sdk_retries(live_server: LiveServer)
     """At the queue bound: 529 `overloaded_error` with Retry-After (the SDK's
     OverloadedError); once the queue has room, the SDK's own retry after Retry-After gets
     through. Counted as refusals of the protocol `anthropic` on /metrics."""
-    request = {"model": live_server.model, "max_tokens": 2, "messages": USER}
+    request: dict[str, Any] = {"model": live_server.model, "max_tokens": 2, "messages": USER}
     with small_server(live_server, max_queued_requests=1) as (url, app):
         admission = app.state.admission
 
@@ -138,7 +140,7 @@ def test_a_full_queue_is_overloaded_and_the_sdk_retries(live_server: LiveServer)
             client.messages.create(**request)
         assert full.value.status_code == 529
         assert int(full.value.response.headers["retry-after"]) >= 1
-        assert full.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+        assert body_of(full.value)["error"]["type"] == "overloaded_error"
 
         async def release_later() -> None:
             live_server.loop.call_later(0.3, ticket.release)
@@ -163,7 +165,7 @@ def test_a_draining_server_is_unavailable(live_server: LiveServer) -> None:
         ):
             client.messages.create(model=live_server.model, max_tokens=2, messages=USER)
         assert int(refused.value.response.headers["retry-after"]) >= 1
-        assert refused.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+        assert body_of(refused.value)["error"]["type"] == "overloaded_error"
 
 
 def test_a_bug_is_an_api_error(live_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,12 +179,12 @@ def test_a_bug_is_an_api_error(live_server: LiveServer, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(MessagesCore, "result", broken)
     monkeypatch.setattr(MessagesCore, "closing", broken)
-    request = {"model": live_server.model, "max_tokens": 3, "messages": USER}
+    request: dict[str, Any] = {"model": live_server.model, "max_tokens": 3, "messages": USER}
     with _client(live_server.base_url, api_key="k") as client:
         with pytest.raises(anthropic.InternalServerError) as failed:
             client.messages.create(**request)
         assert failed.value.status_code == 500
-        error = failed.value.body["error"]  # type: ignore[index]
+        error = body_of(failed.value)["error"]
         assert error["type"] == "api_error" and "error id" in error["message"]
         assert "secret" not in error["message"]
         with (
@@ -191,7 +193,7 @@ def test_a_bug_is_an_api_error(live_server: LiveServer, monkeypatch: pytest.Monk
         ):
             for _ in stream:
                 pass
-        assert in_stream.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+        assert body_of(in_stream.value)["error"]["type"] == "api_error"
         monkeypatch.undo()
         assert client.messages.create(**request).content
 

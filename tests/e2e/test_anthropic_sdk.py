@@ -20,9 +20,12 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
+from anthropic.types import MessageParam, TextBlockParam
 from openai import OpenAI
+from openai.types.chat import ChatCompletionContentPartTextParam
 
 from tests.conftest import LiveServer
+from tests.error_bodies import body_of
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +50,7 @@ TOOLS: list[Any] = [
         },
     },
 ]
-USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
+USER: list[MessageParam] = [{"role": "user", "content": "What is the weather in Oslo?"}]
 # The SDK's latest releases no longer name Anthropic's sampling fields; the API (and this
 # server) still take them in the body.
 GREEDY = {"temperature": 0}
@@ -69,8 +72,19 @@ def _streamed(
     client: anthropic.Anthropic, **kwargs: Any
 ) -> tuple[list[str], anthropic.types.Message]:
     with client.messages.stream(**kwargs) as stream:
-        kinds = [event.type for event in stream]
+        kinds: list[str] = [event.type for event in stream]
         return kinds, stream.get_final_message()
+
+
+def _text(message: anthropic.types.Message) -> str:
+    """The text of a message's first block, which must be text."""
+    block = message.content[0]
+    assert block.type == "text", block
+    return block.text
+
+
+def _chat_text(text: str) -> ChatCompletionContentPartTextParam:
+    return {"type": "text", "text": text}
 
 
 def _same_message(streamed: anthropic.types.Message, whole: anthropic.types.Message) -> None:
@@ -106,7 +120,12 @@ def test_create(client: anthropic.Anthropic, live_server: LiveServer) -> None:
 
 def test_stream_equals_create(client: anthropic.Anthropic, live_server: LiveServer) -> None:
     """Every event type reaches the SDK, and its final message is the non-streamed one."""
-    request = {"model": live_server.model, "max_tokens": 24, "messages": USER, "extra_body": GREEDY}
+    request: dict[str, Any] = {
+        "model": live_server.model,
+        "max_tokens": 24,
+        "messages": USER,
+        "extra_body": GREEDY,
+    }
     kinds, streamed = _streamed(client, **request)
     whole = client.messages.create(**request)
     assert kinds[0] == "message_start"
@@ -114,7 +133,7 @@ def test_stream_equals_create(client: anthropic.Anthropic, live_server: LiveServ
     assert {"content_block_start", "content_block_delta", "content_block_stop"} <= set(kinds)
     assert "text" in kinds  # the SDK's own event per text delta
     _same_message(streamed, whole)
-    assert streamed.content[0].text == whole.content[0].text != ""
+    assert _text(streamed) == _text(whole) != ""
 
 
 def test_the_same_conversation_as_chat(
@@ -122,7 +141,7 @@ def test_the_same_conversation_as_chat(
 ) -> None:
     """System blocks, a multi-turn history and the reply: the tokens OpenAI Chat gives for
     the same conversation (greedy), and count_tokens is the prompt the reply was made of."""
-    system = [
+    system: list[TextBlockParam] = [
         {"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}},
         {"type": "text", "text": "Answer in Python."},
     ]
@@ -139,16 +158,18 @@ def test_the_same_conversation_as_chat(
         max_tokens=16,
         temperature=0,
         messages=[
-            {"role": "system", "content": [{"type": "text", "text": b["text"]} for b in system]},
+            {"role": "system", "content": [_chat_text(b["text"]) for b in system]},
             {"role": "user", "content": "Name a module."},
             {"role": "assistant", "content": "os"},
             {"role": "user", "content": "And another?"},
         ],
     )
-    assert message.content[0].text == chat.choices[0].message.content
-    assert message.usage.input_tokens == chat.usage.prompt_tokens
+    assert _text(message) == chat.choices[0].message.content
+    assert chat.usage is not None and message.usage.input_tokens == chat.usage.prompt_tokens
     count = client.messages.count_tokens(model=live_server.model, system=system, messages=history)
-    assert count.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
+    assert count.input_tokens == message.usage.input_tokens + (
+        message.usage.cache_read_input_tokens or 0
+    )
     bare = client.messages.count_tokens(model=live_server.model, messages=history)
     assert bare.input_tokens < count.input_tokens
 
@@ -172,7 +193,7 @@ def test_a_final_assistant_message_is_continued(
         messages=messages,
         extra_body={"add_generation_prompt": False, "continue_final_message": True},
     )
-    assert message.content[0].text == chat.choices[0].message.content
+    assert _text(message) == chat.choices[0].message.content
 
 
 def test_stop_sequences(client: anthropic.Anthropic, live_server: LiveServer) -> None:
@@ -289,7 +310,9 @@ def test_tool_result_round_trip(
     )
     assert reply.stop_reason in ("end_turn", "max_tokens", "tool_use")
     count = client.messages.count_tokens(model=live_server.model, messages=history, tools=TOOLS)
-    assert count.input_tokens == reply.usage.input_tokens + reply.usage.cache_read_input_tokens
+    assert count.input_tokens == reply.usage.input_tokens + (
+        reply.usage.cache_read_input_tokens or 0
+    )
     chat_tools = [
         {
             "type": "function",
@@ -352,7 +375,10 @@ def test_images_on_the_vision_model(vl_server: LiveServer) -> None:
         as_url = {"type": "url", "url": f"data:image/png;base64,{data}"}
         replies = []
         for source in (as_base64, as_url):
-            content = [{"type": "image", "source": source}, {"type": "text", "text": "Describe."}]
+            content: list[Any] = [
+                {"type": "image", "source": source},
+                {"type": "text", "text": "Describe."},
+            ]
             replies.append(
                 c.messages.create(
                     model=vl_server.model,
@@ -383,7 +409,7 @@ def test_images_on_the_vision_model(vl_server: LiveServer) -> None:
                     }
                 ],
             )
-        assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+        assert body_of(refused.value)["error"]["type"] == "invalid_request_error"
         assert "does not fetch" in refused.value.message
 
 

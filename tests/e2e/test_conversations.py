@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from tests.conftest import LiveServer
+from tests.error_bodies import body_of
 from tests.replicas import app_on_live_engine
 
 pytestmark = pytest.mark.e2e
@@ -25,8 +26,15 @@ def _client(base_url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
 
 
-def _user(text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "user", "content": text}
+def _user(text: str, **extra: str) -> Any:
+    """A user message as an input item's JSON (typed Any: the tests add an `id` to it, or
+    send items the SDK's TypedDicts forbid, as a client's JSON may)."""
+    return {"type": "message", "role": "user", "content": text, **extra}
+
+
+def _json(item: dict[str, Any]) -> Any:
+    """An item as the JSON a client may send, whatever the SDK's types allow."""
+    return item
 
 
 def _texts(items: Any) -> list[str]:
@@ -36,7 +44,8 @@ def _texts(items: Any) -> list[str]:
 def test_a_conversation_through_the_sdk(live_server: LiveServer) -> None:
     client = _client(live_server.base_url)
     made = client.conversations.create(
-        items=[_user("one"), {"role": "assistant", "content": "two"}], metadata={"topic": "t"}
+        items=[_user("one"), {"role": "assistant", "content": "two"}],
+        metadata={"topic": "t"},
     )
     assert made.object == "conversation" and made.id.startswith("conv_")
     assert made.metadata == {"topic": "t"}
@@ -50,9 +59,10 @@ def test_a_conversation_through_the_sdk(live_server: LiveServer) -> None:
     # The SDK's pager walks every page, after the last id of each.
     walked = list(client.conversations.items.list(made.id, limit=2, order="asc"))
     assert _texts(walked) == ["one", "two", "3", "4", "5", "6", "7"]
-    assert [item.role for item in walked[:2]] == ["user", "assistant"]
-    assert all(item.status == "completed" for item in walked)
+    assert [getattr(item, "role", None) for item in walked[:2]] == ["user", "assistant"]
+    assert all(getattr(item, "status", None) == "completed" for item in walked)
     third = walked[2]
+    assert third.id is not None
     assert client.conversations.items.retrieve(third.id, conversation_id=made.id).id == third.id
     after = client.conversations.items.delete(third.id, conversation_id=made.id)
     assert after.id == made.id and after.object == "conversation"
@@ -61,19 +71,19 @@ def test_a_conversation_through_the_sdk(live_server: LiveServer) -> None:
     assert (gone.id, gone.deleted, gone.object) == (made.id, True, "conversation.deleted")
     with pytest.raises(openai.NotFoundError) as missing:
         client.conversations.retrieve(made.id)
-    assert missing.value.body["param"] == "conversation_id"  # type: ignore[index]
+    assert body_of(missing.value)["param"] == "conversation_id"
 
 
 def test_what_a_conversation_refuses(live_server: LiveServer) -> None:
     client = _client(live_server.base_url)
-    made = client.conversations.create(items=[{"id": "msg_given", **_user("a")}])
-    again = [{"id": "msg_given", **_user("b")}]
+    made = client.conversations.create(items=[_user("a", id="msg_given")])
+    again: list[Any] = [_user("b", id="msg_given")]
     cases: list[tuple[Any, str, type[Exception]]] = [
         (lambda: client.conversations.create(items=[_user("x")] * 21), "items",
          openai.BadRequestError),
         (lambda: client.conversations.create(metadata={str(i): "v" for i in range(17)}),
          "metadata", openai.BadRequestError),
-        (lambda: client.conversations.items.create(made.id, items=[{"role": "user"}]),
+        (lambda: client.conversations.items.create(made.id, items=[_json({"role": "user"})]),
          "items.0.content", openai.BadRequestError),
         (lambda: client.conversations.items.create(made.id, items=[]), "items",
          openai.BadRequestError),
@@ -89,7 +99,8 @@ def test_what_a_conversation_refuses(live_server: LiveServer) -> None:
     for call, param, kind in cases:
         with pytest.raises(kind) as raised:
             call()
-        assert raised.value.body["param"] == param, raised.value.body  # type: ignore[attr-defined]
+        assert isinstance(raised.value, openai.APIStatusError)
+        assert body_of(raised.value)["param"] == param, raised.value.body
     assert _texts(client.conversations.items.list(made.id)) == ["a"]  # nothing half-added
 
 
@@ -145,23 +156,29 @@ def test_a_response_continues_a_conversation_and_adds_to_it(live_server: LiveSer
             if event.type == "response.completed":
                 now = list(client.conversations.items.list(conversation.id, order="asc"))
                 assert _texts(now[3:4]) == ["Go on."]
-                assert now[-1].id == event.response.output[-1].id
+                assert now[-1].id == getattr(event.response.output[-1], "id", None)
 
 
 def test_what_a_response_in_a_conversation_refuses(live_server: LiveServer) -> None:
     client = _client(live_server.base_url)
-    conversation = client.conversations.create(items=[{"id": "msg_held", **_user("a")}])
+    conversation = client.conversations.create(items=[_user("a", id="msg_held")])
     first = client.responses.create(model=live_server.model, input="x", max_output_tokens=1)
     cases: list[tuple[dict[str, Any], str, type[Exception]]] = [
         ({"conversation": conversation.id, "previous_response_id": first.id}, "conversation",
          openai.BadRequestError),
         ({"conversation": "conv_none"}, "conversation", openai.NotFoundError),
-        ({"conversation": conversation.id, "input": [{"id": "msg_held", **_user("b")}]},
+        ({"conversation": conversation.id, "input": [_user("b", id="msg_held")]},
          "input.0.id", openai.BadRequestError),
     ]  # fmt: skip
     for extra, param, kind in cases:
-        body = {"model": live_server.model, "input": "y", "max_output_tokens": 1, **extra}
+        body: dict[str, Any] = {
+            "model": live_server.model,
+            "input": "y",
+            "max_output_tokens": 1,
+            **extra,
+        }
         with pytest.raises(kind) as raised:
             client.responses.create(**body)
-        assert raised.value.body["param"] == param, raised.value.body  # type: ignore[attr-defined]
+        assert isinstance(raised.value, openai.APIStatusError)
+        assert body_of(raised.value)["param"] == param, raised.value.body
     assert _texts(client.conversations.items.list(conversation.id)) == ["a"]

@@ -22,11 +22,9 @@ from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.e2e
 
-Stub = salience_grpc.SalienceStub
-
 
 @asynccontextmanager
-async def stub_for(live: Any) -> AsyncIterator[Stub]:
+async def stub_for(live: Any) -> AsyncIterator[Any]:
     async with grpc.aio.insecure_channel(live.grpc_target) as channel:
         yield salience_grpc.SalienceStub(channel)
 
@@ -49,7 +47,7 @@ async def events_of(call: Any) -> list[pb.GenerateEvent]:
     return events
 
 
-async def open_session(stub: Stub, model: str) -> str:
+async def open_session(stub: Any, model: str) -> str:
     reply = await stub.OpenSession(pb.OpenSessionRequest(model=model), timeout=30)
     return str(reply.session_id)
 

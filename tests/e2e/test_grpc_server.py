@@ -31,7 +31,8 @@ EVERGREEN = "evergreen.v2.EvergreenService"
 
 def test_health_is_serving_for_the_server_and_each_service(live_server: LiveServer) -> None:
     with grpc.insecure_channel(live_server.grpc_target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+        # Any: types-grpcio-health-checking declares HealthStub without its methods.
+        stub: Any = health_pb2_grpc.HealthStub(channel)
         for service in ("", SALIENCE, EVERGREEN):
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=30)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
@@ -44,7 +45,8 @@ def test_reflection_lists_the_services_and_calls_one_without_generated_code(
     live_server: LiveServer,
 ) -> None:
     with grpc.insecure_channel(live_server.grpc_target) as channel:
-        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        # Any: types-grpcio-reflection types the stub's method as Incomplete.
+        stub: Any = reflection_pb2_grpc.ServerReflectionStub(channel)
         listing = next(
             stub.ServerReflectionInfo(
                 iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=30

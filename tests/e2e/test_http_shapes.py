@@ -173,7 +173,7 @@ def test_an_odd_value_in_every_field_is_answered_in_shape(live_server: LiveServe
     valid answer or a 4xx in shape, never a 5xx or a dropped connection."""
     from schemas.openai import ChatCompletionRequest, CompletionRequest
 
-    bases = {
+    bases: dict[str, tuple[Any, dict[str, Any]]] = {
         "/v1/completions": (CompletionRequest, {"prompt": "def f():"}),
         "/v1/chat/completions": (
             ChatCompletionRequest,
@@ -186,7 +186,12 @@ def test_an_odd_value_in_every_field_is_answered_in_shape(live_server: LiveServe
         for path, (model, base) in bases.items():
             for field in model.model_fields:
                 for value in ODD_VALUES:
-                    body = {"model": live_server.model, **base, "max_tokens": 2, field: value}
+                    body: dict[str, Any] = {
+                        "model": live_server.model,
+                        **base,
+                        "max_tokens": 2,
+                        field: value,
+                    }
                     status, headers, answer = connection.request(
                         "POST", path, json.dumps(body).encode()
                     )

@@ -125,7 +125,9 @@ def test_lora_shows_in_running_adapters(live_server: LiveServer) -> None:
         text = httpx.get(f"{live_server.base_url}/metrics").text
         for line in text.splitlines():
             if line.startswith("vllm:lora_requests_info{"):
-                seen.add(re.search(r'running_lora_adapters="([^"]*)"', line).group(1))  # type: ignore[union-attr]
+                found = re.search(r'running_lora_adapters="([^"]*)"', line)
+                assert found, line
+                seen.add(found.group(1))
     assert any(live_server.lora in s for s in seen), seen
     assert live_server.wait_idle() == 0
 

@@ -43,11 +43,12 @@ def test_chat_render_is_the_templated_prompt(live_server: LiveServer, hf_tokeniz
 def test_completion_render_lists_one_request_per_prompt(
     live_server: LiveServer, hf_tokenizer: Any
 ) -> None:
-    body = {"model": live_server.model, "prompt": ["def main():", "import os"], "n": 2}
+    prompts = ["def main():", "import os"]
+    body = {"model": live_server.model, "prompt": prompts, "n": 2}
     response = httpx.post(f"{live_server.base_url}/v1/completions/render", json=body)
     assert response.status_code == 200, response.text
     items = response.json()
-    assert [i["token_ids"] for i in items] == [hf_tokenizer.encode(p) for p in body["prompt"]]
+    assert [i["token_ids"] for i in items] == [hf_tokenizer.encode(p) for p in prompts]
     assert all(i["sampling_params"]["n"] == 2 for i in items)
     assert live_server.running_requests() == 0
 

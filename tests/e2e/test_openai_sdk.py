@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import httpx
 import openai
 import pytest
 
 from tests.conftest import LiveServer
+from tests.error_bodies import body_of
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +49,9 @@ def test_completion_usage_and_length(client: openai.OpenAI, live_server: LiveSer
 def test_greedy_is_deterministic_and_n_choices(
     client: openai.OpenAI, live_server: LiveServer
 ) -> None:
-    kwargs = dict(model=live_server.model, prompt="import os\n", max_tokens=12, temperature=0)
+    kwargs: dict[str, Any] = dict(
+        model=live_server.model, prompt="import os\n", max_tokens=12, temperature=0
+    )
     first = client.completions.create(**kwargs).choices[0].text
     second = client.completions.create(**kwargs).choices[0].text
     assert first == second
@@ -59,7 +65,7 @@ def test_greedy_is_deterministic_and_n_choices(
         extra_body={"ignore_eos": True},
     )
     assert sorted(c.index for c in many.choices) == [0, 1, 2]
-    assert many.usage.completion_tokens == 15
+    assert many.usage is not None and many.usage.completion_tokens == 15
     again = client.completions.create(
         model=live_server.model,
         prompt="x = ",
@@ -86,17 +92,24 @@ def test_completion_logprobs_and_echo(client: openai.OpenAI, live_server: LiveSe
     choice = result.choices[0]
     assert choice.text.startswith(prompt)
     lp = choice.logprobs
-    assert lp is not None
+    assert lp is not None and result.usage is not None
+    tokens, token_logprobs, offsets, tops = (
+        lp.tokens,
+        lp.token_logprobs,
+        lp.text_offset,
+        lp.top_logprobs,
+    )
+    assert tokens and token_logprobs and offsets and tops
     n_prompt = result.usage.prompt_tokens
-    assert len(lp.tokens) == n_prompt + 3
-    assert lp.token_logprobs[0] is None
-    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
-    assert "".join(lp.tokens) == choice.text
-    assert lp.text_offset[0] == 0
-    assert all(b > a for a, b in zip(lp.text_offset, lp.text_offset[1:], strict=False))
+    assert len(tokens) == n_prompt + 3
+    assert token_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in token_logprobs[1:])
+    assert "".join(tokens) == choice.text
+    assert offsets[0] == 0
+    assert all(b > a for a, b in itertools.pairwise(offsets))
     # Greedy: the sampled token is the best of its top-2.
-    for token, top in zip(lp.tokens[n_prompt:], lp.top_logprobs[n_prompt:], strict=True):
-        assert max(top, key=top.get) == token  # type: ignore[arg-type]
+    for token, top in zip(tokens[n_prompt:], tops[n_prompt:], strict=True):
+        assert max(top, key=lambda t: top[t]) == token
 
 
 def test_echo_scoring_with_zero_max_tokens(client: openai.OpenAI, live_server: LiveServer) -> None:
@@ -105,8 +118,9 @@ def test_echo_scoring_with_zero_max_tokens(client: openai.OpenAI, live_server: L
     )
     choice = result.choices[0]
     assert choice.text == "return None"
+    assert result.usage is not None and choice.logprobs is not None
     assert result.usage.completion_tokens == 0
-    assert len(choice.logprobs.tokens) == result.usage.prompt_tokens
+    assert len(choice.logprobs.tokens or ()) == result.usage.prompt_tokens
 
 
 def test_chat_and_max_completion_tokens(client: openai.OpenAI, live_server: LiveServer) -> None:
@@ -123,9 +137,10 @@ def test_chat_and_max_completion_tokens(client: openai.OpenAI, live_server: Live
     assert result.object == "chat.completion"
     assert choice.message.role == "assistant"
     assert choice.finish_reason == "length"
-    assert result.usage.completion_tokens == 6
+    assert result.usage is not None and result.usage.completion_tokens == 6
+    assert choice.logprobs is not None
     content = choice.logprobs.content
-    assert len(content) == 6
+    assert content is not None and len(content) == 6
     assert all(len(item.top_logprobs) == 3 for item in content)
     assert "".join(item.token for item in content) == choice.message.content
 
@@ -146,7 +161,8 @@ def test_chat_stream_with_usage(client: openai.OpenAI, live_server: LiveServer) 
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
     assert chunks[-1].choices == []
-    assert chunks[-1].usage.completion_tokens == 8
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 8
     whole = client.chat.completions.create(
         model=live_server.model,
         messages=[{"role": "user", "content": "count"}],
@@ -197,13 +213,13 @@ async def test_async_concurrent(aclient: openai.AsyncOpenAI, live_server: LiveSe
             for i in range(6)
         ]
     )
-    assert all(r.usage.completion_tokens == 4 for r in results)
+    assert all(r.usage is not None and r.usage.completion_tokens == 4 for r in results)
 
 
 def test_lora_by_model_name(client: openai.OpenAI, live_server: LiveServer) -> None:
     ids = [m.id for m in client.models.list().data]
     assert ids[0] == live_server.model and live_server.lora in ids
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         prompt="for i in range(", max_tokens=10, temperature=0, extra_body={"ignore_eos": True}
     )
     base = client.completions.create(model=live_server.model, **kwargs).choices[0].text
@@ -231,7 +247,7 @@ def test_runtime_lora_load_and_unload(client: openai.OpenAI, live_server: LiveSe
 def test_errors(client: openai.OpenAI, live_server: LiveServer) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="no-such-model", prompt="a", max_tokens=2)
-    assert missing.value.body["param"] == "model"  # type: ignore[index]
+    assert body_of(missing.value)["param"] == "model"
     with pytest.raises(openai.BadRequestError) as too_long:
         client.completions.create(model=live_server.model, prompt="x " * 2000, max_tokens=5)
     assert too_long.value.code == "context_length_exceeded"

@@ -12,6 +12,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from openai.types.shared_params import ResponseFormatJSONSchema
 from pydantic import BaseModel, Field
 
 from tests.conftest import LiveServer
@@ -20,7 +22,7 @@ from tests.json_text import whitespace_outside_strings
 pytestmark = pytest.mark.e2e
 
 # Every string and number is bounded, so a random model finishes inside max_tokens.
-SCHEMA = {
+SCHEMA: dict[str, object] = {
     "type": "object",
     "properties": {
         "colour": {"enum": ["red", "green", "blue"]},
@@ -35,7 +37,9 @@ SCHEMA = {
     "required": ["colour", "code", "inner"],
     "additionalProperties": False,
 }
-MESSAGES = [{"role": "user", "content": "Describe a thing as JSON."}]
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Describe a thing as JSON."}
+]
 # Sent as clients of vllm serve send it; vLLM 0.32 takes the whitespace policy from the
 # server's --structured-outputs-config (the live server disables free whitespace, which a
 # random model rarely stops writing).
@@ -58,7 +62,7 @@ def client(live_server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused", max_retries=0)
 
 
-def _format() -> dict[str, object]:
+def _format() -> ResponseFormatJSONSchema:
     return {
         "type": "json_schema",
         "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True},
@@ -87,7 +91,7 @@ def test_json_schema_on_every_sample_of_chat(
     result = client.chat.completions.create(
         model=live_server.model,
         messages=MESSAGES,
-        response_format=_format(),  # type: ignore[arg-type]
+        response_format=_format(),
         n=4,
         max_tokens=200,
         temperature=1.0,
@@ -143,7 +147,7 @@ def test_json_schema_streamed(client: openai.OpenAI, live_server: LiveServer) ->
     stream = client.chat.completions.create(
         model=live_server.model,
         messages=MESSAGES,
-        response_format=_format(),  # type: ignore[arg-type]
+        response_format=_format(),
         max_tokens=200,
         stream=True,
         seed=4,
@@ -197,7 +201,7 @@ def test_choice_and_regex_on_completions(
                 stream=stream,
                 extra_body=extra,
             )
-            if stream:
+            if isinstance(result, openai.Stream):
                 text = "".join(chunk.choices[0].text for chunk in result if chunk.choices)
             else:
                 text = result.choices[0].text

@@ -15,13 +15,18 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from openai.types.chat import ChatCompletionMessageToolCallUnion
+from openai.types.chat import (
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageParam,
+    ChatCompletionMessageToolCallUnion,
+    ChatCompletionToolChoiceOptionParam,
+)
 
 from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.e2e
 
-WEATHER = {
+WEATHER: dict[str, object] = {
     "type": "object",
     "properties": {
         "city": {"enum": ["Paris", "Oslo", "Lima"]},
@@ -30,7 +35,7 @@ WEATHER = {
     "required": ["city", "unit"],
     "additionalProperties": False,
 }
-TIME = {
+TIME: dict[str, object] = {
     "type": "object",
     "properties": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"}},
     "required": ["zone"],
@@ -38,7 +43,7 @@ TIME = {
 }
 # strict, as OpenAI's SDK marks tools made from pydantic models: the arguments' schema
 # is then enforced too (vLLM's --tool-strict-level auto), not only the call's envelope.
-TOOLS = [
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {"name": "get_weather", "parameters": WEATHER, "strict": True},
@@ -46,7 +51,9 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "parameters": TIME, "strict": True}},
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is the weather in Paris?"}
+]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +82,7 @@ def _check_calls(
 def test_forced_calls_validate_streamed_through_the_sdk_helpers(
     client: openai.OpenAI,
     live_server: LiveServer,
-    tool_choice: str | dict[str, Any],
+    tool_choice: ChatCompletionToolChoiceOptionParam,
     names: tuple[str, ...],
 ) -> None:
     with client.chat.completions.stream(
@@ -102,10 +109,10 @@ def test_forced_calls_validate_streamed_through_the_sdk_helpers(
     named = [
         d
         for e in starts
-        for d in e.chunk.choices[0].delta.tool_calls
+        for d in e.chunk.choices[0].delta.tool_calls or ()
         if d.function and d.function.name
     ]
-    assert len(named) == len(final.choices[0].message.tool_calls)
+    assert len(named) == len(final.choices[0].message.tool_calls or ())
 
 
 def _literal(text: str) -> str:
@@ -171,7 +178,7 @@ def test_auto_parallel_calls_through_the_sdk(
     second = '{"name": "get_time", "arguments": {"zone": "PET"}}'
     text = f"Checking. <tool_call>\n{first}\n</tool_call>\n<tool_call>\n{second}\n</tool_call>"
     tools = [{**tool, "function": {**tool["function"], "strict": False}} for tool in TOOLS]
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "model": live_server.model,
         "messages": MESSAGES,
         "tools": tools,
@@ -211,7 +218,7 @@ def test_round_trip_with_a_tool_message_in_the_history(
     )
     message = first.choices[0].message
     assert message.tool_calls
-    history = [
+    history: list[Any] = [
         *MESSAGES,
         message.model_dump(exclude_none=True),
         *(

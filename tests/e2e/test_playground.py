@@ -29,10 +29,10 @@ import pytest
 import websockets
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
-from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -123,8 +123,14 @@ def frames(driver: WebDriver, path: str) -> list[dict[str, Any]]:
     return out
 
 
+def browser_log(driver: WebDriver) -> list[dict[str, Any]]:
+    """The console's entries since the last read (read once, then gone)."""
+    entries: list[dict[str, Any]] = driver.get_log("browser")  # type: ignore[no-untyped-call]  # selenium's get_log is unannotated
+    return entries
+
+
 def console_errors(driver: WebDriver) -> list[str]:
-    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    return [entry["message"] for entry in browser_log(driver) if entry["level"] == "SEVERE"]
 
 
 def open_page(driver: WebDriver, base_url: str) -> None:
@@ -138,7 +144,7 @@ def open_page(driver: WebDriver, base_url: str) -> None:
 @pytest.fixture
 def page(browser: WebDriver, live_server: LiveServer) -> Iterator[WebDriver]:
     """The page, freshly loaded; no console error may have been logged by the end."""
-    browser.get_log("browser")  # drop what earlier tests left
+    browser_log(browser)  # drop what earlier tests left
     open_page(browser, live_server.base_url)
     yield browser
     assert console_errors(browser) == []
@@ -439,7 +445,7 @@ def test_evergreen_conversation_of_three_turns_then_an_abort(
     messages: list[dict[str, str]] = []
     for question, answer in zip(questions, answers, strict=True):
         messages.append({"role": "user", "content": question})
-        messages.append({"role": "assistant", "content": answer})
+        messages.append({"role": "assistant", "content": answer or ""})
     body = {
         "model": live_server.model,
         "messages": messages[:-1],
@@ -485,7 +491,7 @@ def test_wrong_api_key_shows_each_protocols_error(
     # The app reads its settings per request: a key for this test only, no second engine.
     live_server.app.state.settings = settings.model_copy(update={"api_key": "the-right-key"})
     try:
-        browser.get_log("browser")
+        browser_log(browser)
         browser.get(f"{live_server.base_url}/playground")
         wait_for(browser, lambda: text_of(browser, "server-status") == "server up")
         wait_for(browser, lambda: text_of(browser, "sal-socket").startswith("socket closed (1008"))
@@ -593,7 +599,7 @@ def test_page_reconnects_after_a_server_restart(browser: WebDriver) -> None:
     base = f"http://127.0.0.1:{port}"
     server = _FakeServer(port)
     try:
-        browser.get_log("browser")
+        browser_log(browser)
         open_page(browser, base)
         tab(browser, "salience")
         session = open_session(browser)

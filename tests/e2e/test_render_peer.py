@@ -74,7 +74,7 @@ CALLED = [
 ]
 SAMPLING = {"max_tokens": 7, "temperature": 0.5, "seed": 3, "stop": ["\n\n", "END"], "top_k": 5}
 
-CHAT_BODIES = {
+CHAT_BODIES: dict[str, dict[str, Any]] = {
     "system+user": {"messages": MESSAGES, **SAMPLING},
     "tools": {"messages": MESSAGES, "tools": [WEATHER], "tool_choice": "auto", "max_tokens": 9},
     "stream": {"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}},

@@ -27,6 +27,8 @@ from agents import (
     MessageOutputItem,
     ModelSettings,
     Runner,
+    RunResult,
+    RunResultStreaming,
     ToolCallItem,
     ToolCallOutputItem,
     function_tool,
@@ -84,6 +86,7 @@ async def test_an_agent_with_a_function_tool_runs_to_completion(
             extra_body={"logit_bias": no_new_calls},
         ),
     )
+    result: RunResult | RunResultStreaming
     if streamed:
         run = Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=3)
         async for _ in run.stream_events():

@@ -39,7 +39,7 @@ def _body(live: Any, workload: Workload, text: str, **extra: Any) -> dict[str, A
 async def _until_ended(client: httpx.AsyncClient, response_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + POLL_DEADLINE_S
     while True:
-        body = (await client.get(f"/v1/responses/{response_id}")).json()
+        body: dict[str, Any] = (await client.get(f"/v1/responses/{response_id}")).json()
         if body["status"] not in ("queued", "in_progress"):
             return body
         assert time.monotonic() < deadline, f"{response_id} still {body['status']}"

@@ -20,9 +20,13 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.responses import ResponseCompletedEvent, ResponseIncompleteEvent
+from openai.types.responses.response_input_param import FunctionCallOutput
 from pydantic import BaseModel, Field
 
 from tests.conftest import LiveServer
+from tests.error_bodies import body_of
+from tests.response_items import role_of, text_of
 
 pytestmark = pytest.mark.e2e
 
@@ -91,10 +95,13 @@ def test_create_is_the_chat_answer_for_the_same_conversation(
         temperature=0,
         extra_body={"ignore_eos": True},
     )
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    messages: list[Any] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi there"},
+    ]
     chat = client.chat.completions.create(
         model=live_server.model,
-        messages=messages,  # type: ignore[arg-type]
+        messages=messages,
         max_tokens=8,
         temperature=0,
         extra_body={"ignore_eos": True},
@@ -127,7 +134,9 @@ def test_stream_sends_every_event_and_adds_up(
     kinds = [e.type for e in events]
     # Cut by max_output_tokens: the stream ends as OpenAI ends it then, with
     # response.incomplete (the SDK's get_final_response() wants response.completed).
-    final = events[-1].response  # type: ignore[union-attr]
+    last = events[-1]
+    assert last.type == "response.incomplete", last
+    final = last.response
     assert set(kinds) >= EVERY_EVENT
     assert kinds[0] == "response.created" and kinds[1] == "response.in_progress"
     assert kinds[-1] == "response.incomplete"
@@ -164,7 +173,7 @@ def test_a_completed_stream_ends_with_response_completed(
                 "schema": Thing.model_json_schema(),
                 "strict": True,
             }
-        },  # type: ignore[typeddict-item]
+        },
     ) as stream:
         kinds = [e.type for e in stream]
         final = stream.get_final_response()
@@ -194,7 +203,7 @@ def test_parse_returns_a_parsed_pydantic_object(
 def test_forced_strict_tools_validate(
     client: openai.OpenAI,
     live_server: LiveServer,
-    tool_choice: str | dict[str, Any],
+    tool_choice: Any,
     names: tuple[str, ...],
 ) -> None:
     for seed in range(3):
@@ -259,13 +268,16 @@ def test_auto_reads_a_hermes_call_as_a_function_call_item(
     kinds = [item.type for item in response.output]
     assert kinds == ["message", "function_call"], response.output
     assert response.output_text.strip() == "Sure."
-    assert json.loads(response.output[1].arguments) == {"city": "Oslo", "unit": "c"}
+    call, streamed_call = response.output[1], None
+    assert call.type == "function_call", call
+    assert json.loads(call.arguments) == {"city": "Oslo", "unit": "c"}
     with client.responses.stream(**kwargs) as stream:
         list(stream)
         streamed = stream.get_final_response()
     assert [item.type for item in streamed.output] == kinds
     assert streamed.output_text == response.output_text
-    assert streamed.output[1].arguments == response.output[1].arguments
+    streamed_call = streamed.output[1]
+    assert streamed_call.type == "function_call" and streamed_call.arguments == call.arguments
 
 
 def test_function_call_output_round_trip(client: openai.OpenAI, live_server: LiveServer) -> None:
@@ -278,12 +290,16 @@ def test_function_call_output_round_trip(client: openai.OpenAI, live_server: Liv
         extra_body={"seed": 1},
     )
     (call,) = [item for item in first.output if item.type == "function_call"]
-    answer = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21"}
+    answer: FunctionCallOutput = {
+        "type": "function_call_output",
+        "call_id": call.call_id,
+        "output": "sunny, 21",
+    }
     # Continued from the stored response ...
     second = client.responses.create(
         model=live_server.model,
         previous_response_id=first.id,
-        input=[answer],  # type: ignore[list-item]
+        input=[answer],
         tools=TOOLS,
         max_output_tokens=6,
         temperature=0,
@@ -300,7 +316,7 @@ def test_function_call_output_round_trip(client: openai.OpenAI, live_server: Liv
                 "name": call.name,
                 "arguments": call.arguments,
             },
-            answer,  # type: ignore[list-item]
+            answer,
         ],
         tools=TOOLS,
         max_output_tokens=6,
@@ -318,7 +334,7 @@ def test_function_call_output_round_trip(client: openai.OpenAI, live_server: Liv
         }
         for t in TOOLS
     ]
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "What is the weather in Paris?"},
         {
             "role": "assistant",
@@ -399,17 +415,21 @@ def test_retrieve_replay_input_items_and_delete(
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == (
         created.output_text
     )
-    assert events[-1].response.output == created.output  # type: ignore[union-attr]
+    last = events[-1]  # completed, or incomplete where max_output_tokens cut it
+    assert isinstance(last, ResponseCompletedEvent | ResponseIncompleteEvent), last
+    assert last.response.output == created.output
     later = list(client.responses.retrieve(created.id, stream=True, starting_after=3))
     assert [e.sequence_number for e in later] == list(range(4, len(events)))
     # input_items: newest first by default, paginated.
     page = client.responses.input_items.list(created.id, limit=2)
-    texts = [item.content[0].text for item in page.data]  # type: ignore[union-attr]
+    texts = [text_of(item) for item in page.data]
     assert texts == ["c", "b"] and page.has_more
-    rest = client.responses.input_items.list(created.id, after=page.last_id, limit=2)
-    assert [item.content[0].text for item in rest.data] == ["a"] and not rest.has_more  # type: ignore[union-attr]
+    # The page's `last_id` (not in the SDK's type: kept as an extra field) is the cursor.
+    last_id = (page.model_extra or {})["last_id"]
+    rest = client.responses.input_items.list(created.id, after=last_id, limit=2)
+    assert [text_of(item) for item in rest.data] == ["a"] and not rest.has_more
     ascending = client.responses.input_items.list(created.id, order="asc")
-    assert [item.role for item in ascending.data] == ["developer", "user", "user"]  # type: ignore[union-attr]
+    assert [role_of(item) for item in ascending.data] == ["developer", "user", "user"]
     assert all(item.id for item in ascending.data)
     client.responses.delete(created.id)
     with pytest.raises(openai.NotFoundError):
@@ -422,7 +442,7 @@ def test_unstored_responses_are_not_kept(client: openai.OpenAI, live_server: Liv
     response = client.responses.create(
         model=live_server.model, input="x", max_output_tokens=2, store=False
     )
-    assert response.store is False
+    assert (response.model_extra or {})["store"] is False  # not in the SDK's type
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(response.id)
 
@@ -437,7 +457,9 @@ def test_logprobs_are_included_when_asked(client: openai.OpenAI, live_server: Li
         top_logprobs=2,
         extra_body={"ignore_eos": True},
     )
-    logprobs = response.output[0].content[0].logprobs  # type: ignore[union-attr]
+    message = response.output[0]
+    assert message.type == "message" and message.content[0].type == "output_text"
+    logprobs = message.content[0].logprobs
     assert logprobs is not None and len(logprobs) == 4
     assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in logprobs)
     assert "".join(lp.token for lp in logprobs) == response.output_text
@@ -464,7 +486,7 @@ def test_unknown_models_and_ids_are_404(
 ) -> None:
     with pytest.raises(openai.NotFoundError) as raised:
         call(client, live_server.model)
-    assert raised.value.body["param"] == param  # type: ignore[index]
+    assert body_of(raised.value)["param"] == param
 
 
 @pytest.mark.parametrize(

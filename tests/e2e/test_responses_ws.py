@@ -54,12 +54,12 @@ def _tokens(live: LiveServer, messages: list[dict[str, str]]) -> int:
 
 def test_a_conversation_on_one_connection(live_server: LiveServer) -> None:
     client = openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused")
-    sampling = {"max_output_tokens": TOKENS, "temperature": 0}
+    sampling: dict[str, Any] = {"max_output_tokens": TOKENS, "temperature": 0}
     messages: list[dict[str, str]] = []
     with client.responses.connect() as connection:
         previous: str | None = None
         for turn, text in enumerate(("one", "two", "three")):
-            extra = {"previous_response_id": previous} if previous else {}
+            extra: dict[str, Any] = {"previous_response_id": previous} if previous else {}
             connection.response.create(
                 model=live_server.model, input=text, store=False, **sampling, **extra
             )
@@ -87,7 +87,7 @@ def test_a_conversation_on_one_connection(live_server: LiveServer) -> None:
         )
         error = connection.recv()
         assert error.type == "error"
-        assert error.error.code == "previous_response_not_found"  # type: ignore[union-attr]
+        assert error.error.code == "previous_response_not_found"
         connection.response.create(
             model=live_server.model, input="four", previous_response_id=previous, **sampling
         )

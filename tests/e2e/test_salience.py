@@ -380,5 +380,6 @@ async def test_a_client_offering_deflate_gets_plain_frames(live_server: LiveServ
     the server declines permessage-deflate (--ws-per-message-deflate, off by default)."""
     url = f"{live_server.ws_url}/salience/ws"
     async with websockets.connect(url, compression="deflate") as ws:
+        assert ws.request is not None and ws.response is not None
         assert "Sec-WebSocket-Extensions" in ws.request.headers  # offered
         assert "Sec-WebSocket-Extensions" not in ws.response.headers  # declined

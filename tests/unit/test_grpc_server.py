@@ -40,10 +40,15 @@ def app_on(
         yield channel
 
 
+def _reflection(channel: grpc.Channel) -> Any:
+    """Any: types-grpcio-reflection types the stub's method as Incomplete."""
+    return reflection_pb2_grpc.ServerReflectionStub(channel)
+
+
 def check(channel: grpc.Channel, service: str = "") -> int:
-    stub = health_pb2_grpc.HealthStub(channel)
-    # types-grpcio-health-checking declares HealthStub without its methods.
-    reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)  # type: ignore[attr-defined]
+    # Any: types-grpcio-health-checking declares HealthStub without its methods.
+    stub: Any = health_pb2_grpc.HealthStub(channel)
+    reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
     return int(reply.status)
 
 
@@ -115,8 +120,7 @@ def test_the_api_key_guards_the_protocol_services_only() -> None:
         # Health and reflection stay open, as /health and /openapi.json do.
         assert check(channel) == health_pb2.HealthCheckResponse.SERVING
         listing = next(
-            # types-grpcio-reflection types the stub's method as Incomplete.
-            reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(  # type: ignore[operator]
+            _reflection(channel).ServerReflectionInfo(
                 iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
             )
         )

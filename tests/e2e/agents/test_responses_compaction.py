@@ -15,9 +15,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.responses import EasyInputMessageParam, ResponseInputItemParam
 
 from tests.conftest import LiveServer
 from tests.open_responses import schema_errors
+from tests.response_items import text_of
 
 pytestmark = pytest.mark.e2e
 
@@ -26,13 +28,13 @@ def _client(live: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{live.base_url}/v1", api_key="unused", max_retries=0)
 
 
-def _user(text: str) -> dict[str, Any]:
+def _user(text: str) -> EasyInputMessageParam:
     return {"type": "message", "role": "user", "content": text}
 
 
 def test_a_compacted_window_starts_a_new_chain(long_server: LiveServer) -> None:
     client = _client(long_server)
-    conversation = [
+    conversation: list[ResponseInputItemParam] = [
         _user("Remember the code word: slate."),
         {"type": "message", "role": "assistant", "content": "OK."},
         _user("Compress this conversation for later."),
@@ -49,12 +51,13 @@ def test_a_compacted_window_starts_a_new_chain(long_server: LiveServer) -> None:
         "Compress this conversation for later.",
     ]
     assert compaction["type"] == "compaction" and compaction["encrypted_content"]
-    follow = [*raw["output"], _user("Continue from here.")]
-    answer = client.responses.create(model=long_server.model, input=follow)  # type: ignore[arg-type]
+    # The compacted window as the server sent it, JSON: an input the client sends back.
+    follow: list[Any] = [*raw["output"], _user("Continue from here.")]
+    answer = client.responses.create(model=long_server.model, input=follow)
     assert answer.status == "completed" and answer.previous_response_id is None
     # The summary reached the model: without the compaction item the prompt is shorter.
-    without = [*kept, _user("Continue from here.")]
-    shorter = client.responses.create(model=long_server.model, input=without, max_output_tokens=1)  # type: ignore[arg-type]
+    without: list[Any] = [*kept, _user("Continue from here.")]
+    shorter = client.responses.create(model=long_server.model, input=without, max_output_tokens=1)
     assert answer.usage is not None and shorter.usage is not None
     assert answer.usage.input_tokens > shorter.usage.input_tokens
     listed = client.responses.input_items.list(answer.id, order="asc")
@@ -68,7 +71,7 @@ def test_a_stored_chain_compacts_from_its_previous_response_id(long_server: Live
         model=long_server.model, previous_response_id=first.id, input="And yours?"
     )
     window, raw = answered.parse(), answered.http_response.json()
-    texts = [item.content[0].text for item in window.output if item.type == "message"]  # type: ignore[union-attr]
+    texts = [text_of(item) for item in window.output if item.type == "message"]
     assert texts == ["My name is Alice.", "And yours?"]
     assert window.output[-1].type == "compaction"
     answer = client.responses.create(
