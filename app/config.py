@@ -46,6 +46,14 @@ class Settings(BaseSettings):
         description="Largest gRPC message received or sent (a Generate with images, a "
         "DumpSession of a long session).",
     )
+    grpc_stream_interval_ms: float = Field(
+        default=10.0,
+        ge=0,
+        description="SMG's gRPC workers (vllm.grpc.engine.VllmEngine): a stream's chunks go "
+        "out at most this often, each with every token made meanwhile (its first at once); "
+        "a gRPC message costs several times a token's work, so fewer, fuller chunks spend "
+        "less CPU per token. 0 sends one as each engine step comes.",
+    )
     lora_modules: list[str] = Field(
         default_factory=list,
         description="Static LoRA adapters as name=path, selected by the `model` field.",

@@ -56,6 +56,7 @@ _GRPC_CODES = {
     "RESOURCE_EXHAUSTED": 8,
     "FAILED_PRECONDITION": 9,
     "ABORTED": 10,
+    "UNIMPLEMENTED": 12,
     "INTERNAL": 13,
     "UNAVAILABLE": 14,
     "UNAUTHENTICATED": 16,
@@ -164,6 +165,15 @@ class ShuttingDown(Overloaded):
     """The refusal of a draining server (`app.drain`): the same refusal as a full queue in
     every protocol, except where a protocol words the two apart (Anthropic's 529
     `overloaded_error` is for a full queue only)."""
+
+
+class Unimplemented(SwitchboardError):
+    """The method exists in a protocol this server speaks, and this server does not serve
+    it (an embedding call to a generation model, say)."""
+
+    http_status = 501
+    grpc_status = "UNIMPLEMENTED"
+    evergreen_reason = "UNIMPLEMENTED"
 
 
 class Unavailable(SwitchboardError):

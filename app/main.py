@@ -32,6 +32,7 @@ from app.routes.apis import (
     playground,
     probes,
     responses,
+    tokens,
 )
 from app.routes.grpc.server import serve_grpc
 from app.routes.http.bodies import collect_definitions
@@ -77,6 +78,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         responses,
         responses_ws,
         graphpipe,
+        tokens,
         salience,
         evergreen,
         playground,

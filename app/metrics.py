@@ -90,13 +90,26 @@ class LegacyKvCacheUsage(Collector):
 _legacy_collector = LegacyKvCacheUsage(REGISTRY)
 
 
+def kv_cache_usage() -> float:
+    """vLLM's latest KV-cache usage (0 to 1) from its own gauge; 0 before it reports (or
+    without an engine that does), for what routers poll besides /metrics."""
+    collector = REGISTRY._names_to_collectors.get(KV_CACHE_USAGE)
+    if collector is None or collector is _legacy_collector:
+        return 0.0
+    for metric in collector.collect():
+        for sample in metric.samples:
+            if sample.name == KV_CACHE_USAGE:
+                return float(sample.value)
+    return 0.0
+
+
 def _register_legacy_alias() -> None:
     # Once per process: several apps (tests) share the default registry.
     if LEGACY_KV_CACHE_USAGE not in REGISTRY._names_to_collectors:
         REGISTRY.register(_legacy_collector)
 
 
-PROTOCOLS = ("openai", "anthropic", "graphpipe", "evergreen", "salience")
+PROTOCOLS = ("openai", "anthropic", "graphpipe", "evergreen", "salience", "smg", "tokens")
 
 
 class AdmissionMetrics(Collector):

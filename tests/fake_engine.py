@@ -105,6 +105,9 @@ class FakeEngine:
     def engine_requests(self) -> int:
         return len(self.running)
 
+    def kv_event_sources(self) -> dict[int, dict[str, object]]:
+        return {}
+
     async def check_health(self) -> None:
         return None
 

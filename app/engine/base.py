@@ -46,6 +46,9 @@ class SamplingOptions:
     logprobs: int | None = None  # top-k logprobs per sampled token (0: sampled only)
     prompt_logprobs: int | None = None  # top-k logprobs per prompt token
     skip_special_tokens: bool = True
+    # False: the events' text stays empty (a router detokenizes): the engine turns token
+    # ids into text only to match `stop`, which needs it.
+    detokenize: bool = True
     # What the output must match (structured outputs); None: anything.
     constraint: Constraint | None = None
     # (token id, bias) pairs added to the logits before sampling, ids sorted.
@@ -308,6 +311,11 @@ class Engine(Protocol):
         """Requests the engine itself holds (running or waiting), in its own latest
         report: a request leaves it once the engine has finished or aborted it, not when
         this process stops reading it."""
+        ...
+
+    def kv_event_sources(self) -> Mapping[int, Mapping[str, object]]:
+        """The engine's KV-cache event publishers by data-parallel rank (vLLM's
+        `--kv-events-config` as each engine reported it); empty when it publishes none."""
         ...
 
     async def check_health(self) -> None: ...

@@ -20,6 +20,7 @@ from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
 from app.sessions.conversations import Conversations
+from app.sessions.named import NamedRequests
 from app.sessions.responses import Responses
 from app.sessions.salience import SalienceRunner
 from app.store import open_conversations, open_store
@@ -79,6 +80,16 @@ def salience_runner(app: Starlette) -> SalienceRunner:
             state.engine, state.admission, state.drain, state.settings
         )
     return runner
+
+
+def named_requests(app: Starlette) -> NamedRequests:
+    """The process's requests named by their clients (SMG's and llm-d's aborts), made on
+    first use; one for every transport that takes names."""
+    state = app.state
+    named: NamedRequests | None = getattr(state, "named_requests", None)
+    if named is None:
+        named = state.named_requests = NamedRequests(state.engine)
+    return named
 
 
 def responses_api(app: Starlette) -> Responses:

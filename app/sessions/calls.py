@@ -39,13 +39,23 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from app.admission import Admission, Tickets
-from app.engine.base import Engine, TokenEvent
+from app.engine.base import Engine, GenerationRequest, TokenEvent
 from app.errors import SwitchboardError, client_error
-from app.protocols.core import Core, Event
+from app.protocols.core import Event
 from app.sessions.generations import run_generations
 
 T = TypeVar("T")
-C = TypeVar("C", bound=Core)
+
+
+class Planned(Protocol):
+    """What the road needs of a call's core to admit and run it: its engine requests
+    (every `Core` is one; a transport with its own encoding builds one of its own)."""
+
+    @property
+    def requests(self) -> Sequence[GenerationRequest]: ...
+
+
+C = TypeVar("C", bound=Planned)
 Emit = Callable[[list[Event]], None]
 
 # One thread, so that prompts are rendered in arrival order and the tokenizer is never

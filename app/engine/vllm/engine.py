@@ -29,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -156,6 +157,10 @@ class VllmEngine:
 
     def engine_requests(self) -> int:
         return self._counts.requests
+
+    def kv_event_sources(self) -> dict[int, dict[str, object]]:
+        sources = self._llm.engine_core.get_kv_event_sources()
+        return {rank: dataclasses.asdict(config) for rank, config in sources.items()}
 
     async def check_health(self) -> None:
         with map_engine_errors():

@@ -43,6 +43,7 @@ def sampling_params(
             logprobs=options.logprobs,
             prompt_logprobs=options.prompt_logprobs,
             skip_special_tokens=options.skip_special_tokens,
+            detokenize=options.detokenize or bool(options.stop),
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra_args,
             logit_bias={**dict(options.logit_bias), **dict.fromkeys(banned_token_ids, _BANNED)}

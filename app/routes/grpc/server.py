@@ -4,11 +4,14 @@ The app's lifespan runs it (`serve_grpc`) on `--host` and `--grpc-port` (0 turns
 once the engine is up, and stops it before the engine. It serves:
 
 - the protocol services, each a thin adapter in its own module (`salience`,
-  `evergreen` in this package), registered through `SERVICES`;
+  `evergreen`, and `vllm_engine`: SMG's gRPC workers' protocol), registered through
+  `SERVICES`;
 - `grpc.health.v1.Health`: the overall status ("") and each service's are SERVING while
-  `engine.check_health()` passes and NOT_SERVING otherwise; `Check` asks the engine on
-  every call, `Watch` sees the status polled every few seconds; all turn NOT_SERVING as
-  the server stops;
+  `engine.check_health()` passes and the server is not draining, NOT_SERVING otherwise
+  (a drain turns them at once: SMG, which probes the service by name, and a Kubernetes
+  gRPC readiness probe stop sending to a replica that is going away); `Check` asks the
+  engine on every call, `Watch` sees the status polled every few seconds; all turn
+  NOT_SERVING as the server stops;
 - server reflection (`grpc.reflection.v1alpha`, what grpcurl and grpcui ask), listing the
   services above, health and reflection.
 
@@ -40,9 +43,10 @@ from grpc_reflection.v1alpha import reflection
 
 from app.auth import bearer_token, check_key
 from app.config import Settings
+from app.drain import Drain
 from app.engine.base import Engine
 from app.errors import ConfigError, Unauthenticated
-from app.routes.grpc import evergreen, salience
+from app.routes.grpc import evergreen, salience, vllm_engine
 from app.routes.grpc.calls import Context, Service, abort
 
 logger = logging.getLogger(__name__)
@@ -53,7 +57,7 @@ _Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs 
 
 
 # The protocol services, each from its adapter module.
-SERVICES: tuple[Service, ...] = (salience.SERVICE, evergreen.SERVICE)
+SERVICES: tuple[Service, ...] = (salience.SERVICE, evergreen.SERVICE, vllm_engine.SERVICE)
 
 
 # -- auth -----------------------------------------------------------------------------
@@ -108,20 +112,22 @@ def _refusal(handler: _Handler, exc: Unauthenticated) -> _Handler:
 
 
 class _Health(health_aio.HealthServicer):
-    """grpc.health.v1 over `engine.check_health()`."""
+    """grpc.health.v1 over `engine.check_health()` and the drain."""
 
-    def __init__(self, engine: Engine, services: Sequence[str]) -> None:
+    def __init__(self, engine: Engine, drain: Drain, services: Sequence[str]) -> None:
         super().__init__()
         self._engine = engine
+        self._drain = drain
         self._services = ("", *services)
 
     async def refresh(self) -> None:
-        try:
-            await self._engine.check_health()
-            status: int = health_pb2.HealthCheckResponse.SERVING
-        except Exception:
-            logger.warning("engine health check failed", exc_info=True)
-            status = health_pb2.HealthCheckResponse.NOT_SERVING
+        status: int = health_pb2.HealthCheckResponse.NOT_SERVING
+        if not self._drain.draining:
+            try:
+                await self._engine.check_health()
+                status = health_pb2.HealthCheckResponse.SERVING
+            except Exception:
+                logger.warning("engine health check failed", exc_info=True)
         for service in self._services:
             await self.set(service, status)
 
@@ -168,8 +174,20 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[grpc.aio.Server | None]:
     )
     for service in SERVICES:
         service.add(server, app)
-    health = _Health(engine, names)
+    health = _Health(engine, app.state.drain, names)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    refreshes: set[asyncio.Task[None]] = set()
+    loop = asyncio.get_running_loop()
+
+    def refresh() -> None:
+        task = loop.create_task(health.refresh())
+        refreshes.add(task)
+        task.add_done_callback(refreshes.discard)
+
+    def drained() -> None:  # Watch streams see NOT_SERVING now, not at the next poll
+        loop.call_soon_threadsafe(refresh)
+
+    app.state.drain.on_begin(drained)
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
     reflection.enable_server_reflection([*names, health_name, reflection.SERVICE_NAME], server)
     address = _address(settings.host, settings.grpc_port)

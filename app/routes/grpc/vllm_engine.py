@@ -1,0 +1,301 @@
+"""`vllm.grpc.engine.VllmEngine` (smg-grpc-proto) over native gRPC: the worker side of
+SMG's gRPC mode, what `vllm serve --grpc` serves through smg-grpc-servicer. A thin
+adapter: the protocol is `app.protocols.smg`'s, the road `app.sessions.calls`'.
+
+- `Generate`: admission (one unit per choice, protocol `smg`, before any prompt work;
+  refused UNAVAILABLE with the retry hint), the request built in the render thread
+  (a bad one INVALID_ARGUMENT, a prompt past the context too, before any engine
+  request), then the engine's events
+  pushed from its loop into an outbox the call's writer empties: a stream's first chunk
+  goes at once, then at most one every `--grpc-stream-interval-ms` (10), each with every
+  token made meanwhile, since a gRPC message costs several times a token's own work
+  (~160 us against ~35 measured here, a loaded host, the fake engine).
+  A client that cancels the call (SMG drops a stream whose client left) aborts its
+  engine requests; a drain's cut ends the call UNAVAILABLE.
+- `Abort`: the engine requests running under the named `request_id`s end with finish
+  reason "abort" (their streams' Complete says so); unknown ids are no error.
+- `HealthCheck`: unhealthy while the engine fails its check or the server drains, so
+  SMG stops sending to a replica that is going away; the grpc.health service says the
+  same for this service's name (`app.routes.grpc.server`).
+- `GetModelInfo`, `GetServerInfo`, `GetLoads`: the served model's facts, this server's
+  state, its queue (admission's) and KV-cache usage (vLLM's gauge).
+- `GetTokenizer`: the model directory's tokenizer files as a zip, streamed in chunks,
+  the archive built once off the event loop (smg-grpc-servicer's `tokenizer_bundle`,
+  taken as it is: it knows which files SMG's tokenizer loader reads).
+- `Embed`, `FlushCache`, `StartProfile`, `StopProfile`, `SubscribeKvEvents`:
+  UNIMPLEMENTED with a message (a generation model; no cache flush, profiler or KV-event
+  relay over this transport: KV events go out on vLLM's own ZMQ publisher).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+from fastapi import FastAPI
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import vllm_engine_pb2 as pb
+from smg_grpc_servicer.tokenizer_bundle import tokenizer_bundle, tokenizer_chunks
+
+from app import __version__
+from app.admission import Admission, text_tokens_bound
+from app.drain import Drain
+from app.engine.base import Engine, TokenEvent
+from app.errors import (
+    ContextLengthExceeded,
+    EngineError,
+    FailedPrecondition,
+    SwitchboardError,
+    Unimplemented,
+    client_error,
+)
+from app.metrics import kv_cache_usage
+from app.protocols.smg import SmgGenerate, model_info
+from app.routes.deps import named_requests
+from app.routes.grpc.calls import Context, Service, decode, end, register
+from app.sessions.calls import render, start_call
+from app.sessions.generations import run_generations
+from app.sessions.named import NamedRequests
+
+_SERVICE = pb.DESCRIPTOR.services_by_name["VllmEngine"]
+PROTOCOL = "smg"
+
+
+class _Outbox:
+    """A call's engine events, per choice, until its writer takes them. Filled from the
+    engine's loop; `ready` wakes the writer (streamed: on every event; not streamed:
+    only when a choice ends, the only time there is something to send)."""
+
+    def __init__(self, stream: bool) -> None:
+        self.pending: dict[int, list[TokenEvent]] = {}
+        self.ready = asyncio.Event()
+        self.ending = False  # a choice's last event is pending: send it without waiting
+        self._stream = stream
+
+    def put(self, index: int, event: TokenEvent) -> None:
+        events = self.pending.get(index)
+        if events is None:
+            self.pending[index] = [event]
+        else:
+            events.append(event)
+        if event.finish_reason is not None:
+            self.ending = True
+            self.ready.set()
+        elif self._stream:
+            self.ready.set()
+
+    def take(self) -> dict[int, list[TokenEvent]]:
+        taken, self.pending = self.pending, {}
+        self.ready.clear()
+        self.ending = False
+        return taken
+
+
+def _units(request: pb.GenerateRequest) -> list[int]:
+    """Admission's units: one per choice, each bounded by the prompt's tokens."""
+    if request.WhichOneof("input") == "text":
+        bound = text_tokens_bound(request.text)
+    else:
+        bound = len(request.tokenized.input_ids)
+    return [bound] * max(request.sampling_params.n, 1)
+
+
+async def abort(context: Context, exc: BaseException) -> NoReturn:
+    """End the call with `exc`'s status, a prompt past the context INVALID_ARGUMENT (as
+    vLLM's servicer ends it): SMG answers RESOURCE_EXHAUSTED with a 429 it may retry."""
+    error = client_error(exc)
+    code = "INVALID_ARGUMENT" if isinstance(error, ContextLengthExceeded) else error.grpc_status
+    await end(context, error, code)
+
+
+def _read_config(model_path: str) -> dict[str, Any]:
+    try:
+        data = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class _VllmEngine:
+    def __init__(
+        self,
+        engine: Engine,
+        admission: Admission,
+        drain: Drain,
+        named: NamedRequests,
+        config: dict[str, Any],
+        interval_s: float,
+    ) -> None:
+        self._interval_s = interval_s
+        self._engine = engine
+        self._admission = admission
+        self._drain = drain
+        self._named = named
+        self._model_info = model_info(engine.info, config)
+        self._started = time.time()
+        self._last_receive = 0.0
+
+    def behaviours(self) -> dict[str, Any]:
+        return {
+            "Generate": self.generate,
+            "Embed": _unimplemented("Embed: this worker serves a generation model"),
+            "HealthCheck": self.health_check,
+            "FlushCache": _unimplemented("FlushCache is not served by this worker"),
+            "StartProfile": _unimplemented("profiling is not served by this worker"),
+            "StopProfile": _unimplemented("profiling is not served by this worker"),
+            "Abort": self.abort,
+            "GetModelInfo": self.get_model_info,
+            "GetServerInfo": self.get_server_info,
+            "GetLoads": self.get_loads,
+            "GetTokenizer": self.get_tokenizer,
+            "SubscribeKvEvents": _unimplemented_stream(
+                "KV events are not relayed over gRPC by this worker; subscribe to the "
+                "engine's ZMQ publisher (--kv-events-config)"
+            ),
+        }
+
+    async def generate(self, data: bytes, context: Context) -> None:
+        engine = self._engine
+        try:
+            request = decode(pb.GenerateRequest, data)
+            self._last_receive = time.time()
+            info, tokenizer = engine.info, engine.tokenizer
+            call = await start_call(
+                self._admission,
+                protocol=PROTOCOL,
+                units=_units(request),
+                priority=0,
+                build=lambda: render(lambda: SmgGenerate(request, info, tokenizer)),
+            )
+        except Exception as exc:
+            await abort(context, exc)
+        core: SmgGenerate = call.core
+        outbox = _Outbox(core.stream)
+        # Straight to grpcio (not `calls.Writer`, whose task per write costs more than
+        # the write): one writer, this task, and nothing is sent once it is cancelled.
+        write = context.write
+        self._named.add(core.name, core)
+        with call.tickets:
+            runner = asyncio.ensure_future(
+                run_generations(engine, core.requests, call.tickets, outbox.put)
+            )
+            runner.add_done_callback(lambda _: outbox.ready.set())
+            interval = self._interval_s if core.stream else 0.0
+            sent = False
+            try:
+                while True:
+                    await outbox.ready.wait()
+                    if sent and interval and not (outbox.ending or runner.done()):
+                        await asyncio.sleep(interval)  # what comes meanwhile goes too
+                    sent = True
+                    done = runner.done()
+                    for index, events in outbox.take().items():
+                        for message in core.messages(index, events):
+                            await write(message)
+                    if done:
+                        break
+                runner.result()
+            except Exception as exc:
+                await abort(context, exc)
+            finally:
+                if not runner.done():
+                    runner.cancel()
+                with contextlib.suppress(BaseException):
+                    await runner
+
+    async def abort(self, data: bytes, context: Context) -> pb.AbortResponse:
+        try:
+            request = decode(pb.AbortRequest, data)
+            await self._named.abort(request.request_ids)
+        except Exception as exc:
+            await abort(context, exc)
+        return pb.AbortResponse()
+
+    async def health_check(self, data: bytes, context: Context) -> pb.HealthCheckResponse:
+        if self._drain.draining:
+            return pb.HealthCheckResponse(healthy=False, message="draining")
+        try:
+            await self._engine.check_health()
+        except Exception as exc:
+            message = exc.message if isinstance(exc, SwitchboardError) else "engine unhealthy"
+            return pb.HealthCheckResponse(healthy=False, message=message)
+        return pb.HealthCheckResponse(healthy=True, message="Health")
+
+    async def get_model_info(self, data: bytes, context: Context) -> pb.GetModelInfoResponse:
+        return self._model_info
+
+    async def get_server_info(self, data: bytes, context: Context) -> pb.GetServerInfoResponse:
+        return pb.GetServerInfoResponse(
+            active_requests=self._engine.num_running_requests(),
+            is_paused=self._drain.draining,
+            last_receive_timestamp=self._last_receive,
+            uptime_seconds=time.time() - self._started,
+            server_type="vllm-grpc",
+            data_parallel_size=1,
+        )
+
+    async def get_loads(self, data: bytes, context: Context) -> pb.GetLoadsResponse:
+        admission = self._admission
+        waiting = sum(admission.queued().values())
+        total = admission.in_flight
+        load = pb.SchedulerLoad(
+            dp_rank=0,
+            num_running_reqs=max(total - waiting, 0),
+            num_waiting_reqs=waiting,
+            num_total_reqs=total,
+            token_usage=kv_cache_usage(),
+            num_waiting_uncached_tokens=admission.queued_tokens,
+        )
+        return pb.GetLoadsResponse(
+            timestamp=datetime.now(UTC).isoformat(),
+            version=self._engine.info.engine_version or __version__,
+            dp_rank_count=1,
+            loads=[load],
+        )
+
+    async def get_tokenizer(
+        self, data: bytes, context: Context
+    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        try:
+            archive, sha256 = await tokenizer_bundle(self._engine.info.model_path)
+        except FileNotFoundError as exc:
+            await abort(context, FailedPrecondition(f"no tokenizer files: {exc}"))
+        except Exception as exc:
+            await abort(context, EngineError(f"the tokenizer bundle failed: {exc}"))
+        for chunk in tokenizer_chunks(archive, sha256):
+            yield chunk
+
+
+def _unimplemented(message: str) -> Any:
+    async def refuse(data: bytes, context: Context) -> None:
+        await abort(context, Unimplemented(message))
+
+    return refuse
+
+
+def _unimplemented_stream(message: str) -> Any:
+    async def refuse(data: bytes, context: Context) -> AsyncIterator[Any]:
+        await abort(context, Unimplemented(message))
+        yield  # an async generator, as grpcio's streaming handlers are
+
+    return refuse
+
+
+def _add(server: grpc.aio.Server, app: FastAPI) -> None:
+    state = app.state
+    config = _read_config(state.engine.info.model_path)
+    interval = state.settings.grpc_stream_interval_ms / 1000
+    servicer = _VllmEngine(
+        state.engine, state.admission, state.drain, named_requests(app), config, interval
+    )
+    register(server, _SERVICE, servicer.behaviours())
+
+
+SERVICE = Service(_SERVICE.full_name, _add)
