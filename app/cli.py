@@ -48,7 +48,10 @@ def _settings_parser() -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         annotation = field.annotation
         if get_origin(annotation) is list:
-            parser.add_argument(flag, nargs="+", dest=name, help=_help(field.description))
+            # Repeatable, as SMG's `--tenant-api-key`: each use adds its values.
+            parser.add_argument(
+                flag, nargs="+", action="extend", dest=name, help=_help(field.description)
+            )
             continue
         kinds = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
         kind: Any = kinds[0]

@@ -9,12 +9,15 @@ There is no module-level settings object.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from app.tenants import parse_limits
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # a store that replicas share
 
@@ -30,8 +33,38 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, description="Port to listen on.")
     api_key: str | None = Field(
         default=None,
-        description="Shared secret; when set every route but /health, /version and /metrics "
-        "needs `Authorization: Bearer <key>` (websockets may pass `?token=`).",
+        description="A key with full rights (the data plane and the control plane) as the "
+        "default tenant. Once any key is configured (this one, --tenant-api-key, "
+        "--control-plane-api-keys), every route but /health, /ready, /version, /metrics "
+        "and the playground's files needs one: `Authorization: Bearer <key>` (Anthropic's "
+        "`x-api-key` too; websockets may pass `?token=`; gRPC `authorization` metadata). "
+        "With no key configured, every caller is the default tenant with full rights.",
+    )
+    tenant_api_key: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Keys that name a tenant, as TENANT_ID:KEY (repeatable; SMG's "
+        "spelling): the data plane only, as that tenant. What a tenant stores (responses, "
+        "conversations, background runs, Salience sessions) is its own: another tenant's "
+        "id is not found. From the environment: a JSON list, or entries separated by "
+        "spaces or commas.",
+    )
+    control_plane_api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Keys of the control plane: the routes that change the server (LoRA "
+        "load and unload) and nothing else. From the environment: a JSON list, or keys "
+        "separated by spaces or commas.",
+    )
+    tenant_limits: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Quotas per tenant, as TENANT_ID:name=value,... (repeatable; `*` for "
+        "every tenant's defaults); names: priority (the most urgent priority its requests "
+        "may ask, vLLM's smaller-first order; default 0, the default priority), concurrent "
+        "(units of engine work admitted at once; 0: none of its own), sessions and "
+        "session_tokens (its Salience sessions and their tokens), stored_bytes (its stored "
+        "responses', and apart its conversations', bytes). Defaults: an equal share of "
+        "each server-wide bound among the tenants the keys name (concurrent: of "
+        "--max-queued-requests, and none with one tenant), so one tenant alone has the "
+        "server's own bounds.",
     )
     grpc_port: int = Field(
         default=50051,
@@ -57,6 +90,20 @@ class Settings(BaseSettings):
     lora_modules: list[str] = Field(
         default_factory=list,
         description="Static LoRA adapters as name=path, selected by the `model` field.",
+    )
+    allow_runtime_lora_updating: bool = Field(
+        default=False,
+        description="Let the control plane load and unload LoRA adapters while the server "
+        "runs (/v1/load_lora_adapter, /v1/unload_lora_adapter), from --lora-root only. Off "
+        "by default, as in vLLM; vLLM's own VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 turns it on "
+        "too.",
+    )
+    lora_root: Path | None = Field(
+        default=None,
+        description="The directory runtime LoRA loading takes adapters from: a lora_path "
+        "that does not resolve to an adapter's directory inside it is refused, with one "
+        "message whatever the path (none says which paths exist). Needed when runtime "
+        "updating is on.",
     )
     engine_args: dict[str, Any] = Field(
         default_factory=dict,
@@ -248,11 +295,69 @@ class Settings(BaseSettings):
             raise ValueError(f"evergreen_file_root {value} is not a directory")
         return value
 
+    @field_validator("lora_root")
+    @classmethod
+    def _check_lora_root(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"lora_root {value} is not a directory")
+        return value
+
+    @model_validator(mode="after")
+    def _check_runtime_lora(self) -> Settings:
+        if self.runtime_lora_updating() and self.lora_root is None:
+            raise ValueError(
+                "runtime LoRA updating (--allow-runtime-lora-updating, or vLLM's "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING) needs --lora-root, the directory it "
+                "loads adapters from"
+            )
+        return self
+
+    def runtime_lora_updating(self) -> bool:
+        """Runtime LoRA loading asked for: our flag, or vLLM's variable as vLLM reads it."""
+        vllms = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower()
+        return self.allow_runtime_lora_updating or vllms in ("1", "true")
+
     @field_validator("salience_store")
     @classmethod
     def _check_salience_store(cls, value: str) -> str:
         if value not in ("", "memory") and not value.startswith(_REDIS_SCHEMES):
             raise ValueError(f"salience_store {value!r} is neither `memory` nor a redis:// URL")
+        return value
+
+    @field_validator("tenant_api_key", "control_plane_api_keys", "tenant_limits", mode="before")
+    @classmethod
+    def _split_entries(cls, value: Any, info: ValidationInfo) -> Any:
+        # From the environment: a JSON list, or entries separated by spaces (keys: or
+        # commas; a tenant's limits are separated by commas); the flags give a list.
+        if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return json.loads(value)
+            return (
+                value if info.field_name == "tenant_limits" else value.replace(",", " ")
+            ).split()
+        return value
+
+    @field_validator("tenant_api_key")
+    @classmethod
+    def _check_tenant_keys(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            tenant, sep, key = entry.partition(":")
+            if not sep or not tenant or not key:
+                raise ValueError("a tenant API key is not TENANT_ID:KEY")
+        return value
+
+    @field_validator("control_plane_api_keys")
+    @classmethod
+    def _check_control_plane_keys(cls, value: list[str]) -> list[str]:
+        if any(not key for key in value):
+            raise ValueError("a control-plane API key is empty")
+        return value
+
+    @field_validator("tenant_limits")
+    @classmethod
+    def _check_tenant_limits(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            parse_limits(entry)
         return value
 
     @field_validator("lora_modules")

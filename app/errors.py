@@ -8,6 +8,7 @@ is in the terms every protocol shares, its HTTP status and its gRPC status:
     ├── InvalidRequest               400  INVALID_ARGUMENT
     │   └── ContextLengthExceeded    400  RESOURCE_EXHAUSTED
     ├── Unauthenticated              401  UNAUTHENTICATED
+    ├── PermissionDenied             403  PERMISSION_DENIED
     ├── NotFound                     404  NOT_FOUND
     │   └── ModelNotFound            404  NOT_FOUND
     ├── FailedPrecondition           409  FAILED_PRECONDITION
@@ -53,6 +54,7 @@ logger = logging.getLogger(__name__)
 _GRPC_CODES = {
     "INVALID_ARGUMENT": 3,
     "NOT_FOUND": 5,
+    "PERMISSION_DENIED": 7,
     "RESOURCE_EXHAUSTED": 8,
     "FAILED_PRECONDITION": 9,
     "ABORTED": 10,
@@ -110,6 +112,16 @@ class Unauthenticated(SwitchboardError):
     http_status = 401
     grpc_status = "UNAUTHENTICATED"
     evergreen_reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(SwitchboardError):
+    """The key is good, but its role may not do this (a tenant's key on a route that
+    changes the server, a control plane's key on the data plane: `app.tenants`). Never
+    for another tenant's stored thing, which is `NotFound`."""
+
+    http_status = 403
+    grpc_status = "PERMISSION_DENIED"
+    evergreen_reason = "PERMISSION_DENIED"
 
 
 class NotFound(SwitchboardError):

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from app.admission import Admission
+from app.auth import Keyring
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
@@ -62,6 +63,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     app = FastAPI(title="Switchboard", lifespan=lifespan, default_response_class=OrjsonResponse)
     app.state.settings = settings
+    app.state.keyring = Keyring.from_settings(settings)
     app.state.admission = Admission(
         settings.max_queued_requests or None, settings.max_queued_tokens or None
     )

@@ -272,6 +272,9 @@ def live_server() -> Iterator[LiveServer]:
         model=str(tiny_model_path()),
         served_model_name=LIVE_MODEL,
         lora_modules=[f"{LIVE_LORA}={tiny_lora_path()}"],
+        # Runtime loading (off by default), from the cache where the tests build adapters.
+        allow_runtime_lora_updating=True,
+        lora_root=CACHE,
         readout_concepts=concepts_path(),
         # Off by default; on here so that the pinning stays tested (tests/engine/
         # test_cpu_host.py) and the suite keeps the geometry it was timed on.

@@ -1,5 +1,5 @@
 """Typed dependencies shared by the route modules: the engine, the settings, the
-admission bound, auth.
+admission bound, and the caller (`Principal`, decided once where the request enters).
 
 They live on `app.state` (set by `app.main.create_app`); routes take them through
 `EngineDep` / `SettingsDep` / `AdmissionDep` (or the `get_*` functions on a websocket)
@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
 from app.admission import Admission
-from app.auth import bearer_token, check_key
+from app.auth import Keyring, bearer_token, controlling, serving
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
@@ -24,6 +24,7 @@ from app.sessions.named import NamedRequests
 from app.sessions.responses import Responses
 from app.sessions.salience import SalienceRunner
 from app.store import open_conversations, open_store
+from app.tenants import Principal
 
 
 def get_engine(conn: HTTPConnection) -> Engine:
@@ -141,24 +142,40 @@ async def _responses_dependency(conn: HTTPConnection) -> Responses:
 ResponsesDep = Annotated[Responses, Depends(_responses_dependency)]
 
 
-def check_credentials(conn: HTTPConnection) -> None:
-    """Raise `Unauthenticated` unless the connection carries the configured key, as
-    `Authorization: Bearer <key>` or (for browsers' websockets) a `token` query parameter."""
+def get_keyring(conn: HTTPConnection) -> Keyring:
+    keyring: Keyring = conn.app.state.keyring
+    return keyring
+
+
+def authenticated(conn: HTTPConnection, offered: str | None) -> Principal:
+    """The principal of the key `offered` on `conn` (`Unauthenticated` if none), kept
+    on the connection's state for what runs around the route (metrics, the access log):
+    decided here, once, where the request enters."""
+    principal = get_keyring(conn).authenticate(offered)
+    conn.state.principal = principal
+    return principal
+
+
+def principal_of(conn: HTTPConnection) -> Principal:
+    """The data plane's caller on `conn`, from `Authorization: Bearer <key>` or (for
+    browsers' websockets) a `token` query parameter: `Unauthenticated` without a
+    configured key, `PermissionDenied` for the control plane's."""
     offered = bearer_token(conn.headers.get("authorization", ""))
     if offered is None:
         offered = conn.query_params.get("token")
-    check_key(get_settings(conn).api_key, offered)
+    return serving(authenticated(conn, offered))
 
 
-async def require_api_key(request: Request) -> None:
-    """HTTP dependency form of `check_credentials`."""
-    check_credentials(request)
+async def require_principal(request: Request) -> Principal:
+    """HTTP dependency form of `principal_of`."""
+    return principal_of(request)
 
 
-AuthDep = Depends(require_api_key)
+PrincipalDep = Annotated[Principal, Depends(require_principal)]
+AuthDep = Depends(require_principal)  # a router's `dependencies`: the same, resolved once
 
 
-async def require_x_api_key(request: Request) -> None:
+async def require_x_api_principal(request: Request) -> Principal:
     """The key as Anthropic's clients send it: `x-api-key` (the anthropic SDK's and
     Claude Code's `ANTHROPIC_API_KEY`), or `Authorization: Bearer` (`ANTHROPIC_AUTH_TOKEN`,
     and the SDK's `api_key` in its latest releases). Only for the Anthropic routes: the
@@ -166,7 +183,17 @@ async def require_x_api_key(request: Request) -> None:
     offered = request.headers.get("x-api-key")
     if offered is None:
         offered = bearer_token(request.headers.get("authorization", ""))
-    check_key(get_settings(request).api_key, offered)
+    return serving(authenticated(request, offered))
 
 
-XApiKeyAuthDep = Depends(require_x_api_key)
+XApiKeyPrincipalDep = Annotated[Principal, Depends(require_x_api_principal)]
+XApiKeyAuthDep = Depends(require_x_api_principal)
+
+
+async def require_control_plane(request: Request) -> Principal:
+    """The caller of a route that changes the server: a control-plane (or full) key."""
+    offered = bearer_token(request.headers.get("authorization", ""))
+    return controlling(authenticated(request, offered))
+
+
+ControlPlaneDep = Depends(require_control_plane)

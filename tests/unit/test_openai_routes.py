@@ -8,6 +8,7 @@ import contextlib
 import json
 import re
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -138,11 +139,12 @@ async def test_generations_close_every_branch_when_cancelled() -> None:
     assert len(received) < 2 * _LONG.max_tokens
 
 
-async def test_lora_admin_routes() -> None:
-    async with client(FakeEngine()) as c:
-        response = await c.post(
-            "/v1/load_lora_adapter", json={"lora_name": "a1", "lora_path": "/x"}
-        )
+async def test_lora_admin_routes(tmp_path: Path) -> None:
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "adapter_config.json").write_text("{}")
+    runtime = {"allow_runtime_lora_updating": True, "lora_root": tmp_path}
+    async with client(FakeEngine(), **runtime) as c:
+        response = await c.post("/v1/load_lora_adapter", json={"lora_name": "a1", "lora_path": "x"})
         assert response.status_code == 200
         assert [m["id"] for m in (await c.get("/v1/models")).json()["data"]] == ["fake", "a1"]
         missing = await c.post("/v1/unload_lora_adapter", json={"lora_name": "zz"})

@@ -103,9 +103,6 @@ async def start_engine(settings: Settings) -> VllmEngine:
         args["worker_extension_cls"] = READOUT_EXTENSION
         # Forward hooks do not fire inside a compiled graph.
         args.setdefault("enforce_eager", True)
-    if args.get("enable_lora"):
-        # Runtime loading through /v1/load_lora_adapter, as vLLM's server gates it.
-        os.environ.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
     # Every start-up check that needs no engine runs before it: a bad flag or file
     # should not cost an engine start.
     concepts = None

@@ -5,6 +5,7 @@ status for it.
     app.errors class                 Anthropic type           status
     InvalidRequest (and its kin)     invalid_request_error    400
     Unauthenticated                  authentication_error     401
+    PermissionDenied                 permission_error         403
     NotFound, ModelNotFound          not_found_error          404
     ResourceExhausted                rate_limit_error         429
     Overloaded (a full queue)        overloaded_error         529 + Retry-After
@@ -15,7 +16,7 @@ status for it.
 (honouring Retry-After), as Claude Code does. A draining server answers 503 instead:
 HTTP's "unavailable, retry later" is what proxies and service meshes know to retry on
 another replica (529 is Anthropic's own code, which they do not know), and the SDK
-retries any 5xx alike. Anthropic's other statuses (402, 403, 413, 504) name conditions a
+retries any 5xx alike. Anthropic's other statuses (402, 413, 504) name conditions a
 self-hosted server does not have. A conflict (409) or failed precondition is the
 client's request at odds with the server's state: `invalid_request_error`, 400.
 """
@@ -30,6 +31,7 @@ from app.errors import (
     InvalidRequest,
     NotFound,
     Overloaded,
+    PermissionDenied,
     ResourceExhausted,
     ShuttingDown,
     SwitchboardError,
@@ -44,6 +46,7 @@ _KINDS: tuple[tuple[type[SwitchboardError], str, int], ...] = (
     (FailedPrecondition, "invalid_request_error", 400),
     (Aborted, "invalid_request_error", 400),
     (Unauthenticated, "authentication_error", 401),
+    (PermissionDenied, "permission_error", 403),
     (NotFound, "not_found_error", 404),
     (ResourceExhausted, "rate_limit_error", 429),
     (ShuttingDown, "overloaded_error", 503),

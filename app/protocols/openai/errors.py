@@ -15,6 +15,7 @@ from app.errors import (
     FailedPrecondition,
     InvalidRequest,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     SwitchboardError,
     Unauthenticated,
@@ -23,6 +24,7 @@ from app.errors import (
 _TYPES: tuple[tuple[type[SwitchboardError], str], ...] = (
     (InvalidRequest, "invalid_request_error"),
     (Unauthenticated, "authentication_error"),
+    (PermissionDenied, "permission_error"),
     (NotFound, "not_found_error"),
     (FailedPrecondition, "invalid_request_error"),
     (ResourceExhausted, "rate_limit_error"),

@@ -33,7 +33,7 @@ from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_requ
 from app.protocols.graphpipe.encode import encode_errors, encode_infer_response, encode_metadata
 from app.protocols.graphpipe.inference import InferCore
 from app.protocols.graphpipe.model import describe
-from app.routes.deps import EngineDep, SettingsDep, check_credentials, get_admission
+from app.routes.deps import EngineDep, SettingsDep, get_admission, principal_of
 from app.routes.http.bodies import documented
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.http.errors import api_router, retry_headers
@@ -92,7 +92,7 @@ def _octet(body: bytes | memoryview, status_code: int = 200) -> Response:
 async def _post(request: Request, engine: Engine, limit: int, model: str | None) -> Response:
     """Errors are raised for the route's renderer (`graphpipe_error`)."""
     try:
-        check_credentials(request)
+        principal_of(request)
         name, lora = _target(engine, model)
         call = decode_request(await _read_body(request, limit), max_bytes=limit)
         if isinstance(call, MetadataCall):
@@ -129,7 +129,7 @@ def _how_to_call(path: str, engine: Engine) -> list[str]:
 
 def _get(request: Request, engine: Engine, model: str | None) -> Response:
     try:
-        check_credentials(request)
+        principal_of(request)
         name, _ = _target(engine, model)
     except SwitchboardError as exc:
         error = {"code": exc.graphpipe_code, "message": exc.message}

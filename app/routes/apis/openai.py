@@ -1,5 +1,6 @@
 """OpenAI-compatible HTTP routes: completions, chat, their render routes (llm-d's
-tokenization), models, LoRA admin, tokenizer, version; and OpenAI's error answer, which
+tokenization), models, LoRA admin (the control plane's: `app.engine.runtime_lora`),
+tokenizer, version; and OpenAI's error answer, which
 every route of this API (and the Responses API's) renders its errors with.
 
 Thin adapter: body -> `app.routes.http.calls.serve_call` (admission: one unit per
@@ -11,6 +12,7 @@ aborts its engine requests.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Mapping
@@ -21,8 +23,10 @@ from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 
 from app import __version__
+from app.config import Settings
 from app.engine.base import Engine
 from app.engine.models import served_by
+from app.engine.runtime_lora import RuntimeLora
 from app.engine.validation import check_token_ids
 from app.errors import SwitchboardError
 from app.protocols.bodies import parse_json, validate
@@ -32,7 +36,7 @@ from app.protocols.openai.completions import CompletionCore
 from app.protocols.openai.errors import error_body
 from app.protocols.openai.render import render_chat, render_completions
 from app.protocols.openai.units import admission_units
-from app.routes.deps import AdmissionDep, AuthDep, EngineDep
+from app.routes.deps import AdmissionDep, AuthDep, ControlPlaneDep, EngineDep, SettingsDep
 from app.routes.http.answers import Answers, error_answers, event_stream
 from app.routes.http.bodies import json_body, read_body
 from app.routes.http.calls import serve_call
@@ -76,6 +80,8 @@ def openai_error(
 
 router = api_router(openai_error)
 v1 = api_router(openai_error, dependencies=[AuthDep])
+# The routes that change the server: a control-plane (or full) key's.
+control = api_router(openai_error, dependencies=[ControlPlaneDep])
 
 # What /openapi.json says each route answers.
 _ERRORS = error_answers(ErrorResponse, "OpenAI error body", "503: the engine is down")
@@ -191,28 +197,36 @@ async def models(engine: EngineDep) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-@v1.post(
+@control.post(
     "/v1/load_lora_adapter",
     openapi_extra=json_body(LoadLoraRequest),
     response_class=PlainTextResponse,
     responses=_PLAIN_ANSWER,
 )
-async def load_lora_adapter(request: Request, engine: EngineDep) -> Response:
+async def load_lora_adapter(request: Request, engine: EngineDep, settings: SettingsDep) -> Response:
     body = await read_body(request, LoadLoraRequest)
-    await engine.load_lora(body.lora_name, body.lora_path)
+    path = await asyncio.to_thread(_runtime_lora(settings).path, body.lora_path)
+    await engine.load_lora(body.lora_name, path)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
-@v1.post(
+@control.post(
     "/v1/unload_lora_adapter",
     openapi_extra=json_body(UnloadLoraRequest),
     response_class=PlainTextResponse,
     responses=_PLAIN_ANSWER,
 )
-async def unload_lora_adapter(request: Request, engine: EngineDep) -> Response:
+async def unload_lora_adapter(
+    request: Request, engine: EngineDep, settings: SettingsDep
+) -> Response:
     body = await read_body(request, UnloadLoraRequest)
+    _runtime_lora(settings).check_on()
     await engine.unload_lora(body.lora_name)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+def _runtime_lora(settings: Settings) -> RuntimeLora:
+    return RuntimeLora(settings.lora_root if settings.runtime_lora_updating() else None)
 
 
 @v1.post(
@@ -262,3 +276,4 @@ async def version(engine: EngineDep) -> dict[str, str]:
 
 
 router.include_router(v1)
+router.include_router(control)

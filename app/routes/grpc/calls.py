@@ -19,6 +19,9 @@ how a call ends with an error.
   metadata size exceeds hard limit" instead of its own status. A message quoting a
   client's long input is therefore cut to `STATUS_MESSAGE_BYTES` (the whole message
   still goes where the protocol has a body for it, as Evergreen's ABORT).
+- `principal()` is the call's caller, decided by the server's interceptor from the
+  call's metadata before its handler runs (`with_principal`), as a deadline is: the
+  handler hands it on to the session layer.
 - A refusal (`Overloaded`: the queue bound, or a draining server) carries its retry hint
   as gRPC's rich status (`grpc-status-details-bin`: a `google.rpc.Status` holding a
   `google.rpc.RetryInfo`, what grpcio-status and Google's client libraries read) and as
@@ -28,7 +31,9 @@ how a call ends with an error.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
@@ -40,6 +45,7 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 
 from app.errors import InvalidRequest, Overloaded, SwitchboardError, client_error
+from app.tenants import Principal
 
 Context = grpc.aio.ServicerContext[Any, Any]
 M = TypeVar("M", bound=Message)
@@ -52,6 +58,54 @@ class Service:
 
     name: str
     add: Callable[[grpc.aio.Server, FastAPI], None]
+
+
+# The running call's principal: set by the handler `with_principal` wraps, in the call's
+# own task, before the adapter's code runs.
+_PRINCIPAL: ContextVar[Principal] = ContextVar("grpc_principal")
+
+
+def principal() -> Principal:
+    """The caller of the running call (the server's interceptor decided it)."""
+    return _PRINCIPAL.get()
+
+
+def with_principal(
+    handler: grpc.RpcMethodHandler[Any, Any], caller: Principal
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """`handler`, its behaviour run with `caller` as `principal()`."""
+    behaviour: Any = {
+        (False, False): handler.unary_unary,
+        (False, True): handler.unary_stream,
+        (True, False): handler.stream_unary,
+        (True, True): handler.stream_stream,
+    }[(handler.request_streaming, handler.response_streaming)]
+    if inspect.isasyncgenfunction(behaviour):
+
+        async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
+            _PRINCIPAL.set(caller)
+            async for message in behaviour(request, context):
+                yield message
+
+        return shaped_like(handler, stream)
+
+    async def call(request: Any, context: Context) -> Any:
+        _PRINCIPAL.set(caller)
+        result = behaviour(request, context)
+        return await result if inspect.isawaitable(result) else result
+
+    return shaped_like(handler, call)
+
+
+def shaped_like(
+    handler: grpc.RpcMethodHandler[Any, Any], behaviour: Callable[..., Any]
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of `handler`'s shape (streaming, serializers) running `behaviour`."""
+    return _HANDLER_KINDS[(handler.request_streaming, handler.response_streaming)](
+        behaviour,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 def status_code(exc: SwitchboardError) -> grpc.StatusCode:

@@ -15,9 +15,12 @@ once the engine is up, and stops it before the engine. It serves:
 - server reflection (`grpc.reflection.v1alpha`, what grpcurl and grpcui ask), listing the
   services above, health and reflection.
 
-`--api-key`: the protocol services need `authorization: Bearer <key>` metadata, or the
-call ends UNAUTHENTICATED before its handler runs. Health and reflection stay open, as
-`/health` and `/openapi.json` do over HTTP (a Kubernetes gRPC probe sends no metadata).
+Keys (`app.auth`): with any configured, every service but health and reflection needs
+`authorization: Bearer <key>` metadata, or the call ends UNAUTHENTICATED before its
+handler runs (PERMISSION_DENIED for a control-plane key: no service here changes the
+server). The interceptor decides each call's principal there, once, and the handler
+runs with it (`calls.principal()`). Health and reflection stay open, as `/health` and
+`/openapi.json` do over HTTP (a Kubernetes gRPC probe sends no metadata).
 
 Messages are bounded by `--grpc-max-message-bytes` both ways (RESOURCE_EXHAUSTED beyond).
 The port is bound without SO_REUSEPORT (grpcio's default would share a port in use with
@@ -41,13 +44,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from app.auth import bearer_token, check_key
+from app.auth import Keyring, bearer_token, serving
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
-from app.errors import ConfigError, Unauthenticated
+from app.errors import ConfigError, SwitchboardError
 from app.routes.grpc import evergreen, salience, vllm_engine
-from app.routes.grpc.calls import Context, Service, abort
+from app.routes.grpc.calls import Context, Service, abort, shaped_like, with_principal
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +66,16 @@ SERVICES: tuple[Service, ...] = (salience.SERVICE, evergreen.SERVICE, vllm_engin
 # -- auth -----------------------------------------------------------------------------
 
 
-class _ApiKey(grpc.aio.ServerInterceptor):
-    """Refuses calls to the protocol services without the configured key."""
+class _Principals(grpc.aio.ServerInterceptor):
+    """Decides each call's principal from its `authorization` metadata, once, before its
+    handler runs (`app.auth`): every service but health and reflection, so that a service
+    added later is guarded without a word. A call without a good key, or with the
+    control plane's, ends before its handler runs; any other runs with its principal
+    (`calls.principal()`)."""
 
-    def __init__(self, key: str, guarded: Sequence[str]) -> None:
-        self._key = key
-        self._prefixes = tuple(f"/{name}/" for name in guarded)
+    def __init__(self, keyring: Keyring, open_services: Sequence[str]) -> None:
+        self._keyring = keyring
+        self._open = tuple(f"/{name}/" for name in open_services)
 
     async def intercept_service(
         self,
@@ -76,36 +83,26 @@ class _ApiKey(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> _Handler | None:
         handler = await continuation(handler_call_details)
-        if handler is None or not handler_call_details.method.startswith(self._prefixes):
+        if handler is None or handler_call_details.method.startswith(self._open):
             return handler
         offered = None
         for key, value in handler_call_details.invocation_metadata or ():
             if key == "authorization" and isinstance(value, str):
                 offered = bearer_token(value)
         try:
-            check_key(self._key, offered)
-        except Unauthenticated as exc:
+            principal = serving(self._keyring.authenticate(offered))
+        except SwitchboardError as exc:
             return _refusal(handler, exc)
-        return handler
+        return with_principal(handler, principal)
 
 
-def _refusal(handler: _Handler, exc: Unauthenticated) -> _Handler:
+def _refusal(handler: _Handler, exc: SwitchboardError) -> _Handler:
     """A handler of the same shape as `handler` that ends the call with `exc`."""
 
     async def refuse(_: object, context: Context) -> None:
         await abort(context, exc)
 
-    make = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[(handler.request_streaming, handler.response_streaming)]
-    return make(
-        refuse,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    return shaped_like(handler, refuse)
 
 
 # -- health ---------------------------------------------------------------------------
@@ -162,7 +159,9 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[grpc.aio.Server | None]:
         return
     engine: Engine = app.state.engine
     names = [service.name for service in SERVICES]
-    interceptors = [] if settings.api_key is None else [_ApiKey(settings.api_key, names)]
+    health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+    keyring: Keyring = app.state.keyring
+    interceptors = [_Principals(keyring, [health_name, reflection.SERVICE_NAME])]
     limit = settings.grpc_max_message_bytes
     server = grpc.aio.server(
         interceptors=interceptors,
@@ -188,7 +187,6 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[grpc.aio.Server | None]:
         loop.call_soon_threadsafe(refresh)
 
     app.state.drain.on_begin(drained)
-    health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
     reflection.enable_server_reflection([*names, health_name, reflection.SERVICE_NAME], server)
     address = _address(settings.host, settings.grpc_port)
     try:

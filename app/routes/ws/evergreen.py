@@ -20,7 +20,7 @@ from fastapi import APIRouter, WebSocket
 from app.errors import SwitchboardError
 from app.protocols.evergreen import frames
 from app.protocols.evergreen.lifecycle import abort_message, close_code, close_reason
-from app.routes.deps import check_credentials, get_admission, get_drain, get_engine, get_settings
+from app.routes.deps import get_admission, get_drain, get_engine, get_settings, principal_of
 from app.routes.ws.pump import WebSocketPump
 from app.sessions.evergreen import EvergreenRun
 from schemas import evergreen_service_pb2 as service_pb
@@ -45,7 +45,7 @@ async def evergreen_socket(websocket: WebSocket) -> None:
     closed = asyncio.Event()
     unsubscribe = None
     try:
-        check_credentials(websocket)
+        principal_of(websocket)
         drain.check_open()
     except SwitchboardError as exc:
         failure = exc

@@ -45,7 +45,7 @@ from app.protocols.bodies import parse_json, validate
 from app.protocols.core import Event
 from app.protocols.openai.errors import error_body
 from app.protocols.openai.units import admission_units
-from app.routes.deps import check_credentials, get_drain, get_engine, get_settings, responses_api
+from app.routes.deps import get_drain, get_engine, get_settings, principal_of, responses_api
 from app.routes.http.errors import retry_headers
 from app.routes.http.json import OrjsonResponse, dump_json
 from app.routes.http.sse import RAW_SEND, frame_writer
@@ -95,7 +95,7 @@ def read_create(frame: bytes | str) -> tuple[ResponsesRequest, bool]:
 async def responses_socket(websocket: WebSocket) -> None:
     drain = get_drain(websocket)
     try:
-        check_credentials(websocket)
+        principal_of(websocket)
         drain.check_open()
     except SwitchboardError as exc:
         await _refuse(websocket, exc)

@@ -19,7 +19,7 @@ from fastapi import APIRouter, WebSocket
 from app.errors import SwitchboardError
 from app.protocols.salience import envelope
 from app.protocols.salience.envelope import Call, CallIds, Cancel
-from app.routes.deps import check_credentials, get_drain, salience_runner
+from app.routes.deps import get_drain, principal_of, salience_runner
 from app.routes.ws.pump import WebSocketPump
 from app.sessions.salience import SalienceRunner
 from schemas import salience_pb2 as pb
@@ -33,7 +33,7 @@ async def salience_socket(websocket: WebSocket) -> None:
     await websocket.accept()
     pump, drain = WebSocketPump(websocket), get_drain(websocket)
     try:
-        check_credentials(websocket)
+        principal_of(websocket)
     except SwitchboardError as exc:
         await pump.send(envelope.error("", False, exc))
         await pump.close(1008)

@@ -1,0 +1,351 @@
+"""Keys, tenants and roles on the fake engine (`app.auth`, `app.tenants`): which key makes
+which principal, with which limits; that every transport decides it where the request
+enters (HTTP, Anthropic's `x-api-key`, GraphPipe, the websockets, gRPC's metadata); that
+only control-plane (or full) keys reach the routes that change the server, and runtime
+LoRA loading is off unless asked for and confined to its root, with one message for
+every path it refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from app.auth import INVALID_KEY, Keyring
+from app.cli import _settings_parser
+from app.config import Settings
+from app.errors import ConfigError, Unauthenticated
+from app.main import create_app
+from app.routes.grpc.calls import principal, with_principal
+from app.tenants import DEFAULT_TENANT, OTHER_TENANTS, Limits, Principal, Role, parse_limits
+from schemas import salience_pb2 as pb
+from schemas import salience_pb2_grpc as salience_grpc
+from tests.conftest import free_port
+from tests.fake_engine import FakeEngine
+
+KEYS: dict[str, Any] = {
+    "api_key": "full",
+    "tenant_api_key": ["acme:acme-key", "beta:beta-key"],
+    "control_plane_api_keys": ["ops-key"],
+}
+
+
+def _settings(**more: Any) -> Settings:
+    return Settings(model="fake", **more)
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# -- who a key is ------------------------------------------------------------------------
+
+
+def test_no_key_configured_every_caller_is_the_default_tenant_with_full_rights() -> None:
+    keyring = Keyring.from_settings(_settings())
+    assert keyring.keyless
+    for offered in (None, "", "anything"):
+        caller = keyring.authenticate(offered)
+        assert (caller.tenant, caller.role) == (DEFAULT_TENANT, Role.FULL)
+        assert caller.serves and caller.controls
+
+
+def test_each_key_makes_its_principal_and_any_other_one_answer() -> None:
+    keyring = Keyring.from_settings(_settings(**KEYS))
+    made = {
+        key: (keyring.authenticate(key).tenant, keyring.authenticate(key).role)
+        for key in ("full", "acme-key", "beta-key", "ops-key")
+    }
+    assert made == {
+        "full": (DEFAULT_TENANT, Role.FULL),
+        "acme-key": ("acme", Role.TENANT),
+        "beta-key": ("beta", Role.TENANT),
+        "ops-key": (DEFAULT_TENANT, Role.CONTROL_PLANE),
+    }
+    refusals = set()
+    for offered in (None, "", "acme", "acme:acme-key", "acme-key ", "ACME-KEY", "full-"):
+        with pytest.raises(Unauthenticated) as refused:
+            keyring.authenticate(offered)
+        refusals.add((refused.value.message, refused.value.code))
+    assert refusals == {(INVALID_KEY, "invalid_api_key")}
+
+
+def test_roles() -> None:
+    keyring = Keyring.from_settings(_settings(**KEYS))
+    tenant, ops, full = (keyring.authenticate(k) for k in ("acme-key", "ops-key", "full"))
+    assert (tenant.serves, tenant.controls) == (True, False)
+    assert (ops.serves, ops.controls) == (False, True)
+    assert (full.serves, full.controls) == (True, True)
+
+
+def test_the_same_key_twice_stops_the_start() -> None:
+    with pytest.raises(ConfigError, match="twice"):
+        Keyring.from_settings(_settings(api_key="k", tenant_api_key=["a:k"]))
+
+
+def test_limits_default_to_an_equal_share_of_the_servers_bounds() -> None:
+    alone = Keyring.from_settings(_settings(api_key="k")).authenticate("k").limits
+    settings = _settings()
+    assert alone == Limits(
+        priority=0,
+        concurrent=0,
+        sessions=settings.salience_max_sessions,
+        session_tokens=settings.salience_max_total_tokens,
+        stored_bytes=settings.responses_store_max_bytes,
+    )
+    # Three tenants: the default one (--api-key), acme and beta.
+    shared = Keyring.from_settings(_settings(**KEYS)).authenticate("acme-key").limits
+    assert shared == Limits(
+        priority=0,
+        concurrent=settings.max_queued_requests // 3,
+        sessions=settings.salience_max_sessions // 3,
+        session_tokens=settings.salience_max_total_tokens // 3,
+        stored_bytes=settings.responses_store_max_bytes // 3,
+    )
+
+
+def test_tenant_limits_override_the_defaults() -> None:
+    keyring = Keyring.from_settings(
+        _settings(
+            **KEYS,
+            tenant_limits=["*:sessions=10,priority=5", "acme:priority=-3,stored_bytes=99"],
+        )
+    )
+    acme, beta = keyring.authenticate("acme-key").limits, keyring.authenticate("beta-key").limits
+    assert (acme.priority, acme.sessions, acme.stored_bytes) == (-3, 10, 99)
+    assert (beta.priority, beta.sessions) == (5, 10)
+    assert keyring.authenticate("acme-key").clamp_priority(-10) == -3
+    assert keyring.authenticate("acme-key").clamp_priority(7) == 7
+
+
+@pytest.mark.parametrize(
+    "entry", ["acme", ":sessions=1", "acme:nope=1", "acme:sessions=x", "acme:sessions=-1"]
+)
+def test_bad_tenant_limits_are_refused(entry: str) -> None:
+    with pytest.raises(ValueError):
+        parse_limits(entry)
+    with pytest.raises(ValueError):
+        _settings(tenant_limits=[entry])
+
+
+def test_metric_labels_name_configured_tenants_only() -> None:
+    tenants = Keyring.from_settings(_settings(**KEYS)).tenants
+    assert [tenants.label(t) for t in ("acme", DEFAULT_TENANT, "mallory")] == [
+        "acme",
+        DEFAULT_TENANT,
+        OTHER_TENANTS,
+    ]
+
+
+def test_keys_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["--model", "m", "--tenant-api-key", "a:1", "--tenant-api-key", "b:2"]
+    argv += ["--control-plane-api-keys", "x", "y", "--tenant-limits", "a:sessions=1,priority=2"]
+    known, _ = _settings_parser().parse_known_args(argv)
+    given = {k: v for k, v in vars(known).items() if v is not None and k != "help"}
+    flags = Settings(**given)
+    assert flags.tenant_api_key == ["a:1", "b:2"]
+    assert flags.control_plane_api_keys == ["x", "y"]
+    assert flags.tenant_limits == ["a:sessions=1,priority=2"]
+    monkeypatch.setenv("SWITCHBOARD_TENANT_API_KEY", "a:1, b:2")
+    monkeypatch.setenv("SWITCHBOARD_CONTROL_PLANE_API_KEYS", '["x", "y"]')
+    monkeypatch.setenv("SWITCHBOARD_TENANT_LIMITS", "a:sessions=1,priority=2 *:concurrent=4")
+    env = Settings(model="m")
+    assert env.tenant_api_key == ["a:1", "b:2"]
+    assert env.control_plane_api_keys == ["x", "y"]
+    assert env.tenant_limits == ["a:sessions=1,priority=2", "*:concurrent=4"]
+    monkeypatch.setenv("SWITCHBOARD_TENANT_API_KEY", "no-colon")
+    with pytest.raises(ValueError, match="TENANT_ID:KEY"):
+        Settings(model="m")
+
+
+# -- every transport decides it where the request enters ---------------------------------
+
+
+def _client(**settings: Any) -> httpx.AsyncClient:
+    app = create_app(_settings(**settings), engine=FakeEngine())
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+
+
+async def test_http_no_key_no_service_and_a_control_plane_key_serves_nothing() -> None:
+    chat = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with _client(**KEYS) as c:
+        for headers in ({}, _bearer("wrong")):
+            refused = await c.post("/v1/chat/completions", json=chat, headers=headers)
+            assert refused.status_code == 401
+            assert refused.json()["error"]["message"] == INVALID_KEY
+        ops = await c.post("/v1/chat/completions", json=chat, headers=_bearer("ops-key"))
+        assert ops.status_code == 403 and ops.json()["error"]["type"] == "permission_error"
+        for key in ("acme-key", "full"):
+            served = await c.post("/v1/chat/completions", json=chat, headers=_bearer(key))
+            assert served.status_code == 200, served.text
+        assert (await c.get("/health")).status_code == 200
+        assert (await c.get("/version")).status_code == 200
+
+
+async def test_anthropic_and_graphpipe_take_tenant_keys_too() -> None:
+    message = {"model": "fake", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    async with _client(**KEYS) as c:
+        served = await c.post("/v1/messages", json=message, headers={"x-api-key": "acme-key"})
+        assert served.status_code == 200, served.text
+        ops = await c.post("/v1/messages", json=message, headers={"x-api-key": "ops-key"})
+        assert ops.status_code == 403 and ops.json()["error"]["type"] == "permission_error"
+        assert (await c.get("/graphpipe", headers=_bearer("beta-key"))).status_code == 200
+        assert (await c.get("/graphpipe", headers=_bearer("ops-key"))).status_code == 403
+        assert (await c.get("/graphpipe")).status_code == 401
+
+
+def test_websockets_refuse_a_control_plane_key_at_the_upgrade() -> None:
+    with TestClient(create_app(_settings(**KEYS), engine=FakeEngine())) as c:
+        with c.websocket_connect("/salience/ws?token=ops-key") as ws:
+            assert ws.receive_json()["error"]["code"] == "PERMISSION_DENIED"
+        with c.websocket_connect("/salience/ws?token=acme-key") as ws:
+            ws.send_json({"id": "1", "method": "OpenSession", "request": {"model": "fake"}})
+            assert "sessionId" in ws.receive_json()["response"]
+
+
+@contextmanager
+def _grpc_app(**settings: Any) -> Iterator[grpc.Channel]:
+    port = free_port()
+    app = create_app(_settings(grpc_port=port, **settings), engine=FakeEngine())
+    with TestClient(app), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield channel
+
+
+def test_grpc_metadata_decides_the_call_and_a_control_plane_key_serves_nothing() -> None:
+    with _grpc_app(**KEYS) as channel:
+        salience = salience_grpc.SalienceStub(channel)
+        request = pb.OpenSessionRequest(model="fake")
+        for metadata, code in (
+            ((), grpc.StatusCode.UNAUTHENTICATED),
+            ((("authorization", "Bearer wrong"),), grpc.StatusCode.UNAUTHENTICATED),
+            ((("authorization", "Bearer ops-key"),), grpc.StatusCode.PERMISSION_DENIED),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                salience.OpenSession(request, metadata=metadata, timeout=10)
+            assert refused.value.code() == code
+        acme = (("authorization", "Bearer acme-key"),)
+        assert salience.OpenSession(request, metadata=acme, timeout=10).session_id
+
+
+async def test_a_grpc_handler_runs_with_the_principal_its_interceptor_decided() -> None:
+    caller = Principal("acme", Role.TENANT, Limits(), "acme")
+    seen: list[str] = []
+
+    async def unary(request: bytes, context: Any) -> bytes:
+        seen.append(principal().tenant)
+        return request
+
+    async def streaming(request: bytes, context: Any) -> AsyncIterator[bytes]:
+        seen.append(principal().tenant)
+        yield request
+
+    handlers: list[grpc.RpcMethodHandler[Any, Any]] = [
+        grpc.unary_unary_rpc_method_handler(unary),
+        grpc.unary_stream_rpc_method_handler(streaming),
+    ]
+    for handler in handlers:
+        wrapped = with_principal(handler, caller)
+        behaviour: Any = wrapped.unary_unary or wrapped.unary_stream
+        # Each call in a task of its own, as grpcio runs it.
+        if wrapped.unary_unary is not None:
+            await asyncio.create_task(behaviour(b"x", None))
+        else:
+
+            async def drain(stream: Any) -> None:
+                async for _ in stream(b"x", None):
+                    pass
+
+            await asyncio.create_task(drain(behaviour))
+    assert seen == ["acme", "acme"]
+
+
+# -- the control plane ---------------------------------------------------------------------
+
+
+def _adapter(root: Path, name: str) -> Path:
+    (root / name).mkdir(parents=True)
+    (root / name / "adapter_config.json").write_text("{}")
+    return root / name
+
+
+async def test_only_control_plane_keys_change_the_server(tmp_path: Path) -> None:
+    _adapter(tmp_path, "a1")
+    runtime = {"allow_runtime_lora_updating": True, "lora_root": tmp_path}
+    load = {"lora_name": "a1", "lora_path": "a1"}
+    async with _client(**KEYS, **runtime) as c:
+        for key in ("acme-key", "beta-key"):
+            refused = await c.post("/v1/load_lora_adapter", json=load, headers=_bearer(key))
+            assert refused.status_code == 403, refused.text
+            assert refused.json()["error"]["type"] == "permission_error"
+        assert (await c.post("/v1/load_lora_adapter", json=load)).status_code == 401
+        loaded = await c.post("/v1/load_lora_adapter", json=load, headers=_bearer("ops-key"))
+        assert loaded.status_code == 200, loaded.text
+        unload = {"lora_name": "a1"}
+        refused = await c.post("/v1/unload_lora_adapter", json=unload, headers=_bearer("acme-key"))
+        assert refused.status_code == 403
+        for key in ("full", "ops-key"):
+            done = await c.post("/v1/unload_lora_adapter", json=unload, headers=_bearer(key))
+            assert done.status_code == (200 if key == "full" else 404)
+
+
+async def test_runtime_lora_loading_is_off_unless_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _adapter(tmp_path, "a1")
+    monkeypatch.delenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", raising=False)
+    load = {"lora_name": "a1", "lora_path": str(tmp_path / "a1")}
+    async with _client(lora_root=tmp_path) as c:
+        for route, body in (("load", load), ("unload", {"lora_name": "a1"})):
+            off = await c.post(f"/v1/{route}_lora_adapter", json=body)
+            assert off.status_code == 404 and off.json()["error"]["code"] == "runtime_lora_off"
+    # vLLM's own variable asks for it as well as our flag.
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
+    async with _client(lora_root=tmp_path) as c:
+        assert (await c.post("/v1/load_lora_adapter", json=load)).status_code == 200
+    with pytest.raises(ValueError, match="needs --lora-root"):
+        _settings()
+
+
+async def test_runtime_lora_loading_is_confined_to_its_root_with_one_message(
+    tmp_path: Path,
+) -> None:
+    root, elsewhere = tmp_path / "loras", tmp_path / "elsewhere"
+    _adapter(root, "good")
+    outside = _adapter(elsewhere, "outside")
+    (root / "link").symlink_to(outside)  # a link out of the root
+    (root / "empty").mkdir()  # a directory with no adapter_config.json
+    (root / "file").write_text("{}")
+    refused_paths = [
+        str(outside),  # an adapter outside the root, absolute
+        "../elsewhere/outside",  # and by way of `..`
+        "link",  # and by way of a link
+        "/etc",  # a directory that exists
+        "/no/such/dir",  # one that does not
+        "missing",
+        "empty",
+        "file",
+        "good/../../elsewhere/outside",
+        "good\x00",
+    ]
+    runtime = {"allow_runtime_lora_updating": True, "lora_root": root}
+    async with _client(**runtime) as c:
+        answers = set()
+        for number, path in enumerate(refused_paths):
+            body = {"lora_name": f"x{number}", "lora_path": path}
+            refused = await c.post("/v1/load_lora_adapter", json=body)
+            assert refused.status_code == 400, (path, refused.text)
+            error = refused.json()["error"]
+            answers.add((error["message"], error["param"]))
+        assert len(answers) == 1, answers
+        assert str(tmp_path) not in next(iter(answers))[0]
+        for path in ("good", str(root / "good"), os.path.join("good", ".")):
+            body = {"lora_name": f"ok-{len(path)}", "lora_path": path}
+            assert (await c.post("/v1/load_lora_adapter", json=body)).status_code == 200
