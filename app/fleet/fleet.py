@@ -26,11 +26,13 @@ from app.fleet.members import (
 )
 from app.fleet.routers import (
     SMG,
+    SMG_GRPC,
     VLLM_ROUTER,
     KvIdentity,
     Probe,
     nginx_conf,
     smg_argv,
+    smg_grpc_argv,
     vllm_router_argv,
 )
 
@@ -204,7 +206,10 @@ class Fleet:
             return vllm_router_argv(self.replicas, spec.policy, port, self.probe, kv)
         if spec.kind == SMG:
             return smg_argv(self.replicas, spec.policy, port, self.probe)
-        raise ConfigError(f"unknown router {spec.kind!r}: one of {VLLM_ROUTER}, {SMG}")
+        if spec.kind == SMG_GRPC:
+            model = self.replicas[0].model_path()
+            return smg_grpc_argv(self.replicas, spec.policy, port, self.probe, model)
+        raise ConfigError(f"unknown router {spec.kind!r}: one of {VLLM_ROUTER}, {SMG}, {SMG_GRPC}")
 
 
 @contextmanager

@@ -262,6 +262,12 @@ class Replica(Member):
         models = httpx.get(f"{self.url}/v1/models", timeout=10).json()["data"]
         return str(models[0]["id"])
 
+    def model_path(self) -> str:
+        """The directory of the model it serves (`/v1/models`' root of the base model):
+        what a router that tokenizes itself (SMG's gRPC mode) loads."""
+        models = httpx.get(f"{self.url}/v1/models", timeout=10).json()["data"]
+        return str(models[0]["root"])
+
     def block_size(self) -> int:
         """Its engine's KV block size, as vLLM reports it (`vllm:cache_config_info`)."""
         found = re.search(r'\bblock_size="(\d+)"', self._metrics("vllm:cache_config_info"))

@@ -17,7 +17,8 @@ from app.fleet.members import Replica, free_port
 
 VLLM_ROUTER = "vllm-router"
 SMG = "smg"
-ROUTERS = (VLLM_ROUTER, SMG)
+SMG_GRPC = "smg-grpc"  # SMG in its gRPC mode: it tokenizes, the replicas move token ids
+ROUTERS = (VLLM_ROUTER, SMG, SMG_GRPC)
 VLLM_ROUTER_POLICIES = (
     "round_robin",
     "power_of_two",
@@ -102,6 +103,26 @@ def smg_argv(replicas: list[Replica], policy: str, port: int, probe: Probe) -> l
         "--host", "127.0.0.1",
         "--port", str(port),
         "--worker-urls", *(r.url for r in replicas),
+        "--policy", policy,
+        *probe_flags(probe),
+        "--prometheus-port", str(free_port()),
+        "--log-level", "warn",
+    ]  # fmt: skip
+
+
+def smg_grpc_argv(
+    replicas: list[Replica], policy: str, port: int, probe: Probe, model_path: str
+) -> list[str]:
+    """SMG in its gRPC mode in front of `replicas`' gRPC ports (their
+    `vllm.grpc.engine.VllmEngine` service): it renders chat templates, tokenizes and parses
+    tool calls itself, from the model directory at `model_path` (the replicas'), and probes
+    each replica with the service's HealthCheck, which a draining replica fails."""
+    return [
+        _binary(SMG), "launch",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--worker-urls", *(f"grpc://{r.grpc_target}" for r in replicas),
+        "--model-path", model_path,
         "--policy", policy,
         *probe_flags(probe),
         "--prometheus-port", str(free_port()),
