@@ -38,6 +38,11 @@ loop's thread), like the engine seam it guards. `generate` (events pulled) and `
 (events pushed) are the wrappers every protocol runs an admitted request through: they
 move the ticket to running on the engine's first event and release it however the
 request ends.
+
+A ticket may carry the `RequestRecord` of the request it admits (`app.telemetry`): it is
+told when the request was admitted and when the engine's first event came, and the
+engine runs each request as the record makes it (`RequestRecord.for_engine`: its id
+after the request id, its trace context).
 """
 
 from __future__ import annotations
@@ -48,10 +53,13 @@ from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from app.engine.base import Engine, GenerationRequest, TokenEvent
 from app.errors import Overloaded, ShuttingDown
+
+if TYPE_CHECKING:
+    from app.telemetry.record import RequestRecord
 
 # Weight of the newest sample in the queue-wait average.
 _EWMA_WEIGHT = 0.2
@@ -110,6 +118,8 @@ class Ticket(_Releasing):
     request_id: str | None = None
     # Set by `Admission.cut`: the server is shutting down and this work is to end.
     cut: bool = False
+    # The request it admits, told of its admission and its first event.
+    record: RequestRecord | None = field(default=None, repr=False)
 
     def measured(self, tokens: int) -> None:
         """The prompt's real token count, once known (replaces the upper bound)."""
@@ -117,19 +127,25 @@ class Ticket(_Releasing):
             self._owner._queued_tokens += tokens - self.tokens
         self.tokens = tokens
 
-    def start(self, request: GenerationRequest) -> None:
+    def start(self, request: GenerationRequest) -> GenerationRequest:
         """Before the engine is asked to run `request` on this ticket: refused if a drain
-        cut it already; the prompt's real size and the engine request noted."""
+        cut it already; the prompt's real size and the engine request noted. The request
+        to run: as the ticket's record makes it, if it has one."""
         if self.cut:
             raise self._owner.shutting_down()
         if request.prompt_token_ids is not None:
             self.measured(len(request.prompt_token_ids))
+        if self.record is not None:
+            request = self.record.for_engine(request)
         self.request_id = request.request_id
+        return request
 
     def running(self) -> None:
         """The engine has started this request: it leaves the queue."""
         if self.queued and not self.released:
             self._owner._dequeue(self, waited=True)
+            if self.record is not None:
+                self.record.first_token_now()
 
     def release(self) -> None:
         if self.released:
@@ -183,9 +199,16 @@ class Admission:
 
     # -- the rule ------------------------------------------------------------------
 
-    def admit(self, protocol: str, *, priority: int = 0, tokens: int = 0) -> Ticket:
-        """A ticket, or `Overloaded` when the queued work this request would wait behind
-        (priority <= its own) is at a bound."""
+    def admit(
+        self,
+        protocol: str,
+        *,
+        priority: int = 0,
+        tokens: int = 0,
+        record: RequestRecord | None = None,
+    ) -> Ticket:
+        """A ticket (for `record`'s request), or `Overloaded` when the queued work this
+        request would wait behind (priority <= its own) is at a bound."""
         if self._closed:
             self.refused[protocol] += 1
             raise self.shutting_down()
@@ -205,21 +228,30 @@ class Admission:
                 f"The server is at its bound of queued {what}; retry after {retry} s",
                 retry_after_s=retry,
             )
-        ticket = Ticket(self, protocol, priority, tokens, self._clock())
+        ticket = Ticket(self, protocol, priority, tokens, self._clock(), record=record)
+        if record is not None:
+            record.admitted_now()
         self._queue.append(ticket)
         self._queued_tokens += tokens
         self._live.add(ticket)
         self.admitted[protocol] += 1
         return ticket
 
-    def admit_all(self, protocol: str, tokens: Iterable[int], *, priority: int = 0) -> Tickets:
+    def admit_all(
+        self,
+        protocol: str,
+        tokens: Iterable[int],
+        *,
+        priority: int = 0,
+        record: RequestRecord | None = None,
+    ) -> Tickets:
         """One ticket per unit of a call (`tokens`: each unit's prompt-token bound), or
         `Overloaded` for the whole call, with nothing taken."""
         taken: list[Ticket] = []
         bounds = list(tokens)
         try:
             for bound in bounds:
-                taken.append(self.admit(protocol, priority=priority, tokens=bound))
+                taken.append(self.admit(protocol, priority=priority, tokens=bound, record=record))
         except Overloaded:
             for ticket in taken:
                 ticket.release()
@@ -310,7 +342,7 @@ async def run(
         receive(event)
 
     try:
-        ticket.start(request)
+        request = ticket.start(request)
         await engine.run(request, hand_on)
         if cut:
             raise ticket._owner.shutting_down()
@@ -325,7 +357,7 @@ async def generate(
     however it ends; the ticket's call `cut` by a drain ends it as `Overloaded`. Closing
     this iterator closes the engine's, which aborts the request (the seam's invariant)."""
     try:
-        ticket.start(request)
+        request = ticket.start(request)
         events = engine.generate(request)
         try:
             async for event in events:

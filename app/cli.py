@@ -175,6 +175,8 @@ async def _run(settings: Settings) -> None:
 def _serve(argv: list[str]) -> None:
     import uvloop
 
+    from app.telemetry.logs import configure as configure_logging
+
     parser = _settings_parser()
     known, rest = parser.parse_known_args(argv)
     if known.help:
@@ -182,10 +184,7 @@ def _serve(argv: list[str]) -> None:
         return
     try:
         settings = _settings(known, rest)
-        logging.basicConfig(
-            level=settings.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+        configure_logging(settings.log_level, settings.access_log)
         uvloop.run(_run(settings))
     except ConfigError as exc:
         # The operator's mistake, not a crash: one line on stderr, exit status 2 (as

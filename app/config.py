@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -110,6 +110,13 @@ class Settings(BaseSettings):
         description="vLLM engine arguments (AsyncEngineArgs field names), passed through.",
     )
     log_level: str = Field(default="info", description="uvicorn log level.")
+    access_log: Literal["text", "json", "off"] = Field(
+        default="text",
+        description="One line per request once it has ended, on stderr (logger "
+        "`switchboard.access`): request id, tenant, API, model, status and outcome, input, "
+        "output and cached tokens, time to first token, duration, client address; never a "
+        "prompt or a key. `json`: one JSON object a line; `off`: none.",
+    )
     enable_auto_tool_choice: bool = Field(
         default=False,
         description="Let the model decide when to call tools (tool_choice 'auto'), as "

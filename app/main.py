@@ -6,8 +6,10 @@ or fake), which the app then uses but does not stop. Either way the native gRPC 
 (`app.routes.grpc.server`) runs on that engine while the app does, unless --grpc-port is 0.
 
 Each app has one `Admission` (`app.state.admission`: the queue bound every protocol asks
-before any prompt work) and one `Drain` over it (`app.state.drain`: what SIGTERM starts,
-see `app.cli`).
+before any prompt work), one `Drain` over it (`app.state.drain`: what SIGTERM starts,
+see `app.cli`) and one `Telemetry` (`app.state.telemetry`: each request's record, span,
+access-log line and metrics; `app.telemetry`), whose tracer the lifespan flushes and
+stops on its way out.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from app.routes.http.errors import install_error_handlers
 from app.routes.http.json import OrjsonResponse
 from app.routes.ws import evergreen, salience
 from app.routes.ws import responses as responses_ws
+from app.telemetry.http import HttpTelemetry
+from app.telemetry.reports import Telemetry
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
@@ -48,7 +52,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if engine is not None:
             app.state.engine = engine
-            async with _runners_closed(app), serve_grpc(app):
+            async with _telemetry_stopped(telemetry), _runners_closed(app), serve_grpc(app):
                 yield
             return
         from app.engine.vllm.startup import start_engine
@@ -56,7 +60,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         started = await start_engine(settings)
         app.state.engine = started
         try:
-            async with _runners_closed(app), serve_grpc(app):
+            async with _telemetry_stopped(telemetry), _runners_closed(app), serve_grpc(app):
                 yield
         finally:
             started.shutdown()
@@ -68,6 +72,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         settings.max_queued_requests or None, settings.max_queued_tokens or None
     )
     app.state.drain = Drain(app.state.admission, settings.drain_timeout_s, settings.drain_grace_s)
+    telemetry = app.state.telemetry = Telemetry(settings)
     if engine is not None:
         app.state.engine = engine
     install_error_handlers(app, default=openai.openai_error)
@@ -86,9 +91,20 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         playground,
     ):
         app.include_router(module.router)
-    install_metrics(app, app.state.admission)
+    install_metrics(app, app.state.admission, telemetry.metrics)
+    # Outermost: it sees every answer, the error handlers' and the metrics' included.
+    app.add_middleware(HttpTelemetry, telemetry=telemetry)
     _document_bodies(app)
     return app
+
+
+@asynccontextmanager
+async def _telemetry_stopped(telemetry: Telemetry) -> AsyncIterator[None]:
+    """On the way out, once every request has ended, the spans left are exported."""
+    try:
+        yield
+    finally:
+        telemetry.shutdown()
 
 
 @asynccontextmanager

@@ -21,6 +21,10 @@ draining server's), and the gauges `switchboard_queued_requests` (admitted, not 
 started by the engine) and `switchboard_queued_tokens` (their prompt tokens, all
 protocols).
 
+Per API and per tenant, each inference API's requests by outcome, their tokens and
+latency histograms (`app.telemetry.metrics.RequestMetrics`: `switchboard_requests_total`,
+`switchboard_time_to_first_token_seconds`, ...).
+
 Sessions that outlive connections (Salience's; `app.protocols.salience.lifecycle`), read
 from the app's runner at scrape time (zeros before the first Salience call):
 `switchboard_sessions_evicted_total{protocol, reason}` (idle sessions this replica evicted
@@ -53,6 +57,7 @@ from app.admission import Admission
 from app.errors import SwitchboardError
 from app.protocols.salience.lifecycle import Eviction
 from app.sessions.salience import SalienceRunner
+from app.telemetry.metrics import RequestMetrics
 
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 LEGACY_KV_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
@@ -262,10 +267,11 @@ class HttpMetrics:
                 )
 
 
-def install_metrics(app: FastAPI, admission: Admission) -> None:
+def install_metrics(app: FastAPI, admission: Admission, requests: RequestMetrics) -> None:
     _register_legacy_alias()
     http_registry = CollectorRegistry()
     http_registry.register(AdmissionMetrics(admission))
+    http_registry.register(requests)
     sessions = SessionMetrics(app.state)
     http_registry.register(sessions)
     app.add_middleware(HttpMetrics, record=http_metrics.default(registry=http_registry))

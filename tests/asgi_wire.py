@@ -28,7 +28,10 @@ def left_running() -> list[Wire]:
 
 
 class Wire:
-    def __init__(self, app: Any, path: str) -> None:
+    def __init__(
+        self, app: Any, path: str, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        self.accepted: dict[str, Any] | None = None  # the app's accept message, once seen
         self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.inbox.put_nowait({"type": "websocket.connect"})
@@ -37,7 +40,7 @@ class Wire:
             "path": path,
             "raw_path": path.encode(),
             "query_string": b"",
-            "headers": [],
+            "headers": headers or [],
             "scheme": "ws",
             "server": ("test", 80),
             "client": ("test", 1234),
@@ -61,6 +64,8 @@ class Wire:
         (the client then answers the close, as a browser would)."""
         while True:
             message = await asyncio.wait_for(self.outbox.get(), timeout)
+            if message["type"] == "websocket.accept":
+                self.accepted = message
             if message["type"] == "websocket.send":
                 text: str | None = message.get("text")
                 return text if text is not None else bytes(message["bytes"])

@@ -38,6 +38,9 @@ os.environ["SWITCHBOARD_GRPC_PORT"] = "0"  # tests that serve gRPC pass a port
 # A drain returns once its work is done, not after a router's probe interval: the tests
 # of the grace period (the fleet's replicas: tests/fleet_setup.py) set one.
 os.environ["SWITCHBOARD_DRAIN_GRACE_S"] = "0"
+# Traced servers (the tests' receiver: tests/otlp_receiver.py) export every 100 ms, not
+# every 5 s: a test waits for a span a fraction of a second.
+os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "100"
 # Stored responses go to a file of this run, not to the user's state directory.
 os.environ["SWITCHBOARD_RESPONSES_STORE"] = str(
     Path(tempfile.mkdtemp(prefix="switchboard-tests-")) / "responses.sqlite3"
@@ -266,11 +269,14 @@ def live_server() -> Iterator[LiveServer]:
     from vllm.config import StructuredOutputsConfig
 
     from app.config import Settings
+    from tests.otlp_receiver import session_receiver
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     settings = Settings(
         model=str(tiny_model_path()),
         served_model_name=LIVE_MODEL,
+        # JSON, so that tests read the access log's fields (tests/e2e/test_traces.py).
+        access_log="json",
         lora_modules=[f"{LIVE_LORA}={tiny_lora_path()}"],
         # Runtime loading (off by default), from the cache where the tests build adapters.
         allow_runtime_lora_updating=True,
@@ -294,6 +300,9 @@ def live_server() -> Iterator[LiveServer]:
             "structured_outputs_config": StructuredOutputsConfig(
                 backend="xgrammar", disable_any_whitespace=True
             ),
+            # Traced, to the suite's receiver: every test's request is, and
+            # tests/e2e/test_traces.py reads the spans (ours and vLLM's own).
+            "otlp_traces_endpoint": session_receiver().endpoint,
         },
     )
     with serve(settings, LIVE_MODEL, LIVE_LORA) as live:
@@ -380,5 +389,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_sessionfinish() -> None:
     from tests.fleet_setup import stop
+    from tests.otlp_receiver import stop_session
 
     stop()
+    stop_session()

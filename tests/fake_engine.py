@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
@@ -131,6 +132,9 @@ class FakeEngine:
         self.running.add(request.request_id)
         k = sampling.logprobs
         pk = sampling.prompt_logprobs
+        trace = request.trace
+        if trace is not None:  # as vLLM's engine tells a traced request's stages
+            trace.queued = trace.scheduled = time.monotonic()
         try:
             first = True
             last = prompt[-1] if prompt else 1
@@ -166,6 +170,9 @@ class FakeEngine:
                     return
         finally:
             self.running.discard(request.request_id)
+            if trace is not None and not first:
+                trace.first_token = trace.scheduled
+                trace.last_token = time.monotonic()
 
     async def run(self, request: GenerationRequest, receive: Callable[[TokenEvent], None]) -> None:
         # Pushed from the engine's side, as the real engine hands them on (a subclass that

@@ -74,6 +74,21 @@ class PromptImage:
     image: DecodedImage
 
 
+@dataclass(slots=True)
+class EngineTrace:
+    """A traced request's link with the engine's own tracing: the W3C trace context
+    (`traceparent`, `tracestate`) its engine span is a child of, and the engine's stage
+    times, which the engine writes once the request has ended (monotonic seconds, the
+    clock of `time.monotonic`; None: not reached, or an engine that does not tell).
+    Only a traced request carries one: an untraced one costs nothing."""
+
+    headers: Mapping[str, str]
+    queued: float | None = None  # the engine took the request into its queue
+    scheduled: float | None = None  # it left the queue: prefill began
+    first_token: float | None = None  # prefill done, the first token out
+    last_token: float | None = None  # decode done
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One engine request: a prompt (text or token ids) and how to continue it."""
@@ -90,6 +105,8 @@ class GenerationRequest:
     # Every image of the token-id prompt, in prompt order, each with its block already
     # expanded in `prompt_token_ids`. Needs `EngineInfo.vision`.
     images: tuple[PromptImage, ...] = ()
+    # Set on a traced request (`app.telemetry`): the engine's span goes under it.
+    trace: EngineTrace | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,11 @@
 // The page's entry: tabs (arrow keys move between them, as WAI-ARIA's tab pattern asks),
-// the server's status, and each protocol's panel.
+// the server's status, each protocol's panel, and the server's own figures.
 
 import { setupChat, loadModels } from "./chat.js";
 import { onKeyChange, watchHealth } from "./connection.js";
 import { setupEvergreen } from "./evergreen.js";
 import { setupSalience } from "./salience.js";
+import { setupServer } from "./server.js";
 
 const tabs = [...document.querySelectorAll('[role="tab"]')];
 
@@ -33,6 +34,7 @@ if (hashed) select(hashed);
 const salience = setupSalience();
 setupChat();
 setupEvergreen();
+setupServer();
 
 watchHealth((up) => {
   const status = document.getElementById("server-status");

@@ -13,6 +13,9 @@ encodes (SSE, `app.routes.http.calls`; JSON frames, the Responses websocket):
   then, if `ends_with_done`, OpenAI's terminator `data: [DONE]`;
 - not streamed: `feed(index, event)` for each event, then `result()`, the body.
 
+Either way its `accounting` counts what the call used (tokens, finishes), which the road
+reads for the call's record once it ends.
+
 Each streamed event is `(name, body)`: `name` is the SSE event's name (None: a bare
 `data:` event, as OpenAI's Chat and Completions stream), `body` its JSON (a websocket
 frame's whole).
@@ -29,6 +32,7 @@ from typing import Any, Protocol
 
 from app.engine.base import GenerationRequest, TokenEvent
 from app.errors import SwitchboardError
+from app.protocols.accounting import Accounting
 
 Event = tuple[str | None, Mapping[str, Any]]
 
@@ -36,6 +40,9 @@ Event = tuple[str | None, Mapping[str, Any]]
 class Core(Protocol):
     @property
     def requests(self) -> Sequence[GenerationRequest]: ...
+
+    @property
+    def accounting(self) -> Accounting: ...
 
     @property
     def ends_with_done(self) -> bool:

@@ -107,7 +107,7 @@ def responses_api(app: Starlette) -> Responses:
             max_bytes=settings.responses_store_max_bytes,
         )
         responses = state.responses = Responses(
-            state.engine, state.admission, store, state.drain, conversations(app)
+            state.engine, state.admission, store, state.drain, conversations(app), state.telemetry
         )
     return responses
 

@@ -23,6 +23,11 @@ event can continue from it on any replica; if it raises, the call fails in the A
 shape instead. `failed(error)` follows a stream's failure events; `running()` is told the
 call's first engine event (the engine has started it).
 
+The call's `RequestRecord` (`app.telemetry`: opened by the transport's edge) is filled
+on the way: admitted (by admission), its prompt built, its first and last tokens, its
+tokens and finishes counted (`Core.accounting`), a failure, a client gone (the call
+cancelled before its end); the transport reports it.
+
 Invariants: however the call ends (its last event, an error, the transport cancelling
 it because the client left), its engine requests are closed, which aborts any still
 running, and its admission places are given back; an exception inside a call becomes
@@ -43,6 +48,7 @@ from app.engine.base import Engine, GenerationRequest, TokenEvent
 from app.errors import SwitchboardError, client_error
 from app.protocols.core import Event
 from app.sessions.generations import run_generations
+from app.telemetry.record import RequestRecord
 
 T = TypeVar("T")
 
@@ -84,14 +90,23 @@ class Hooks(Protocol):
 
 @dataclass(slots=True)
 class Call(Generic[C]):
-    """A call admitted and built, not yet run: its core and its admission places."""
+    """A call admitted and built, not yet run: its core, its admission places and its
+    record."""
 
     core: C
     tickets: Tickets
+    record: RequestRecord
+
+    def handed_to(self, record: RequestRecord) -> Call[C]:
+        """The call, reported by `record` from now on (its tickets tell it too)."""
+        for ticket in self.tickets.tickets:
+            ticket.record = record
+        return Call(self.core, self.tickets, record)
 
 
 async def start_call(
     admission: Admission,
+    record: RequestRecord,
     *,
     protocol: str,
     units: Sequence[int],
@@ -101,13 +116,14 @@ async def start_call(
     """Admit a call of `len(units)` engine requests (`units[i]`: a bound of request i's
     prompt tokens), then `build()` its core (awaited: the render thread, and whatever
     the API reads first, a stored conversation say)."""
-    tickets = admission.admit_all(protocol, list(units), priority=priority)
+    tickets = admission.admit_all(protocol, list(units), priority=priority, record=record)
     try:
         core = await build()
     except BaseException:
         tickets.release()
         raise
-    return Call(core, tickets)
+    record.built_now()
+    return Call(core, tickets, record)
 
 
 async def stream_call(
@@ -123,19 +139,27 @@ async def stream_call(
             emit(events)
 
     receive = on_event if hooks is None else _first_told(on_event, hooks)
+    record = call.record
     with call.tickets:
         try:
             emit(core.opening())
             await run_generations(engine, core.requests, call.tickets, receive)
+            record.last_token_now()
             closing = core.closing()
             if hooks is not None:
                 await hooks.ended()
             emit(closing)
         except Exception as exc:  # the stream has started: the error goes in it
             error = client_error(exc)
+            record.failed(error)
             emit(core.failure(error))
             if hooks is not None:
                 await hooks.failed(error)
+        except asyncio.CancelledError:  # the client has gone
+            record.cancelled = True
+            raise
+        finally:
+            record.count(core.accounting)
 
 
 async def collect_call(engine: Engine, call: Call[Any], hooks: Hooks | None = None) -> Any:
@@ -143,14 +167,23 @@ async def collect_call(engine: Engine, call: Call[Any], hooks: Hooks | None = No
     raised as the client's error)."""
     core = call.core
     receive = core.feed if hooks is None else _first_told(core.feed, hooks)
+    record = call.record
     with call.tickets:
         try:
             await run_generations(engine, core.requests, call.tickets, receive)
+            record.last_token_now()
             body = core.result()
             if hooks is not None:
                 await hooks.ended()
         except Exception as exc:
-            raise client_error(exc) from exc
+            error = client_error(exc)
+            record.failed(error)
+            raise error from exc
+        except asyncio.CancelledError:  # the client has gone
+            record.cancelled = True
+            raise
+        finally:
+            record.count(core.accounting)
     return body
 
 

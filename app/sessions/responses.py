@@ -48,6 +48,8 @@ from app.sessions.stored_responses import (
     not_found,
 )
 from app.store.base import ResponseStore
+from app.telemetry.record import RequestRecord
+from app.telemetry.reports import Telemetry
 from schemas.openai_responses import ResponsesRequest
 
 PROTOCOL = "responses"  # admission's and /metrics' name for this API
@@ -110,17 +112,19 @@ class Responses:
         store: ResponseStore,
         drain: Drain | None,
         conversations: Conversations | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.engine = engine
         self.admission = admission
         self.conversations = conversations
         self.records = ResponseRecords(store)
-        self.runs = BackgroundRuns(engine, self.records, drain, conversations)
+        self.runs = BackgroundRuns(engine, self.records, drain, conversations, telemetry)
 
     async def start(
         self,
         body: ResponsesRequest,
         served: ServedModel,
+        record: RequestRecord,
         *,
         bound: int,
         kept: ConnectionResponses | None = None,
@@ -152,6 +156,7 @@ class Responses:
         try:
             return await start_call(
                 self.admission,
+                record,
                 protocol=PROTOCOL,
                 units=[bound] if generate else [],
                 priority=body.priority,

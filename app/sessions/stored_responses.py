@@ -58,6 +58,7 @@ from app.protocols.openai.responses.record import StoredResponse
 from app.sessions.calls import Call, stream_call
 from app.sessions.conversations import Conversations
 from app.store.base import ResponseStore
+from app.telemetry.reports import Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -234,17 +235,20 @@ class BackgroundRuns:
         records: ResponseRecords,
         drain: Drain | None,
         conversations: Conversations | None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.engine = engine
         self.records = records
         self.conversations = conversations
+        self.telemetry = telemetry
         self._runs: dict[str, _Run] = {}
         if drain is not None:
             drain.subscribe(self._settle)
 
     async def start(self, call: Call[ResponsesCore]) -> Body:
         """Start `call` in the background (the run owns its admission places from here,
-        or gives them back if this fails); the response object as queued."""
+        or gives them back if this fails; with `telemetry`, it is reported as a request
+        of its own, once it ends); the response object as queued."""
         core = call.core
         try:
             queued = core.response("queued", with_usage=False)
@@ -252,6 +256,10 @@ class BackgroundRuns:
         except BaseException:
             call.tickets.release()
             raise
+        if self.telemetry is not None:
+            call = call.handed_to(
+                self.telemetry.hand_off(call.record, name="background response", api="responses")
+            )
         run = _Run(call)
         run.push(core.queued())
         self._runs[core.id] = run
@@ -286,6 +294,8 @@ class BackgroundRuns:
             watcher.cancel()
             run.end()
             self._runs.pop(core.id, None)
+            if self.telemetry is not None:
+                self.telemetry.close(run.call.record)
 
     def _chain(self, run: _Run, response: Body) -> asyncio.Future[None]:
         """The run's record to be written with `response`, after its earlier writes,

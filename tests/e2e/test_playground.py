@@ -544,7 +544,7 @@ def test_wrong_api_key_shows_each_protocols_error(
 def test_narrow_window_and_tabs_by_keyboard(page: WebDriver) -> None:
     viewport(page, 390, 800)
     try:
-        for name in ("chat", "salience", "evergreen"):
+        for name in ("chat", "salience", "evergreen", "server"):
             tab(page, name)
             overflow = page.execute_script(
                 "return document.documentElement.scrollWidth - window.innerWidth"
@@ -564,6 +564,62 @@ def test_narrow_window_and_tabs_by_keyboard(page: WebDriver) -> None:
         assert page.switch_to.active_element.get_attribute("id") == "tab-salience"
     finally:
         viewport(page, WIDTH, HEIGHT)
+
+
+# -- the server's figures ------------------------------------------------------------
+
+
+def _metric_sum(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _cell(driver: WebDriver, chart: str, attribute: str, series: str) -> float | None:
+    value = driver.execute_script(
+        "const cell = document.querySelector(arguments[0]);"
+        "return cell ? cell.dataset.value : null;",
+        f'#srv-{chart} td[data-{attribute}="{series}"]',
+    )
+    return None if value in (None, "") else float(value)
+
+
+def test_server_tab_plots_what_metrics_says(page: WebDriver, live_server: LiveServer) -> None:
+    """Scraped only while shown; once traffic has stopped, each counter's total on the
+    page is /metrics' own, a rate and the time to first token were plotted, and the queue
+    and KV cache read as the gauges do."""
+    assert text_of(page, "srv-status") == "not scraped yet"  # hidden: no scrape
+    tab(page, "server")
+    wait_for(page, lambda: "scraped /metrics" in text_of(page, "srv-status"))
+    body = {"model": live_server.model, "prompt": "def main():", "max_tokens": 16}
+    for _ in range(4):
+        assert httpx.post(f"{live_server.base_url}/v1/completions", json=body).status_code == 200
+    rates: list[float] = []
+
+    def caught_up() -> bool:
+        metrics = httpx.get(f"{live_server.base_url}/metrics").text
+        expected = _metric_sum(metrics, "switchboard_output_tokens_total", api="completions")
+        rates.append(_cell(page, "tokens", "series", "completions") or 0.0)
+        return _cell(page, "tokens", "total", "completions") == expected
+
+    wait_for(page, caught_up, timeout=60)
+    assert max(rates) > 0, "no rate of output tokens was plotted"
+    ttft = _cell(page, "ttft", "series", "p99")
+    assert ttft is not None and ttft > 0
+    metrics = httpx.get(f"{live_server.base_url}/metrics").text
+    refused = _metric_sum(metrics, "switchboard_requests_total", outcome="refused")
+    assert _cell(page, "refused", "total", "requests") == refused
+    for series in ("waiting", "running", "queued (admission)"):
+        assert _cell(page, "queue", "series", series) is not None
+    kv = _cell(page, "kv", "series", "KV cache")
+    assert kv is not None and 0 <= kv <= 100
+    assert page.execute_script("return document.querySelectorAll('#srv-tokens polyline').length")
+    tab(page, "chat")  # hidden again: the scrapes stop
+    shown = text_of(page, "srv-status")
+    time.sleep(5)  # two scrape intervals and more
+    assert text_of(page, "srv-status") == shown
 
 
 # -- a server restart ----------------------------------------------------------------

@@ -32,6 +32,7 @@ from app.protocols.openai.responses.record import StoredResponse
 from app.sessions import stored_responses
 from app.sessions.responses import Responses
 from app.store.sqlite import SqliteStore
+from app.telemetry.record import RequestRecord
 from schemas.openai_responses import ResponsesRequest
 from tests.fake_engine import FakeEngine
 
@@ -81,7 +82,9 @@ def _body(max_tokens: int = LONG) -> ResponsesRequest:
 
 
 async def _started(responses: Responses, max_tokens: int = LONG) -> dict[str, Any]:
-    call = await responses.start(_body(max_tokens), FAKE, bound=16)
+    call = await responses.start(
+        _body(max_tokens), FAKE, RequestRecord("test", name="test"), bound=16
+    )
     return await responses.runs.start(call)
 
 

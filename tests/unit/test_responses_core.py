@@ -24,6 +24,7 @@ from app.protocols.openai.responses.items import SUMMARY_HEAD, messages, read_in
 from app.protocols.openai.responses.record import StoredResponse
 from app.sessions.responses import Responses
 from app.store.sqlite import SqliteStore
+from app.telemetry.record import RequestRecord
 from schemas.openai_responses import CompactRequest, ResponsesRequest
 from tests.fake_engine import FakeEngine
 from tests.open_responses import event_errors, schema_errors
@@ -340,7 +341,9 @@ async def test_a_drain_cuts_background_runs_and_waits_for_their_records(tmp_path
     body = ResponsesRequest.model_validate(
         {"input": "long", "max_output_tokens": 400, "background": True}
     )
-    call = await responses.start(body, ServedModel("fake", None), bound=100)
+    call = await responses.start(
+        body, ServedModel("fake", None), RequestRecord("test", name="test"), bound=100
+    )
     queued = await responses.runs.start(call)
     while not engine.running:
         await asyncio.sleep(0.01)

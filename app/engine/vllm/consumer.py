@@ -57,7 +57,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllm.v1.engine.output_processor import RequestState
 from vllm.v1.metrics.stats import IterationStats
 
-from app.engine.base import TokenEvent, TokenLogprob
+from app.engine.base import EngineTrace, TokenEvent, TokenLogprob
 from app.engine.vllm.convert import check_expansion, finish_of, token_logprob
 
 logger = logging.getLogger(__name__)
@@ -170,6 +170,7 @@ class StepState(RequestState):  # type: ignore[misc]  # vLLM is untyped to mypy 
     prompt_ids: Sequence[int] = ()
     logprobs_k: int | None = None
     prompt_logprobs_k: int | None = None
+    trace: EngineTrace | None = None  # a traced request's: told its stage times at its end
     _held: list[TokenLogprob | None] | None = None  # prompt logprobs not yet handed on
 
     def delta(
@@ -258,10 +259,13 @@ class StepConsumer:
         prompt_ids: Sequence[int],
         lora_request: LoRARequest | None,
         priority: int,
+        trace: EngineTrace | None = None,
     ) -> str:
         """Submit a rendered prompt (`tokens_input`, or multimodal data: rendered by
         vLLM's input processor off the loop) whose outputs go to `sink`; vLLM's internal
-        request id (what `abort(..., internal=True)` takes)."""
+        request id (what `abort(..., internal=True)` takes). A `trace`'s headers go with
+        the request, as `AsyncLLM.generate`'s `trace_headers` do: vLLM's own span of it
+        (`llm_request`, with --otlp-traces-endpoint) is their child."""
         llm = self._llm
         if llm.errored:
             raise EngineDeadError()
@@ -269,6 +273,7 @@ class StepConsumer:
             "supported_tasks": await llm.get_supported_tasks(),
             "lora_request": lora_request,
             "priority": priority,
+            "trace_headers": trace.headers if trace is not None else None,
         }
         if isinstance(prompt, dict) and "type" in prompt:
             request = llm.input_processor.process_inputs(request_id, prompt, params, **kwargs)
@@ -287,6 +292,7 @@ class StepConsumer:
         state.prompt_ids = prompt_ids
         state.logprobs_k = params.logprobs
         state.prompt_logprobs_k = params.prompt_logprobs
+        state.trace = trace
         try:
             await llm.engine_core.add_request_async(request)
         except BaseException:
@@ -384,10 +390,25 @@ class StepConsumer:
             if output.finish_reason is None:  # a stop string the engine core has not seen
                 to_abort.append(state.request_id)
             processor._update_stats_from_finished(state, finish_reason, stats)
-            if processor.tracing_enabled:
+            # vLLM's tracing reads the step's stats (none with --disable-log-stats).
+            if processor.tracing_enabled and stats is not None:
                 processor.do_tracing(output, state, stats)
+            if state.trace is not None:
+                _tell_stages(state.trace, state.stats)
         if delta is not None:
             state.queue.put(delta)
+
+
+def _tell_stages(trace: EngineTrace, stats: Any) -> None:
+    """The engine core's stage times of a finished request, from vLLM's own
+    `RequestStateStats` (the host's monotonic clock; no stats with --disable-log-stats;
+    0.0 where vLLM left a stage unreached)."""
+    if stats is None:
+        return
+    trace.queued = stats.queued_ts or None
+    trace.scheduled = stats.scheduled_ts or None
+    trace.first_token = stats.first_token_ts or None
+    trace.last_token = stats.last_token_ts or None
 
 
 def merge_deltas(deltas: list[Delta], prompt_ids: list[int] | None) -> TokenEvent:

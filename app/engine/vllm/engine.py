@@ -302,6 +302,7 @@ class VllmEngine:
             prompt_ids=prepared.prompt_ids,
             lora_request=prepared.lora,
             priority=request.priority,
+            trace=request.trace,
         )
 
     async def _consumed_events(
@@ -336,6 +337,7 @@ class VllmEngine:
             request.request_id,
             lora_request=prepared.lora,
             priority=request.priority,
+            trace_headers=request.trace.headers if request.trace is not None else None,
         )
         converter = EventConverter(prompt_ids, prepared.options)
         echo_due = bool(request.images)

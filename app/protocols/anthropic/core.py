@@ -86,12 +86,12 @@ class MessagesCore(OutputBlocks):
         self._id = message_id
         self._model = served.name
         self._output = ChoiceOutput(plan.new_parser() if plan.new_parser is not None else None)
-        self._accounting = Accounting([0])
+        self.accounting = Accounting([0])
 
     # -- what both modes share --------------------------------------------------------
 
     def _usage(self) -> dict[str, int]:
-        usage = self._accounting.usage()
+        usage = self.accounting.usage()
         return {
             "input_tokens": usage.prompt_tokens - usage.cached_tokens,
             "output_tokens": usage.completion_tokens,
@@ -101,7 +101,7 @@ class MessagesCore(OutputBlocks):
 
     def _stop(self) -> tuple[str, str | None]:
         """(stop_reason, stop_sequence), once the request has ended."""
-        state = self._accounting.states[0]
+        state = self.accounting.states[0]
         finish = self._output.finish(state.finish_reason)
         if finish == "length":
             return "max_tokens", None
@@ -161,7 +161,7 @@ class MessagesCore(OutputBlocks):
         out.append(("content_block_stop", stop))
 
     def events(self, index: int, event: TokenEvent) -> list[Event]:
-        state = self._accounting.account(index, event)
+        state = self.accounting.account(index, event)
         out: list[Event] = []
         if not state.started:
             state.started = True
@@ -194,7 +194,7 @@ class MessagesCore(OutputBlocks):
     # -- not streamed -----------------------------------------------------------------
 
     def feed(self, index: int, event: TokenEvent) -> None:
-        self._accounting.account(index, event)
+        self.accounting.account(index, event)
         self._output.add(event)
 
     def result(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import numpy as np
 from app.engine.base import EngineInfo, GenerationRequest, SamplingOptions, TokenEvent
 from app.engine.validation import check_prompt, validate_sampling
 from app.errors import InvalidRequest
+from app.protocols.accounting import Accounting
 from app.protocols.graphpipe.config import NAMES, InferConfig, parse_config
 from app.protocols.graphpipe.decode import InferCall
 from app.protocols.graphpipe.model import (
@@ -174,11 +175,13 @@ class InferCore:
                     row, sampling.max_tokens, info, {**NAMES, "prompt": f"{PROMPT_IDS}[{i}]"}
                 )
             self.requests = tuple(request(i, ids=row) for i, row in enumerate(rows))
+        self.accounting = Accounting(range(len(self.requests)))
         self._tokens: list[list[int]] = [[] for _ in self.requests]
         self._texts: list[list[str]] = [[] for _ in self.requests]
         self._logprobs: list[list[float]] = [[] for _ in self.requests]
 
     def feed(self, index: int, event: TokenEvent) -> None:
+        self.accounting.account(index, event)
         self._tokens[index].extend(event.token_ids)
         self._texts[index].append(event.text)
         if event.logprobs is not None:

@@ -26,6 +26,7 @@ from app.routes.http.calls import collect_answer
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone
 from app.routes.http.errors import api_router
 from app.routes.http.json import OrjsonResponse
+from app.telemetry.http import record_of
 from schemas.openai_replies import ErrorResponse
 from schemas.openai_responses import CompactedResponse, CompactRequest
 
@@ -46,7 +47,9 @@ async def compact_response(
     body = await read_body(request, CompactRequest)
     served = served_by(engine, body.model)
     summary = summary_call(body)
-    call = await responses.start(summary, served, bound=admission_units(summary)[0])
+    call = await responses.start(
+        summary, served, record_of(request), bound=admission_units(summary)[0]
+    )
     try:
         answer = await collect_answer(request, engine, call)
     except ClientGone:

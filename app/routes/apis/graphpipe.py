@@ -39,6 +39,7 @@ from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnec
 from app.routes.http.errors import api_router, retry_headers
 from app.routes.http.json import OrjsonResponse
 from app.sessions.generations import run_generations
+from app.telemetry.http import record_of
 from schemas.graphpipe_json import GraphPipeErrors, GraphPipeMetadata
 
 OCTET_STREAM = "application/octet-stream"
@@ -99,8 +100,13 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
             return _octet(encode_metadata(describe(name, __version__, engine.info)))
         core = InferCore(call, engine.info, request_id=f"gp-{uuid.uuid4().hex}", lora_name=lora)
         bounds = [prompt_tokens_bound(r) for r in core.requests]
-        with get_admission(request).admit_all("graphpipe", bounds) as tickets:
-            await unless_disconnected(request.receive, _generate(engine, core, tickets))
+        record = record_of(request)
+        with get_admission(request).admit_all("graphpipe", bounds, record=record) as tickets:
+            try:
+                await unless_disconnected(request.receive, _generate(engine, core, tickets))
+                record.last_token_now()
+            finally:
+                record.count(core.accounting)
         return _octet(encode_infer_response(core.outputs()))
     except (ClientDisconnect, ClientGone):
         return Response(status_code=CLIENT_GONE)

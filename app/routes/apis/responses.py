@@ -31,6 +31,7 @@ from app.routes.http.calls import answer_call
 from app.routes.http.errors import api_router
 from app.routes.http.json import OrjsonResponse
 from app.routes.http.sse import EventStream, sse
+from app.telemetry.http import record_of
 from schemas.openai_replies import ErrorResponse
 from schemas.openai_responses import (
     STREAM_EVENTS,
@@ -72,7 +73,7 @@ async def _sse(events: AsyncIterator[Event]) -> AsyncGenerator[bytes, None]:
 async def create_response(request: Request, engine: EngineDep, responses: ResponsesDep) -> Response:
     body = await read_body(request, ResponsesRequest)
     served = served_by(engine, body.model)
-    call = await responses.start(body, served, bound=admission_units(body)[0])
+    call = await responses.start(body, served, record_of(request), bound=admission_units(body)[0])
     if body.background:
         queued = await responses.runs.start(call)
         if body.stream:  # follows the run; leaving does not cancel it

@@ -28,6 +28,7 @@ from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnec
 from app.routes.http.json import OrjsonResponse
 from app.routes.http.sse import DONE, PushedStream, sse
 from app.sessions.calls import Call, Hooks, collect_call, render, start_call, stream_call
+from app.telemetry.http import record_of
 
 
 async def serve_call(
@@ -44,7 +45,12 @@ async def serve_call(
     """Admit a call of `len(units)` engine requests (`units[i]`: a bound of request i's
     prompt tokens), build its core in the render thread and answer it."""
     call = await start_call(
-        admission, protocol=protocol, units=units, priority=priority, build=lambda: render(build)
+        admission,
+        record_of(request),
+        protocol=protocol,
+        units=units,
+        priority=priority,
+        build=lambda: render(build),
     )
     return await answer_call(request, engine, call, stream=stream)
 

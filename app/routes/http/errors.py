@@ -44,6 +44,7 @@ from app.errors import (
     Unauthenticated,
 )
 from app.protocols.bodies import describe_errors
+from app.telemetry.http import RECORD
 
 
 class ErrorRenderer(Protocol):
@@ -93,6 +94,14 @@ def _from_http(request: Request, exc: HTTPException) -> SwitchboardError:
     return SwitchboardError(str(exc.detail))
 
 
+def _told(scope: Scope, error: SwitchboardError) -> SwitchboardError:
+    """`error`, noted on the request's record (`app.telemetry`) as what it answered."""
+    record = scope.get(RECORD)
+    if record is not None:
+        record.failed(error)
+    return error
+
+
 def install_error_handlers(app: FastAPI, default: ErrorRenderer) -> None:
     """Errors answered by the renderer of the route that was called, `default` where no
     route was."""
@@ -102,15 +111,16 @@ def install_error_handlers(app: FastAPI, default: ErrorRenderer) -> None:
 
     @app.exception_handler(SwitchboardError)
     async def _switchboard_error(request: Request, exc: SwitchboardError) -> Response:
-        return render(request)(exc, None, retry_headers(exc))
+        return render(request)(_told(request.scope, exc), None, retry_headers(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-        return render(request)(describe_errors(exc.errors(), sourced=True))
+        error = describe_errors(exc.errors(), sourced=True)
+        return render(request)(_told(request.scope, error))
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> Response:
-        error = _from_http(request, exc)
+        error = _told(request.scope, _from_http(request, exc))
         return render(request)(error, exc.status_code, exc.headers)
 
     app.add_middleware(LastResortMiddleware, default=default)
@@ -144,5 +154,6 @@ class LastResortMiddleware:
             if started:
                 raise
             # The router wrote the matched route into the scope (Starlette shares it).
-            response = _renderer(scope, self.default)(InternalError.wrap(exc))
+            error = _told(scope, InternalError.wrap(exc))
+            response = _renderer(scope, self.default)(error)
             await response(scope, receive, send)

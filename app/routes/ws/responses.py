@@ -28,6 +28,11 @@ event and close code 1008 or 1001. The drain's goodbye to an open connection, on
 work has ended: the error event (503, the server is shutting down), then close code 1001
 (going away), which clients read as "reconnect" (the openai SDK's `responses.connect`
 retries on it; the Codex CLI opens a new connection for its next turn).
+
+Each response is a request of its own to telemetry (`app.telemetry`): its record, span
+(under the upgrade's `traceparent`) and access-log line, its id the connection's
+`x-request-id` and its number on the connection (`<id>.1`, `<id>.2`, ...), reported
+once its last frame has been written.
 """
 
 from __future__ import annotations
@@ -52,6 +57,10 @@ from app.routes.http.sse import RAW_SEND, frame_writer
 from app.routes.ws.pump import WebSocketPump
 from app.sessions.calls import stream_call
 from app.sessions.responses import ConnectionResponses, Responses
+from app.telemetry.http import connection_of
+from app.telemetry.logs import logging_as
+from app.telemetry.record import RequestRecord
+from app.telemetry.reports import Telemetry
 from schemas.openai_responses import ResponsesRequest
 
 router = APIRouter()
@@ -133,6 +142,9 @@ class _Connection:
         self.writer = frame_writer(websocket.scope.get(RAW_SEND, websocket.send))
         self.waiting: asyncio.Queue[bytes | str] = asyncio.Queue()
         self.closed = asyncio.Event()
+        self.connection = connection_of(websocket)
+        self.telemetry: Telemetry = websocket.app.state.telemetry
+        self.answered = 0  # responses begun on this connection
 
     def emit(self, events: list[Event]) -> None:
         if self.pump.open:
@@ -169,20 +181,38 @@ class _Connection:
     async def _answer_all(self) -> None:
         while True:
             frame = await self.waiting.get()
-            await self._answer(frame)
-            # Its last frames out before the next response starts.
-            await self.writer.drained()
+            record = self._record()
+            try:
+                with logging_as(record.request_id):
+                    await self._answer(frame, record)
+                    # Its last frames out before the next response starts.
+                    await self.writer.drained()
+            finally:
+                self.telemetry.close(record)
 
-    async def _answer(self, frame: bytes | str) -> None:
+    def _record(self) -> RequestRecord:
+        self.answered += 1
+        connection = self.connection
+        return self.telemetry.open(
+            f"{connection.request_id}.{self.answered}",
+            name=CREATE,
+            client=connection.client,
+            api="responses",
+            carrier=connection.carrier,
+        )
+
+    async def _answer(self, frame: bytes | str, record: RequestRecord) -> None:
         try:
             body, generate = read_create(frame)
             served = served_by(self.engine, body.model)
             bound = admission_units(body)[0]
             call = await self.responses.start(
-                body, served, bound=bound, kept=self.kept, generate=generate
+                body, served, record, bound=bound, kept=self.kept, generate=generate
             )
         except Exception as exc:
-            self.refuse(client_error(exc))
+            error = client_error(exc)
+            record.failed(error)
+            self.refuse(error)
             return
         hooks = self.responses.hooks(call, body, self.kept)
         await stream_call(self.engine, call, self.emit, hooks)

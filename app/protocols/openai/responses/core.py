@@ -156,7 +156,7 @@ class ResponsesCore(OutputBlocks):
         self._tokenizer = tokenizer
         self._namespaces = translated.namespaces
         self._output = ChoiceOutput(plan.new_parser() if plan.new_parser is not None else None)
-        self._accounting = Accounting([0])
+        self.accounting = Accounting([0])
         self._want_logprobs = plan.requests[0].sampling.logprobs is not None
         self._events = Events()
         self._items: list[Body] = []
@@ -215,7 +215,7 @@ class ResponsesCore(OutputBlocks):
         closed), usage once the engine has said anything."""
         usage = None
         if with_usage:
-            counted = self._accounting.usage()
+            counted = self.accounting.usage()
             usage = {
                 "input_tokens": counted.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": counted.cached_tokens},
@@ -239,7 +239,7 @@ class ResponsesCore(OutputBlocks):
     def status(self) -> str:
         """completed, incomplete (cut by max_output_tokens) or cancelled (aborted), once
         the request has ended."""
-        finish = self._output.finish(self._accounting.states[0].finish_reason)
+        finish = self._output.finish(self.accounting.states[0].finish_reason)
         if finish == "length":
             return "incomplete"
         if finish == "abort":
@@ -269,7 +269,7 @@ class ResponsesCore(OutputBlocks):
         )
 
     def events(self, index: int, event: TokenEvent) -> list[Event]:
-        self._accounting.account(index, event)
+        self.accounting.account(index, event)
         out: list[Event] = []
         self.write_output(self._output, event, out)
         return out
@@ -323,7 +323,7 @@ class ResponsesCore(OutputBlocks):
     # -- not streamed ----------------------------------------------------------------
 
     def feed(self, index: int, event: TokenEvent) -> None:
-        self._accounting.account(index, event)
+        self.accounting.account(index, event)
         self._output.add(event)
         if self._want_logprobs and event.logprobs:
             self._logprobs.extend(

@@ -1,0 +1,136 @@
+"""The HTTP edge of telemetry: an ASGI middleware around the app.
+
+For every HTTP request: its id (`ids.from_headers`: the client's `x-request-id`, or a
+new one) answered as `x-request-id` on the response, in the log lines written while it
+is served (`logs.REQUEST_ID`), and its `RequestRecord` opened (traced: its span under the
+caller's `traceparent`) and put in the scope (`record_of`) for the road to fill, then
+reported once the answer's last byte has gone (the app has returned): its status, its
+route (`http.route`) and, for a route of an inference API, the `api` its metrics go
+under. The scrapes and probes (`/metrics`, `/health`, `/ready`) get their id but no
+record: they would drown the log.
+
+For a websocket: its id, taken or minted the same way, answered on the upgrade
+(`x-request-id` on the accept) and kept with the caller's trace context
+(`connection_of`: each call on the socket opens a record of its own under it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.telemetry.ids import from_headers
+from app.telemetry.logs import REQUEST_ID
+from app.telemetry.record import RequestRecord
+from app.telemetry.reports import Telemetry
+from app.telemetry.tracing import carrier_of
+
+RECORD = "switchboard.record"
+CONNECTION = "switchboard.connection"
+_HEADER = b"x-request-id"
+_UNRECORDED = frozenset({"/metrics", "/health", "/ready"})
+
+# The inference APIs' routes: (method, route template) -> the `api` label.
+API_ROUTES = {
+    ("POST", "/v1/completions"): "completions",
+    ("POST", "/v1/chat/completions"): "chat",
+    ("POST", "/v1/responses"): "responses",
+    ("POST", "/v1/responses/compact"): "responses",
+    ("POST", "/v1/messages"): "messages",
+    ("POST", "/graphpipe"): "graphpipe",
+    ("POST", "/graphpipe/{model:rest}"): "graphpipe",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """A websocket's request id, client and its caller's W3C trace headers."""
+
+    request_id: str
+    client: str
+    carrier: dict[str, str]
+
+
+def record_of(conn: HTTPConnection) -> RequestRecord:
+    """The record of the HTTP request being served."""
+    record: RequestRecord = conn.scope[RECORD]
+    return record
+
+
+def connection_of(conn: HTTPConnection) -> Connection:
+    connection: Connection = conn.scope[CONNECTION]
+    return connection
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else ""
+
+
+class HttpTelemetry:
+    def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
+        self.app = app
+        self._telemetry = telemetry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = scope["headers"]
+        request_id = from_headers(headers)
+        answered_id = (_HEADER, request_id.encode())
+        path, method = scope["path"], scope["method"]
+        record = None
+        if path not in _UNRECORDED:
+            telemetry = self._telemetry
+            carrier = carrier_of(headers) if telemetry.tracing is not None else None
+            record = telemetry.open(
+                request_id, name=f"{method} {path}", client=_client(scope), carrier=carrier
+            )
+            record.method = method
+            scope[RECORD] = record
+
+        async def answer(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), answered_id]
+                if record is not None:
+                    record.status = message["status"]
+            await send(message)
+
+        token = REQUEST_ID.set(request_id)
+        try:
+            await self.app(scope, receive, answer)
+        finally:
+            REQUEST_ID.reset(token)
+            if record is not None:
+                route = getattr(scope.get("route"), "path", "")
+                record.route = route
+                record.api = API_ROUTES.get((method, route))
+                if not record.status:  # the app raised before answering
+                    record.status = 500
+                self._telemetry.close(record)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = scope["headers"]
+        request_id = from_headers(headers)
+        scope[CONNECTION] = Connection(request_id, _client(scope), carrier_of(headers))
+        answered_id = (_HEADER, request_id.encode())
+
+        async def answer(message: Message) -> None:
+            if message["type"] == "websocket.accept":
+                message["headers"] = [*message.get("headers", ()), answered_id]
+            await send(message)
+
+        token = REQUEST_ID.set(request_id)
+        try:
+            await self.app(scope, receive, answer)
+        finally:
+            REQUEST_ID.reset(token)
