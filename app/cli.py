@@ -223,6 +223,11 @@ def _fleet_parser() -> argparse.ArgumentParser:
         "--probe-interval-s", type=int, default=1, help="how often the router probes /ready"
     )
     parser.add_argument("--workdir", type=Path, default=Path(".cache/fleet"))
+    parser.add_argument(
+        "--otlp-traces-endpoint",
+        help="an OTLP receiver (HOST:PORT) the replicas and the router send their spans to "
+        "(docs/operations.md, Traces)",
+    )
     return parser
 
 
@@ -241,6 +246,7 @@ def _run_fleet(argv: list[str]) -> None:
         nginx=not args.no_proxy,
         nginx_ports=(args.proxy_port, args.proxy_grpc_port),
         probe=Probe(interval_s=args.probe_interval_s),
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
     )
     stop = asyncio.Event()
 

@@ -69,22 +69,26 @@ class Fleet:
     bind_cores: bool = True
     # Each replica's environment, changed (None: a variable unset).
     replica_env: dict[str, str | None] = field(default_factory=dict)
+    # An OTLP receiver (HOST:PORT) every replica and router sends its spans to; None: off.
+    otlp_traces_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         self._launched = False
         self.redis = RedisServer("redis", self.workdir) if self.shared_store else None
         store = self.redis.url if self.redis is not None else None
         cores = sorted(machine_cpus())
-        # The replica's own drain flags: its grace covers the routers' probes.
+        # The replica's own drain flags (its grace covers the routers' probes), and traces.
         grace = self.drain_grace_s
         if grace is None:
             grace = self.probe.out_within_s + self.probe.interval_s
-        drain = ["--drain-timeout-s", str(self.drain_timeout_s)]
+        own = ["--drain-timeout-s", str(self.drain_timeout_s)]
+        if self.otlp_traces_endpoint is not None:
+            own += ["--otlp-traces-endpoint", self.otlp_traces_endpoint]
         self.replicas = [
             Replica(
                 f"replica-{i}",
                 self.workdir,
-                serve_args=drain + self.serve_args,
+                serve_args=own + self.serve_args,
                 store=store,
                 cpu_core=cores[i % len(cores)] if self.bind_cores else None,
                 drain_grace_s=grace,
@@ -203,9 +207,11 @@ class Fleet:
             if spec.policy == "kv_aware":  # the engines' own, read off a replica
                 first = self.replicas[0]
                 kv = KvIdentity(first.model_name(), first.block_size())
-            return vllm_router_argv(self.replicas, spec.policy, port, self.probe, kv)
+            return vllm_router_argv(
+                self.replicas, spec.policy, port, self.probe, kv, self.otlp_traces_endpoint
+            )
         if spec.kind == SMG:
-            return smg_argv(self.replicas, spec.policy, port, self.probe)
+            return smg_argv(self.replicas, spec.policy, port, self.probe, self.otlp_traces_endpoint)
         if spec.kind == SMG_GRPC:
             model = self.replicas[0].model_path()
             return smg_grpc_argv(self.replicas, spec.policy, port, self.probe, model)

@@ -5,6 +5,11 @@ Both routers probe each replica's `/ready` (not their default `/health`, which s
 while a replica drains) every `probe_interval_s` (their default is 60 s), so that a
 draining replica leaves the rotation within `probe_interval_s x failures` of SIGTERM,
 inside the replica's `--drain-grace-s`, while its listener still answers.
+
+Traced (`traces`: an OTLP receiver's HOST:PORT), each exports its own spans there and
+sends their W3C context on to the replica: SMG with `--enable-trace
+--otlp-traces-endpoint`, vllm-router through `app.fleet.traced_router` (its command line
+has no flag for it).
 """
 
 from __future__ import annotations
@@ -75,12 +80,16 @@ def vllm_router_argv(
     port: int,
     probe: Probe,
     kv: KvIdentity | None = None,
+    traces: str | None = None,
 ) -> list[str]:
     """vLLM's router (`vllm-router`, PyPI) in front of `replicas`. Under `kv_aware` (`kv`
     given) it reads each replica's KV-cache events (vLLM's ZMQ publisher, which every
     fleet replica runs)."""
+    start = [_binary(VLLM_ROUTER)]
+    if traces is not None:
+        start = [sys.executable, "-m", "app.fleet.traced_router", "--otlp-traces-endpoint", traces]
     argv = [
-        _binary(VLLM_ROUTER),
+        *start,
         "--host", "127.0.0.1",
         "--port", str(port),
         "--worker-urls", *(r.url for r in replicas),
@@ -96,10 +105,13 @@ def vllm_router_argv(
     return argv
 
 
-def smg_argv(replicas: list[Replica], policy: str, port: int, probe: Probe) -> list[str]:
+def smg_argv(
+    replicas: list[Replica], policy: str, port: int, probe: Probe, traces: str | None = None
+) -> list[str]:
     """The Shepherd Model Gateway (`smg`, PyPI) in front of `replicas`."""
+    tracing = [] if traces is None else ["--enable-trace", "--otlp-traces-endpoint", traces]
     return [
-        _binary(SMG), "launch",
+        _binary(SMG), "launch", *tracing,
         "--host", "127.0.0.1",
         "--port", str(port),
         "--worker-urls", *(r.url for r in replicas),
