@@ -50,7 +50,7 @@ from harness import (
 
 sys.path.insert(0, str(ROOT))
 
-from tests.otlp_receiver import OtlpReceiver  # noqa: E402
+from tests.otlp_receiver import OtlpReceiver
 
 BEFORE = "e72fb47"  # main when issue 41's work began
 CONCURRENCY, PROMPTS, OUTPUT_LEN = 64, 1024, 64
