@@ -23,6 +23,9 @@ with the failure's code), or None.
   files are read or its prompt tokenized (bounded by its inline bytes); a refusal fails
   the session as `Overloaded` (ABORT UNAVAILABLE, with the retry hint). `stop(failure)`
   ends the session from outside (the drain's goodbye) as if an action had failed.
+- Each action that generates is a request to telemetry (`app.telemetry`, with a
+  `telemetry` and the session's `caller`): its record, span and access-log line, its id
+  the session's numbered, reported once the action has ended.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ from app.protocols.evergreen.lifecycle import Cause, Lifecycle
 from app.protocols.evergreen.refs import FileRef
 from app.protocols.evergreen.session import Limits, Ready, Session
 from app.sessions.tasks import TaskGroup
+from app.telemetry.callers import Caller
+from app.telemetry.logs import logging_as
+from app.telemetry.record import RequestRecord
+from app.telemetry.reports import Telemetry
 from schemas import evergreen_service_pb2 as service_pb
 
 Send = Callable[[service_pb.SessionMessage], Awaitable[None]]
@@ -60,11 +67,15 @@ class EvergreenRun:
         limits: Limits,
         file_root: Path | None,
         send: Send,
+        telemetry: Telemetry | None = None,
+        caller: Caller | None = None,
     ) -> None:
         self._engine = engine
         self._admission = admission
         self._file_root = file_root
         self._send = send
+        self._telemetry = telemetry
+        self._caller = caller
         session: Session[GeneratePlan] = Session(
             limits, lambda action: plan_action(action, engine.info, engine.has_model)
         )
@@ -74,7 +85,13 @@ class EvergreenRun:
 
     @classmethod
     def from_settings(
-        cls, engine: Engine, admission: Admission, settings: Settings, send: Send
+        cls,
+        engine: Engine,
+        admission: Admission,
+        settings: Settings,
+        send: Send,
+        telemetry: Telemetry | None = None,
+        caller: Caller | None = None,
     ) -> EvergreenRun:
         """A session under the configured limits and file root (every transport's)."""
         limits = Limits(
@@ -84,7 +101,7 @@ class EvergreenRun:
             max_depth=settings.evergreen_max_depth,
             files_allowed=settings.evergreen_file_root is not None,
         )
-        return cls(engine, admission, limits, settings.evergreen_file_root, send)
+        return cls(engine, admission, limits, settings.evergreen_file_root, send, telemetry, caller)
 
     async def serve(
         self, messages: AsyncIterable[service_pb.SessionMessage], *, drain: bool = False
@@ -137,6 +154,26 @@ class EvergreenRun:
     # -- one action ------------------------------------------------------------------
 
     async def _run(self, ready: Ready[GeneratePlan]) -> None:
+        record = self._record() if ready.plan.output_ids else None
+        if record is None:
+            await self._run_recorded(ready, None)
+            return
+        try:
+            with logging_as(record.request_id):
+                await self._run_recorded(ready, record)
+        except asyncio.CancelledError:  # the session ended meanwhile
+            record.cancelled = True
+            raise
+        finally:
+            assert self._telemetry is not None
+            self._telemetry.close(record)
+
+    def _record(self) -> RequestRecord | None:
+        if self._telemetry is None or self._caller is None:
+            return None
+        return self._telemetry.open_call(self._caller, name="GENERATE", api="evergreen")
+
+    async def _run_recorded(self, ready: Ready[GeneratePlan], record: RequestRecord | None) -> None:
         plan = ready.plan
         ticket: Ticket | None = None
         try:
@@ -144,7 +181,9 @@ class EvergreenRun:
             leaves = session.leaves(plan.input_ids[0])
             if plan.output_ids:
                 inline = b"".join(p for leaf in leaves for p in leaf.parts if isinstance(p, bytes))
-                ticket = self._admission.admit("evergreen", tokens=text_tokens_bound(inline))
+                ticket = self._admission.admit(
+                    "evergreen", tokens=text_tokens_bound(inline), record=record
+                )
             files = {ref: await self._read_file(ref) for ref in inputs.file_refs(leaves)}
             chunks = inputs.join(leaves, files, session.limits.max_bytes)
             engine = self._engine
@@ -163,7 +202,10 @@ class EvergreenRun:
                 await self._generate(request, plan.output_ids[0], ticket)
             self._start(self.lifecycle.finish(ready.index))
         except Exception as exc:
-            self.lifecycle.fail(client_error(exc))
+            error = client_error(exc)
+            if record is not None:
+                record.failed(error)
+            self.lifecycle.fail(error)
             self._wake()
         finally:
             if ticket is not None:
@@ -171,8 +213,11 @@ class EvergreenRun:
 
     async def _generate(self, request: GenerationRequest, node_id: str, ticket: Ticket) -> None:
         stream = generate(self._engine, request, ticket)
+        record = ticket.record
         try:
             async for event in stream:
+                if record is not None:
+                    record.count_event(event)
                 if event.finish_reason == "abort":
                     raise Aborted("the engine aborted the generation")
                 final = event.finish_reason is not None
@@ -181,6 +226,8 @@ class EvergreenRun:
                     session = self.lifecycle.session
                     fragment = session.emit(node_id, data, final, OUTPUT_METADATA)
                     await self._send(service_pb.SessionMessage(node_fragments=[fragment]))
+            if record is not None:
+                record.last_token_now()
         finally:
             await stream.aclose()
 

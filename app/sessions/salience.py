@@ -69,6 +69,7 @@ from app.protocols.salience.lifecycle import Eviction, Lifecycle, Table
 from app.protocols.salience.service import Generation, Service
 from app.protocols.salience.sessions import Limits, Session, SessionStore
 from app.store.sessions import SessionBackend, open_sessions
+from app.telemetry.record import RequestRecord
 from schemas import salience_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -191,8 +192,11 @@ class SalienceRunner:
 
     # -- Generate ----------------------------------------------------------------------
 
-    async def start_generate(self, request: pb.GenerateRequest) -> Generation:
-        ticket = self.admission.admit("salience", tokens=len(request.append_tokens))
+    async def start_generate(
+        self, request: pb.GenerateRequest, record: RequestRecord | None = None
+    ) -> Generation:
+        """(`record`: the call's, told of its admission, its engine request and tokens.)"""
+        ticket = self.admission.admit("salience", tokens=len(request.append_tokens), record=record)
         generation = Generation(f"sal-{uuid.uuid4().hex}")
         # Known before the session is its, so that a CloseSession racing the start
         # cancels it.
@@ -232,6 +236,7 @@ class SalienceRunner:
         assert task is not None
         call = generation.call
         ticket = self._tickets.pop(generation)
+        record = ticket.record
         try:
             with ticket, generation.interruptible(task.cancel):
                 if call.engine_request is not None and not generation.cancelled:
@@ -239,10 +244,14 @@ class SalienceRunner:
                     stream = generate(self.engine, request, ticket)
                     try:
                         async for event in stream:
+                            if record is not None:
+                                record.count_event(event)
                             for out in call.on_event(event):
                                 await emit(out)
                     finally:
                         await stream.aclose()
+                    if record is not None:
+                        record.last_token_now()
         except asyncio.CancelledError:
             if not generation.cancelled:  # from outside: nobody is listening any more
                 generation.cancelled = True

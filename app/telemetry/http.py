@@ -9,18 +9,17 @@ route (`http.route`) and, for a route of an inference API, the `api` its metrics
 under. The scrapes and probes (`/metrics`, `/health`, `/ready`) get their id but no
 record: they would drown the log.
 
-For a websocket: its id, taken or minted the same way, answered on the upgrade
-(`x-request-id` on the accept) and kept with the caller's trace context
-(`connection_of`: each call on the socket opens a record of its own under it).
+For a websocket: its `Caller` (`caller_of`: its id, taken or minted the same way, its
+client and trace context), its id answered on the upgrade (`x-request-id` on the accept);
+each call on the socket opens a record of its own under it (`Telemetry.open_call`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.telemetry.callers import Caller
 from app.telemetry.ids import from_headers
 from app.telemetry.logs import REQUEST_ID
 from app.telemetry.record import RequestRecord
@@ -28,7 +27,7 @@ from app.telemetry.reports import Telemetry
 from app.telemetry.tracing import carrier_of
 
 RECORD = "switchboard.record"
-CONNECTION = "switchboard.connection"
+CALLER = "switchboard.caller"
 _HEADER = b"x-request-id"
 _UNRECORDED = frozenset({"/metrics", "/health", "/ready"})
 
@@ -44,24 +43,16 @@ API_ROUTES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Connection:
-    """A websocket's request id, client and its caller's W3C trace headers."""
-
-    request_id: str
-    client: str
-    carrier: dict[str, str]
-
-
 def record_of(conn: HTTPConnection) -> RequestRecord:
     """The record of the HTTP request being served."""
     record: RequestRecord = conn.scope[RECORD]
     return record
 
 
-def connection_of(conn: HTTPConnection) -> Connection:
-    connection: Connection = conn.scope[CONNECTION]
-    return connection
+def caller_of(conn: HTTPConnection) -> Caller:
+    """The caller of the websocket being served."""
+    caller: Caller = conn.scope[CALLER]
+    return caller
 
 
 def _client(scope: Scope) -> str:
@@ -119,9 +110,8 @@ class HttpTelemetry:
                 self._telemetry.close(record)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = scope["headers"]
-        request_id = from_headers(headers)
-        scope[CONNECTION] = Connection(request_id, _client(scope), carrier_of(headers))
+        caller = scope[CALLER] = Caller.of_headers(scope["headers"], _client(scope))
+        request_id = caller.request_id
         answered_id = (_HEADER, request_id.encode())
 
         async def answer(message: Message) -> None:

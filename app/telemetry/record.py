@@ -21,7 +21,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from app.engine.base import EngineTrace, GenerationRequest
+from app.engine.base import EngineTrace, GenerationRequest, TokenEvent
 from app.errors import Overloaded, SwitchboardError
 
 if TYPE_CHECKING:
@@ -161,6 +161,16 @@ class RequestRecord:
         self.output_tokens = usage.completion_tokens
         self.cached_tokens = usage.cached_tokens
         self.finish_reasons = tuple(s.finish_reason for s in accounting.states if s.finish_reason)
+
+    def count_event(self, event: TokenEvent) -> None:
+        """One engine event's tokens and finish, for a call that has no core to count
+        them (Evergreen's GENERATE, Salience's Generate)."""
+        self.output_tokens += len(event.token_ids)
+        if event.prompt_token_ids is not None:
+            self.input_tokens += len(event.prompt_token_ids)
+            self.cached_tokens += event.num_cached_tokens
+        if event.finish_reason is not None:
+            self.finish_reasons += (event.finish_reason,)
 
     def failed(self, error: SwitchboardError) -> None:
         if self.error is None:

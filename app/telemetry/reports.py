@@ -30,6 +30,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from app.config import Settings
 from app.telemetry.access_log import AccessLog
+from app.telemetry.callers import Caller
 from app.telemetry.metrics import RequestMetrics
 from app.telemetry.record import OPERATIONS, RequestRecord
 from app.telemetry.tracing import Tracing
@@ -75,6 +76,12 @@ class Telemetry:
             span=span,
             engine_headers=tracing.headers(span),
             started=started,
+        )
+
+    def open_call(self, caller: Caller, *, name: str, api: str | None) -> RequestRecord:
+        """The record of a call `caller` makes now (a connection's call, a gRPC call)."""
+        return self.open(
+            caller.call_id(), name=name, client=caller.client, api=api, carrier=caller.carrier
         )
 
     def hand_off(self, record: RequestRecord, *, name: str, api: str) -> RequestRecord:

@@ -1,7 +1,9 @@
 """What an operator sees, on the live server (real vLLM, traced to the suite's OTLP
-receiver, tests/otlp_receiver.py): each surface's request one SERVER span under its
-caller's `traceparent`, with the GenAI attributes and the engine's stages, and vLLM's own
-span of each of its engine requests (`llm_request`) under it, naming an engine request id
+receiver, tests/otlp_receiver.py): each surface's request (the HTTP APIs, GraphPipe, a
+Responses-websocket response, a Salience Generate over gRPC, an Evergreen GENERATE over
+the websocket) one SERVER span under its caller's `traceparent`, with the GenAI
+attributes and the engine's stages, and vLLM's own span of each of its engine requests
+(`llm_request`) under it, naming an engine request id
 that begins with the request's `x-request-id`; the access log's fields of a real
 request, its cached tokens included. The fake engine's finer points (errors, minted ids,
 metrics): tests/unit/test_telemetry.py."""
@@ -14,13 +16,20 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import websockets.sync.client
+from google.protobuf import json_format
 
 from app.telemetry.access_log import LOGGER
+from app.telemetry.ids import REQUEST_ID_HEADER
+from schemas import evergreen_service_pb2 as service_pb
+from schemas import salience_pb2 as pb
+from schemas import salience_pb2_grpc as salience_grpc
 from tests.conftest import LiveServer
+from tests.evergreen_frames import generate, leaf, message
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
 from tests.otlp_receiver import Span, session_receiver, traceparent
 
@@ -218,3 +227,47 @@ def test_the_access_log_of_real_requests(
         assert prompt[:20] not in json.dumps(line)
     assert first["cached_tokens"] < second["cached_tokens"]
     assert second["cached_tokens"] >= 256  # every whole block of the first prompt
+
+
+def test_a_salience_generate_over_grpc(live_server: LiveServer) -> None:
+    trace_id, headers = _caller()
+    metadata = tuple(headers.items())
+    with grpc.insecure_channel(live_server.grpc_target) as channel:
+        salience = salience_grpc.SalienceStub(channel)
+        opened = salience.OpenSession(pb.OpenSessionRequest(model="tiny"), timeout=60)
+        request = pb.GenerateRequest(
+            session_id=opened.session_id, append_tokens=[5, 6, 7], max_tokens=4
+        )
+        stream = salience.Generate(request, metadata=metadata, timeout=60)
+        assert list(stream)[-1].HasField("done")
+        assert (REQUEST_ID_HEADER, headers["x-request-id"]) in stream.initial_metadata()
+    ours, engine = _ours_and_vllms(trace_id, 1)
+    _check(
+        ours,
+        engine,
+        headers["x-request-id"],
+        name="text_completion tiny",
+        operation="text_completion",
+    )
+
+
+def test_an_evergreen_generate_over_the_websocket(live_server: LiveServer) -> None:
+    trace_id, headers = _caller()
+    with websockets.sync.client.connect(
+        f"{live_server.ws_url}/evergreen/ws", additional_headers=headers
+    ) as socket:
+        sent = message(generate("p1", "r1", max_tokens=4) + leaf("p1", "hi"))
+        socket.send(json_format.MessageToJson(sent))
+        final = False
+        while not final:
+            frame = service_pb.SessionMessage()
+            json_format.Parse(socket.recv(timeout=60), frame)
+            final = any(not f.continued for f in frame.node_fragments if f.id == "r1")
+    ours, engine = _ours_and_vllms(trace_id, 1)
+    _check(
+        ours,
+        engine,
+        f"{headers['x-request-id']}.1",
+        name="text_completion tiny",
+        operation="text_completion",
+    )

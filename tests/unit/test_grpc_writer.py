@@ -47,7 +47,7 @@ async def test_a_write_abandoned_in_flight_lets_the_call_end_with_its_status(
     second_send_done = asyncio.Event()
 
     async def stream(requests: Any, context: Any) -> None:
-        send = Writer(context)
+        send = Writer(context, "r-1")
         if earlier:  # a message that fits the window goes first, and is sent
             await send(_message(b"hello"))
         first = asyncio.ensure_future(send(_message(b"x" * BIG)))
@@ -158,7 +158,7 @@ TOO_MANY = "Failed grpc_call_start_batch: GRPC_CALL_ERROR_TOO_MANY_OPERATIONS"
 
 async def test_sends_after_an_abandoned_write_are_dropped_and_the_status_goes() -> None:
     call = CoreLikeCall()
-    send = Writer(cast(Context, call))  # the double has what a Writer uses of a call
+    send = Writer(cast(Context, call), "r-1")  # the double has what a Writer uses of a call
     first = asyncio.ensure_future(send(_message(b"fragment")))
     await asyncio.sleep(0.01)
     first.cancel()  # the action is aborted while its fragment waits for the client
@@ -174,7 +174,7 @@ async def test_sends_after_an_abandoned_write_are_dropped_and_the_status_goes() 
 
 async def test_once_an_abandoned_write_has_gone_the_call_takes_sends_again() -> None:
     call = CoreLikeCall()
-    send = Writer(cast(Context, call))  # the double has what a Writer uses of a call
+    send = Writer(cast(Context, call), "r-1")  # the double has what a Writer uses of a call
     first = asyncio.ensure_future(send(_message(b"fragment")))
     await asyncio.sleep(0.01)
     first.cancel()

@@ -12,9 +12,11 @@ import re
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
 from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
@@ -24,7 +26,13 @@ from app.telemetry.access_log import LOGGER
 from app.telemetry.logs import RequestIdFilter
 from app.telemetry.metrics import MAX_TENANTS, OTHER_TENANT, RequestMetrics
 from app.telemetry.record import RequestRecord
+from schemas import evergreen_service_pb2_grpc as evergreen_grpc
+from schemas import salience_pb2 as pb
+from schemas import salience_pb2_grpc as salience_grpc
 from tests.asgi_wire import Wire
+from tests.conftest import free_port
+from tests.evergreen_client import TestClientSocket
+from tests.evergreen_frames import generate, leaf, message
 from tests.fake_engine import FakeEngine
 from tests.otlp_receiver import OtlpReceiver, Span, otlp_receiver, traceparent
 
@@ -375,3 +383,92 @@ async def test_untraced_a_request_carries_no_trace() -> None:
         await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2}, headers=headers)
     (request,) = engine.requests
     assert request.trace is None
+
+
+# -- sessions: websockets and gRPC ---------------------------------------------------
+
+
+def _settings(receiver: OtlpReceiver, **more: Any) -> Settings:
+    return Settings(model="fake", engine_args={"otlp_traces_endpoint": receiver.endpoint}, **more)
+
+
+def _by_request(spans: list[Span]) -> dict[str, Span]:
+    return {s.attributes["switchboard.request_id"]: s for s in spans}
+
+
+def test_a_salience_sockets_calls_are_spans_numbered_after_it(receiver: OtlpReceiver) -> None:
+    engine = FakeEngine()
+    app = create_app(_settings(receiver), engine=engine)
+    trace_id = "7" * 32
+    headers = {"traceparent": traceparent(trace_id, CALLER_SPAN), "x-request-id": "sock-1"}
+    with (
+        TestClient(app) as client,
+        client.websocket_connect("/salience/ws", headers=headers) as ws,
+    ):
+        ws.send_json({"id": "o", "method": "OpenSession", "request": {"model": "fake"}})
+        session = ws.receive_json()["response"]["sessionId"]
+        generate = {"sessionId": session, "appendTokens": [65, 66], "maxTokens": 3}
+        ws.send_json({"id": "g", "method": "Generate", "request": generate})
+        assert "done" in [ws.receive_json() for _ in range(4)][-1]["event"]
+    spans = _by_request(_traced(app, receiver, trace_id, 2))
+    opened, generated = spans["sock-1.1"], spans["sock-1.2"]
+    assert opened.name == "salience.v1.Salience/OpenSession"
+    assert opened.attributes["rpc.method"] == opened.name
+    assert generated.name == "text_completion fake"
+    assert generated.attributes["gen_ai.usage.output_tokens"] == 3
+    assert generated.attributes["gen_ai.usage.input_tokens"] == 2
+    assert {opened.parent_id, generated.parent_id} == {CALLER_SPAN}
+    assert "first_token" in generated.events and "engine.first_token" in generated.events
+    (request,) = engine.requests
+    assert request.request_id.startswith("sock-1.2-sal-")
+
+
+def test_an_evergreen_sockets_generates_are_spans(receiver: OtlpReceiver) -> None:
+    engine = FakeEngine()
+    app = create_app(_settings(receiver), engine=engine)
+    trace_id = "8" * 32
+    headers = {"traceparent": traceparent(trace_id, CALLER_SPAN), "x-request-id": "eg-1"}
+    with (
+        TestClient(app) as client,
+        client.websocket_connect("/evergreen/ws", headers=headers) as ws,
+    ):
+        socket = TestClientSocket(ws, binary=False)
+        socket.send(generate("p1", "r1") + leaf("p1", "hi"))
+        assert socket.node("r1")[0] == "^_`a"
+    (span,) = _traced(app, receiver, trace_id)
+    assert span.attributes["switchboard.request_id"] == "eg-1.1"
+    assert span.attributes["switchboard.api"] == "evergreen" and span.parent_id == CALLER_SPAN
+    assert span.attributes["gen_ai.usage.output_tokens"] == 4
+    assert engine.requests[0].request_id.startswith("eg-1.1-evg-")
+
+
+def test_grpc_calls_are_spans_under_their_metadata(receiver: OtlpReceiver) -> None:
+    engine = FakeEngine()
+    port = free_port()
+    app = create_app(_settings(receiver, grpc_port=port), engine=engine)
+    trace_id = "9" * 32
+    with TestClient(app), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        salience = salience_grpc.SalienceStub(channel)
+        metadata = (("traceparent", traceparent(trace_id, CALLER_SPAN)), ("x-request-id", "g-1"))
+        opened, call = salience.OpenSession.with_call(
+            pb.OpenSessionRequest(model="fake"), metadata=metadata, timeout=10
+        )
+        assert ("x-request-id", "g-1") in call.initial_metadata()
+        request = pb.GenerateRequest(session_id=opened.session_id, append_tokens=[65], max_tokens=2)
+        metadata = (("traceparent", traceparent(trace_id, CALLER_SPAN)), ("x-request-id", "g-2"))
+        stream = salience.Generate(request, metadata=metadata, timeout=10)
+        assert list(stream)[-1].HasField("done")
+        assert ("x-request-id", "g-2") in stream.initial_metadata()
+        evergreen = evergreen_grpc.EvergreenServiceStub(channel)
+        metadata = (("traceparent", traceparent(trace_id, CALLER_SPAN)), ("x-request-id", "g-3"))
+        sent = iter([message(generate("p1", "r1") + leaf("p1", "hi"))])
+        replies = evergreen.StartSession(sent, metadata=metadata, timeout=10)
+        assert any(m.node_fragments for m in replies)
+    spans = _by_request(_traced(app, receiver, trace_id, 3))
+    assert spans["g-1"].name == "salience.v1.Salience/OpenSession"
+    assert spans["g-2"].name == "text_completion fake"
+    assert spans["g-2"].attributes["gen_ai.usage.output_tokens"] == 2
+    assert spans["g-3.1"].attributes["switchboard.api"] == "evergreen"
+    assert all(span.parent_id == CALLER_SPAN for span in spans.values())
+    ids = sorted(request.request_id for request in engine.requests)
+    assert ids[0].startswith("g-2-sal-") and ids[1].startswith("g-3.1-evg-")

@@ -8,7 +8,11 @@ how a call ends with an error.
   INVALID_ARGUMENT with a message, where grpcio's own deserializer would end the call
   UNKNOWN with the exception's text.
 - `Writer` sends a call's responses: one at a time (grpcio allows one write in flight per
-  call; Evergreen's actions stream concurrently), and none once the call is over.
+  call; Evergreen's actions stream concurrently), and none once the call is over; its
+  initial metadata answers the call's `x-request-id`.
+- `caller_of` is the call's `Caller` (`app.telemetry`: its `x-request-id` taken or
+  minted, its peer, its `traceparent` metadata), for the records of its requests;
+  `answer_id` sends a unary call's request id as its initial metadata.
 - `abort` is the gRPC form of the one rule for errors: a `SwitchboardError` ends the call
   with its own status (`app.errors` names it per class) and message; any other exception
   is a bug of ours, logged by `InternalError.wrap` under an id, and the client sees
@@ -45,6 +49,8 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 
 from app.errors import InvalidRequest, Overloaded, SwitchboardError, client_error
+from app.telemetry.callers import Caller
+from app.telemetry.ids import REQUEST_ID_HEADER
 from app.tenants import Principal
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -163,8 +169,9 @@ class Writer:
     not reading) would make the call's final status send the initial metadata again, and
     that status would fail the same way and never reach the client."""
 
-    def __init__(self, context: Context) -> None:
+    def __init__(self, context: Context, request_id: str) -> None:
         self._context = context
+        self._metadata = ((REQUEST_ID_HEADER, request_id),)
         self._lock = asyncio.Lock()
         self._opened = False  # the initial metadata has gone
         # A write whose writer was cancelled (an aborted action) goes on in grpcio's core
@@ -191,7 +198,7 @@ class Writer:
 
     async def _send(self, message: Message) -> None:
         if not self._opened:
-            await self._context.send_initial_metadata(())
+            await self._context.send_initial_metadata(self._metadata)
             self._opened = True
         await self._context.write(message)
 
@@ -200,6 +207,18 @@ def _consume(write: asyncio.Future[None]) -> None:
     # The abandoned write's outcome is nobody's: the call ends with its own status.
     if not write.cancelled():
         write.exception()
+
+
+def caller_of(context: Context, *, numbered: bool = False) -> Caller:
+    """The call's caller (`numbered`: its requests are several, numbered after its id)."""
+    return Caller.of_metadata(
+        context.invocation_metadata() or (), context.peer(), numbered=numbered
+    )
+
+
+async def answer_id(context: Context, request_id: str) -> None:
+    """A unary call's request id, answered in its initial metadata."""
+    await context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
 
 
 def decode(message_type: type[M], data: bytes) -> M:

@@ -20,6 +20,8 @@ output nodes' fragments stream back as the engine produces text.
 - Admission and drain as on the websocket: a GENERATE refused by the queue bound aborts
   the session UNAVAILABLE (the ABORT's Struct carries `retry_after_s`); a draining server
   refuses a new session, and ends an open one, with ABORT UNAVAILABLE and that status.
+- Telemetry as on the websocket, the call's `x-request-id` and `traceparent` metadata
+  the session's (answered in its initial metadata), each GENERATE a request of its own.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from app.engine.base import Engine
 from app.errors import SwitchboardError
 from app.protocols.evergreen.frames import decode
 from app.protocols.evergreen.lifecycle import abort_message
-from app.routes.grpc.calls import Context, Service, Writer, end, register
+from app.routes.grpc.calls import Context, Service, Writer, caller_of, end, register
 from app.sessions.evergreen import EvergreenRun
+from app.telemetry.reports import Telemetry
 from schemas import evergreen_service_pb2 as service_pb
 
 _SERVICE = service_pb.DESCRIPTOR.services_by_name["EvergreenService"]
@@ -46,15 +49,22 @@ _SERVICE = service_pb.DESCRIPTOR.services_by_name["EvergreenService"]
 
 class _Evergreen:
     def __init__(
-        self, engine: Engine, settings: Settings, admission: Admission, drain: Drain
+        self,
+        engine: Engine,
+        settings: Settings,
+        admission: Admission,
+        drain: Drain,
+        telemetry: Telemetry,
     ) -> None:
         self._engine = engine
         self._settings = settings
         self._admission = admission
         self._drain = drain
+        self._telemetry = telemetry
 
     async def start_session(self, requests: AsyncIterable[bytes], context: Context) -> None:
-        send = Writer(context)
+        caller = caller_of(context, numbered=True)
+        send = Writer(context, caller.request_id)
 
         async def messages() -> AsyncIterator[service_pb.SessionMessage]:
             async for data in requests:
@@ -68,7 +78,9 @@ class _Evergreen:
         except SwitchboardError as exc:
             failure = exc
         else:
-            run = EvergreenRun.from_settings(self._engine, self._admission, self._settings, send)
+            run = EvergreenRun.from_settings(
+                self._engine, self._admission, self._settings, send, self._telemetry, caller
+            )
 
             async def goodbye() -> None:
                 run.stop(self._drain.refusal())
@@ -88,7 +100,9 @@ class _Evergreen:
 
 def _add(server: grpc.aio.Server, app: FastAPI) -> None:
     state = app.state
-    servicer = _Evergreen(state.engine, state.settings, state.admission, state.drain)
+    servicer = _Evergreen(
+        state.engine, state.settings, state.admission, state.drain, state.telemetry
+    )
     register(server, _SERVICE, {"StartSession": servicer.start_session})
 
 

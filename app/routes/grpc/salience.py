@@ -22,6 +22,9 @@ with Done FINISH_REASON_CANCELLED).
   the drain says its goodbyes (past the cut, `app.drain`) is ended the same way, its
   engine request aborted and its session keeping what was decoded, as the Generates of a
   socket the goodbye closes.
+- Each call is a request to telemetry (`app.telemetry`): its `x-request-id` metadata
+  taken or minted and answered in its initial metadata, its span under its
+  `traceparent` metadata, its access-log line once it has ended.
 """
 
 from __future__ import annotations
@@ -33,19 +36,40 @@ import grpc
 from fastapi import FastAPI
 
 from app.drain import Drain
+from app.errors import client_error
 from app.protocols.salience.service import METHODS, Method
 from app.routes.deps import salience_runner
-from app.routes.grpc.calls import Context, Service, Writer, abort, decode, register
+from app.routes.grpc.calls import (
+    Context,
+    Service,
+    Writer,
+    abort,
+    answer_id,
+    caller_of,
+    decode,
+    register,
+)
 from app.sessions.salience import SalienceRunner
+from app.telemetry.logs import logging_as
+from app.telemetry.record import RequestRecord
+from app.telemetry.reports import Telemetry
 from schemas import salience_pb2 as pb
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["Salience"]
 
 
 class _Salience:
-    def __init__(self, runner: SalienceRunner, drain: Drain) -> None:
+    def __init__(self, runner: SalienceRunner, drain: Drain, telemetry: Telemetry) -> None:
         self._runner = runner
         self._drain = drain
+        self._telemetry = telemetry
+
+    def _record(self, name: str, context: Context) -> RequestRecord:
+        caller = caller_of(context)
+        # A Generate is the API's inference; the other calls keep its sessions.
+        api = "salience" if name == "Generate" else None
+        full = f"{_SERVICE.full_name}/{name}"
+        return self._telemetry.open_call(caller, name=full, api=api)
 
     def behaviours(self) -> dict[str, Any]:
         return {
@@ -55,11 +79,17 @@ class _Salience:
 
     def _unary(self, method: Method) -> Any:
         async def call(data: bytes, context: Context) -> Any:
+            record = self._record(method.name, context)
             try:
-                self._drain.check_open()
-                return await self._runner.unary(method.name, decode(method.request, data))
+                with logging_as(record.request_id):
+                    await answer_id(context, record.request_id)
+                    self._drain.check_open()
+                    return await self._runner.unary(method.name, decode(method.request, data))
             except Exception as exc:
+                record.failed(client_error(exc))
                 await abort(context, exc)
+            finally:
+                self._telemetry.close(record)
 
         return call
 
@@ -78,28 +108,34 @@ class _Salience:
             await ended.wait()
 
         unsubscribe = drain.subscribe(goodbye)
-        try:
-            drain.check_open()
-            generation = await runner.start_generate(decode(pb.GenerateRequest, data))
-            streaming = True
+        record = self._record("Generate", context)
+        with logging_as(record.request_id):
             try:
-                await runner.run_generate(generation, Writer(context))
-            except asyncio.CancelledError:
-                if not said_goodbye:
-                    raise
-                task.uncancel()  # our goodbye's, consumed here
-                raise drain.refusal() from None
+                drain.check_open()
+                request = decode(pb.GenerateRequest, data)
+                generation = await runner.start_generate(request, record)
+                streaming = True
+                try:
+                    await runner.run_generate(generation, Writer(context, record.request_id))
+                except asyncio.CancelledError:
+                    if not said_goodbye:
+                        record.cancelled = True
+                        raise
+                    task.uncancel()  # our goodbye's, consumed here
+                    raise drain.refusal() from None
+                finally:
+                    streaming = False
+            except Exception as exc:
+                record.failed(client_error(exc))
+                await abort(context, exc)
             finally:
-                streaming = False
-        except Exception as exc:
-            await abort(context, exc)
-        finally:
-            unsubscribe()
-            ended.set()
+                unsubscribe()
+                ended.set()
+                self._telemetry.close(record)
 
 
 def _add(server: grpc.aio.Server, app: FastAPI) -> None:
-    servicer = _Salience(salience_runner(app), app.state.drain)
+    servicer = _Salience(salience_runner(app), app.state.drain, app.state.telemetry)
     register(server, _SERVICE, servicer.behaviours())
 
 

@@ -8,6 +8,10 @@ with the core's ABORT message and close code and reason
 `?token=`); a refused client gets the UNAUTHENTICATED abort. A draining server refuses a
 new session with the UNAVAILABLE abort, and ends an open one with it (the drain's
 goodbye, `app.drain`).
+
+Each GENERATE is a request to telemetry (`app.telemetry`): its record and span (under
+the upgrade's `traceparent`), its id the socket's numbered (`<id>.1`, ...), its
+access-log line once the action has ended.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from app.protocols.evergreen.lifecycle import abort_message, close_code, close_r
 from app.routes.deps import get_admission, get_drain, get_engine, get_settings, principal_of
 from app.routes.ws.pump import WebSocketPump
 from app.sessions.evergreen import EvergreenRun
+from app.telemetry.http import caller_of
 from schemas import evergreen_service_pb2 as service_pb
 
 router = APIRouter()
@@ -51,7 +56,12 @@ async def evergreen_socket(websocket: WebSocket) -> None:
         failure = exc
     else:
         run = EvergreenRun.from_settings(
-            get_engine(websocket), get_admission(websocket), settings, send
+            get_engine(websocket),
+            get_admission(websocket),
+            settings,
+            send,
+            websocket.app.state.telemetry,
+            caller_of(websocket),
         )
 
         async def goodbye() -> None:

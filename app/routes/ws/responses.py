@@ -57,7 +57,7 @@ from app.routes.http.sse import RAW_SEND, frame_writer
 from app.routes.ws.pump import WebSocketPump
 from app.sessions.calls import stream_call
 from app.sessions.responses import ConnectionResponses, Responses
-from app.telemetry.http import connection_of
+from app.telemetry.http import caller_of
 from app.telemetry.logs import logging_as
 from app.telemetry.record import RequestRecord
 from app.telemetry.reports import Telemetry
@@ -142,9 +142,8 @@ class _Connection:
         self.writer = frame_writer(websocket.scope.get(RAW_SEND, websocket.send))
         self.waiting: asyncio.Queue[bytes | str] = asyncio.Queue()
         self.closed = asyncio.Event()
-        self.connection = connection_of(websocket)
+        self.caller = caller_of(websocket)
         self.telemetry: Telemetry = websocket.app.state.telemetry
-        self.answered = 0  # responses begun on this connection
 
     def emit(self, events: list[Event]) -> None:
         if self.pump.open:
@@ -181,7 +180,7 @@ class _Connection:
     async def _answer_all(self) -> None:
         while True:
             frame = await self.waiting.get()
-            record = self._record()
+            record = self.telemetry.open_call(self.caller, name=CREATE, api="responses")
             try:
                 with logging_as(record.request_id):
                     await self._answer(frame, record)
@@ -189,17 +188,6 @@ class _Connection:
                     await self.writer.drained()
             finally:
                 self.telemetry.close(record)
-
-    def _record(self) -> RequestRecord:
-        self.answered += 1
-        connection = self.connection
-        return self.telemetry.open(
-            f"{connection.request_id}.{self.answered}",
-            name=CREATE,
-            client=connection.client,
-            api="responses",
-            carrier=connection.carrier,
-        )
 
     async def _answer(self, frame: bytes | str, record: RequestRecord) -> None:
         try:

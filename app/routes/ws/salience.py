@@ -10,9 +10,15 @@ for a reconnect. Bearer auth as on every route; a refused client gets one
 UNAUTHENTICATED error frame and close code 1008. A draining server refuses a new socket
 with one UNAVAILABLE error frame and close code 1001 (going away), and ends an open one
 the same way (the drain's goodbye, `app.drain`), in the encoding of its last call.
+
+Each call is a request of its own to telemetry (`app.telemetry`): its record and span
+(under the upgrade's `traceparent`), its id the socket's numbered (`<id>.1`, ...), its
+access-log line once it has answered (a Generate: once its stream has ended).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import APIRouter, WebSocket
 
@@ -22,6 +28,11 @@ from app.protocols.salience.envelope import Call, CallIds, Cancel
 from app.routes.deps import get_drain, principal_of, salience_runner
 from app.routes.ws.pump import WebSocketPump
 from app.sessions.salience import SalienceRunner
+from app.telemetry.callers import Caller
+from app.telemetry.http import caller_of
+from app.telemetry.logs import logging_as
+from app.telemetry.record import RequestRecord
+from app.telemetry.reports import Telemetry
 from schemas import salience_pb2 as pb
 
 router = APIRouter()
@@ -45,6 +56,7 @@ async def salience_socket(websocket: WebSocket) -> None:
         await pump.close(GOING_AWAY)
         return
     runner, calls = salience_runner(websocket.app), CallIds()
+    calls_of = _Records(websocket.app.state.telemetry, caller_of(websocket))
     binary = False  # the encoding of the client's last call: the goodbye's
 
     async def goodbye() -> None:
@@ -65,20 +77,57 @@ async def salience_socket(websocket: WebSocket) -> None:
                     calls.cancel(call.call_id)
                     continue
 
-                async def failed(exc: SwitchboardError, call: Call = call) -> None:
+                record = calls_of.open(call)
+
+                async def failed(
+                    exc: SwitchboardError, call: Call = call, record: RequestRecord = record
+                ) -> None:
+                    record.failed(exc)
                     await pump.send(envelope.error(call.call_id, call.binary, exc))
 
-                await pump.guard(_call(pump, runner, calls, call), failed)
+                with logging_as(record.request_id):
+                    try:
+                        work = _call(pump, runner, calls, call, record, calls_of)
+                        await pump.guard(work, failed)
+                    finally:
+                        if record not in calls_of.streaming:  # else its stream's end
+                            calls_of.close(record)
     finally:
         unsubscribe()
 
 
-async def _call(pump: WebSocketPump, runner: SalienceRunner, calls: CallIds, call: Call) -> None:
+class _Records:
+    """The records of a socket's calls."""
+
+    def __init__(self, telemetry: Telemetry, caller: Caller) -> None:
+        self._telemetry = telemetry
+        self._caller = caller
+        self.streaming: set[RequestRecord] = set()  # Generates under way: reported at their end
+
+    def open(self, call: Call) -> RequestRecord:
+        # A Generate is the API's inference; the other calls keep its sessions.
+        api = "salience" if call.method == "Generate" else None
+        name = f"salience.v1.Salience/{call.method}"
+        return self._telemetry.open_call(self._caller, name=name, api=api)
+
+    def close(self, record: RequestRecord) -> None:
+        self.streaming.discard(record)
+        self._telemetry.close(record)
+
+
+async def _call(
+    pump: WebSocketPump,
+    runner: SalienceRunner,
+    calls: CallIds,
+    call: Call,
+    record: RequestRecord,
+    records: _Records,
+) -> None:
     if call.method != "Generate":
         await pump.send(envelope.response(call, await runner.unary(call.method, call.request)))
         return
     calls.check(call)
-    generation = await runner.start_generate(call.request)
+    generation = await runner.start_generate(call.request, record)
     calls.add(call, generation)
 
     async def emit(event: pb.GenerateEvent) -> None:
@@ -91,6 +140,17 @@ async def _call(pump: WebSocketPump, runner: SalienceRunner, calls: CallIds, cal
             calls.forget(call.call_id, generation)
 
     async def failed(exc: SwitchboardError) -> None:
+        record.failed(exc)
         await pump.send(envelope.error(call.call_id, call.binary, exc))
 
-    pump.spawn(stream(), failed)
+    async def reported() -> None:
+        try:
+            await pump.guard(stream(), failed)
+        except asyncio.CancelledError:  # the socket closed
+            record.cancelled = True
+            raise
+        finally:
+            records.close(record)
+
+    records.streaming.add(record)
+    pump.spawn(reported(), failed)
