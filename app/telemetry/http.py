@@ -32,6 +32,13 @@ _HEADER = b"x-request-id"
 _UNRECORDED = frozenset({"/metrics", "/health", "/ready"})
 
 # The inference APIs' routes: (method, route template) -> the `api` label.
+# The websockets that are session connections: path -> the `api` label.
+SESSION_PATHS = {
+    "/salience/ws": "salience",
+    "/evergreen/ws": "evergreen",
+    "/v1/responses": "responses",
+}
+
 API_ROUTES = {
     ("POST", "/v1/completions"): "completions",
     ("POST", "/v1/chat/completions"): "chat",
@@ -113,10 +120,17 @@ class HttpTelemetry:
         caller = scope[CALLER] = Caller.of_headers(scope["headers"], _client(scope))
         request_id = caller.request_id
         answered_id = (_HEADER, request_id.encode())
+        api = SESSION_PATHS.get(scope["path"])
+        metrics = self._telemetry.metrics
+        accepted = False
 
         async def answer(message: Message) -> None:
+            nonlocal accepted
             if message["type"] == "websocket.accept":
                 message["headers"] = [*message.get("headers", ()), answered_id]
+                if api is not None:
+                    accepted = True
+                    metrics.connected(api, None, +1)
             await send(message)
 
         token = REQUEST_ID.set(request_id)
@@ -124,3 +138,5 @@ class HttpTelemetry:
             await self.app(scope, receive, answer)
         finally:
             REQUEST_ID.reset(token)
+            if accepted and api is not None:
+                metrics.connected(api, None, -1)

@@ -18,6 +18,9 @@ counted once it ends, under its tenant (the `tenant` label; the first
   token: what admission counts as queued), `switchboard_request_duration_seconds` (its
   whole answer, the client's reading included).
 
+And the gauge `switchboard_connections{api, tenant}`: the session connections open now
+(websockets: `salience`, `evergreen`, `responses`; gRPC streams: `evergreen`).
+
 Each request is counted by a few additions at its end; none per token. The buckets are
 finer at the low end than vLLM's (whose inter-token latency starts at 10 ms, where a
 CPU's or a fast GPU's every gap falls into one bucket).
@@ -26,9 +29,15 @@ CPU's or a fast GPU's every gap falls into one bucket).
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from app.telemetry.record import OUTCOMES, RequestRecord
@@ -91,6 +100,11 @@ class RequestMetrics(Collector):
     def __init__(self) -> None:
         self._series: dict[tuple[str, str], _Series] = {}
         self._tenants: set[str] = set()
+        self._connections: Counter[tuple[str, str]] = Counter()
+
+    def connected(self, api: str, tenant: str | None, change: int) -> None:
+        """A session connection of `api` opened (+1) or closed (-1)."""
+        self._connections[(api, self._tenant(tenant))] += change
 
     def observe(self, record: RequestRecord) -> None:
         """Count `record`, once it has ended (a record of no inference API is not)."""
@@ -183,3 +197,11 @@ class RequestMetrics(Collector):
         yield requests
         yield from tokens.values()
         yield from histograms.values()
+        connections = GaugeMetricFamily(
+            "switchboard_connections",
+            "Session connections open now (websockets; gRPC streams).",
+            labels=labels,
+        )
+        for (api, tenant), count in sorted(self._connections.items()):
+            connections.add_metric([api, tenant], count)
+        yield connections

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import websockets.sync.client
 
 from tests.conftest import ROOT, LiveServer, free_port
 from tests.graphpipe_client import Infer, infer_request
@@ -93,7 +94,7 @@ def prometheus(live_server: LiveServer) -> Iterator[str]:
 
 
 def _traffic(live: LiveServer) -> None:
-    """A call on each inference API."""
+    """A call on each inference API, and a session connection."""
     base = live.base_url
     chat = [{"role": "user", "content": "hi"}]
     for path, body in (
@@ -103,6 +104,9 @@ def _traffic(live: LiveServer) -> None:
         ("/v1/messages", {"model": "tiny", "messages": chat, "max_tokens": 4}),
     ):
         assert httpx.post(f"{base}{path}", json=body, timeout=60).status_code == 200
+    with websockets.sync.client.connect(f"{live.ws_url}/salience/ws") as socket:
+        socket.send(json.dumps({"id": "o", "method": "OpenSession", "request": {"model": "tiny"}}))
+        assert "response" in json.loads(socket.recv(timeout=60))
     prompts = np.empty(1, dtype=object)
     prompts[:] = [b"import os"]
     request = infer_request(Infer([prompts], config='{"max_tokens": 4}'))

@@ -435,6 +435,10 @@ def test_an_evergreen_sockets_generates_are_spans(receiver: OtlpReceiver) -> Non
         socket = TestClientSocket(ws, binary=False)
         socket.send(generate("p1", "r1") + leaf("p1", "hi"))
         assert socket.node("r1")[0] == "^_`a"
+        during = client.get("/metrics").text
+    after = TestClient(app).get("/metrics").text
+    assert _metric(during, "switchboard_connections", api="evergreen") == 1
+    assert _metric(after, "switchboard_connections", api="evergreen") == 0
     (span,) = _traced(app, receiver, trace_id)
     assert span.attributes["switchboard.request_id"] == "eg-1.1"
     assert span.attributes["switchboard.api"] == "evergreen" and span.parent_id == CALLER_SPAN

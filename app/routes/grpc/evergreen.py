@@ -41,6 +41,7 @@ from app.protocols.evergreen.frames import decode
 from app.protocols.evergreen.lifecycle import abort_message
 from app.routes.grpc.calls import Context, Service, Writer, caller_of, end, register
 from app.sessions.evergreen import EvergreenRun
+from app.telemetry.callers import Caller
 from app.telemetry.reports import Telemetry
 from schemas import evergreen_service_pb2 as service_pb
 
@@ -65,6 +66,16 @@ class _Evergreen:
     async def start_session(self, requests: AsyncIterable[bytes], context: Context) -> None:
         caller = caller_of(context, numbered=True)
         send = Writer(context, caller.request_id)
+        connections = self._telemetry.metrics
+        connections.connected("evergreen", None, +1)
+        try:
+            await self._serve(requests, context, caller, send)
+        finally:
+            connections.connected("evergreen", None, -1)
+
+    async def _serve(
+        self, requests: AsyncIterable[bytes], context: Context, caller: Caller, send: Writer
+    ) -> None:
 
         async def messages() -> AsyncIterator[service_pb.SessionMessage]:
             async for data in requests:
