@@ -3,8 +3,10 @@ RPC and llm-d's `/inference/v1/abort_requests` name a request by the `request_id
 client gave it, while the engine runs it under ids of our own (unique per engine
 request, several for `n`).
 
-`NamedRequests.add(name, call)` files a call's core under its client's name once it is
-built; `abort(names)` aborts the engine requests of every call filed under those names
+`NamedRequests.add(name, tickets)` files a call's admission tickets under its client's
+name once it is built (each ticket names the engine request it runs, whose id the
+request's record makes: `app.admission.Ticket.start`); `abort(names)` aborts the engine
+requests of every call filed under those names
 that is still alive, whose streams then end as aborted and whose admission places the
 road gives back as any end gives them back. The registry holds calls weakly: a call
 that has ended (however: finished, failed, its client gone) drops out by itself, so no
@@ -18,10 +20,10 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+from collections.abc import Iterable
 
-from app.engine.base import Engine, GenerationRequest
+from app.admission import Tickets
+from app.engine.base import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -29,17 +31,12 @@ logger = logging.getLogger(__name__)
 _SWEEP_AT = 1024
 
 
-class Named(Protocol):
-    @property
-    def requests(self) -> Sequence[GenerationRequest]: ...
-
-
 class NamedRequests:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._calls: dict[str, weakref.WeakSet[Named]] = {}
+        self._calls: dict[str, weakref.WeakSet[Tickets]] = {}
 
-    def add(self, name: str, call: Named) -> None:
+    def add(self, name: str, call: Tickets) -> None:
         calls = self._calls.get(name)
         if calls is None:
             if len(self._calls) >= _SWEEP_AT:
@@ -49,10 +46,11 @@ class NamedRequests:
 
     def engine_ids(self, names: Iterable[str]) -> list[str]:
         return [
-            request.request_id
+            ticket.request_id
             for name in names
             for call in list(self._calls.get(name, ()))
-            for request in call.requests
+            for ticket in call.tickets
+            if ticket.request_id is not None
         ]
 
     async def abort(self, names: Iterable[str]) -> int:

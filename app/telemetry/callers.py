@@ -5,13 +5,17 @@ request id taken or minted (`app.telemetry.ids`), the client's address and its W
 headers. Each call made over it (a Salience call or Generate, an Evergreen GENERATE, a
 Responses-websocket response) is a request of its own to telemetry, numbered after the
 caller's id (`<id>.1`, `<id>.2`, ...) unless the caller is the call itself (a gRPC
-call: `numbered=False`), its span under the caller's `traceparent`.
+call: `numbered=False`), its span under the caller's `traceparent`, its tenant the
+caller's principal's (`app.tenants`: its bounded label), decided where the connection
+entered: a gRPC call's by the server's interceptor, a websocket's by its route once it
+has authenticated the upgrade (kept on the connection's state, which `state` is).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from app.telemetry.ids import REQUEST_ID_HEADER, take_or_mint
 from app.telemetry.tracing import carrier_of, carrier_of_metadata
@@ -24,6 +28,16 @@ class Caller:
     carrier: dict[str, str]
     numbered: bool = True
     calls: int = 0
+    tenant: str | None = None
+    state: Mapping[str, Any] | None = None  # a websocket's scope state: its principal
+
+    def tenant_of_calls(self) -> str | None:
+        """The tenant of the caller's calls, once decided."""
+        if self.tenant is None and self.state is not None:
+            principal = self.state.get("principal")
+            if principal is not None:
+                self.tenant = str(principal.label)
+        return self.tenant
 
     def call_id(self) -> str:
         """The request id of the caller's next call."""
@@ -33,18 +47,26 @@ class Caller:
         return f"{self.request_id}.{self.calls}"
 
     @classmethod
-    def of_headers(cls, headers: Iterable[tuple[bytes, bytes]], client: str) -> Caller:
-        """A websocket's, from its upgrade's raw headers."""
+    def of_headers(
+        cls, headers: Iterable[tuple[bytes, bytes]], client: str, state: Mapping[str, Any]
+    ) -> Caller:
+        """A websocket's, from its upgrade's raw headers (`state`: its scope's)."""
         headers = list(headers)
         offered = next((v for k, v in headers if k == REQUEST_ID_HEADER.encode()), None)
-        return cls(take_or_mint(offered), client, carrier_of(headers))
+        return cls(take_or_mint(offered), client, carrier_of(headers), state=state)
 
     @classmethod
     def of_metadata(
-        cls, metadata: Iterable[tuple[str, str | bytes]], client: str, *, numbered: bool
+        cls,
+        metadata: Iterable[tuple[str, str | bytes]],
+        client: str,
+        *,
+        numbered: bool,
+        tenant: str | None,
     ) -> Caller:
         """A gRPC call's, from its metadata (`numbered`: a stream of calls, an Evergreen
         session's; else the call itself is its one request)."""
         metadata = list(metadata)
         offered = next((v for k, v in metadata if k == REQUEST_ID_HEADER), None)
-        return cls(take_or_mint(offered), client, carrier_of_metadata(metadata), numbered)
+        carrier = carrier_of_metadata(metadata)
+        return cls(take_or_mint(offered), client, carrier, numbered, tenant=tenant)

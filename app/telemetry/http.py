@@ -5,9 +5,10 @@ new one) answered as `x-request-id` on the response, in the log lines written wh
 is served (`logs.REQUEST_ID`), and its `RequestRecord` opened (traced: its span under the
 caller's `traceparent`) and put in the scope (`record_of`) for the road to fill, then
 reported once the answer's last byte has gone (the app has returned): its status, its
-route (`http.route`) and, for a route of an inference API, the `api` its metrics go
-under. The scrapes and probes (`/metrics`, `/health`, `/ready`) get their id but no
-record: they would drown the log.
+route (`http.route`), its tenant (the principal the route's key check left on the
+connection's state: `app.routes.deps.authenticated`, its bounded label) and, for a route
+of an inference API, the `api` its metrics go under. The scrapes and probes
+(`/metrics`, `/health`, `/ready`) get their id but no record: they would drown the log.
 
 For a websocket: its `Caller` (`caller_of`: its id, taken or minted the same way, its
 client and trace context), its id answered on the upgrade (`x-request-id` on the accept);
@@ -47,6 +48,7 @@ API_ROUTES = {
     ("POST", "/v1/messages"): "messages",
     ("POST", "/graphpipe"): "graphpipe",
     ("POST", "/graphpipe/{model:rest}"): "graphpipe",
+    ("POST", "/inference/v1/generate"): "tokens",
 }
 
 
@@ -112,12 +114,16 @@ class HttpTelemetry:
                 route = getattr(scope.get("route"), "path", "")
                 record.route = route
                 record.api = API_ROUTES.get((method, route))
+                principal = scope.get("state", {}).get("principal")  # app.routes.deps'
+                if principal is not None:
+                    record.tenant = principal.label
                 if not record.status:  # the app raised before answering
                     record.status = 500
                 self._telemetry.close(record)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        caller = scope[CALLER] = Caller.of_headers(scope["headers"], _client(scope))
+        state = scope.setdefault("state", {})
+        caller = scope[CALLER] = Caller.of_headers(scope["headers"], _client(scope), state)
         request_id = caller.request_id
         answered_id = (_HEADER, request_id.encode())
         api = SESSION_PATHS.get(scope["path"])

@@ -18,6 +18,7 @@ nothing else allocated per request.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,19 @@ if TYPE_CHECKING:
 
     from app.protocols.accounting import Accounting
 
+
+def counted(
+    record: RequestRecord, receive: Callable[[int, TokenEvent], None]
+) -> Callable[[int, TokenEvent], None]:
+    """`receive`, each event counted on `record` first (a call whose core counts none)."""
+
+    def count(index: int, event: TokenEvent) -> None:
+        record.count_event(event)
+        receive(index, event)
+
+    return count
+
+
 # The APIs whose calls are counted per API (the `api` label: a closed set, so the
 # metrics' cardinality stays bounded) and the GenAI operation each performs.
 OPERATIONS = {
@@ -39,6 +53,8 @@ OPERATIONS = {
     "graphpipe": "text_completion",
     "evergreen": "text_completion",
     "salience": "text_completion",
+    "tokens": "text_completion",  # llm-d's token-in/token-out
+    "smg": "text_completion",  # SMG's gRPC workers
 }
 
 # Outcomes (the `outcome` label of the request counter).

@@ -80,9 +80,11 @@ class Telemetry:
 
     def open_call(self, caller: Caller, *, name: str, api: str | None) -> RequestRecord:
         """The record of a call `caller` makes now (a connection's call, a gRPC call)."""
-        return self.open(
+        record = self.open(
             caller.call_id(), name=name, client=caller.client, api=api, carrier=caller.carrier
         )
+        record.tenant = caller.tenant_of_calls()
+        return record
 
     def hand_off(self, record: RequestRecord, *, name: str, api: str) -> RequestRecord:
         """A record for the work `record`'s request leaves running once it is answered (a

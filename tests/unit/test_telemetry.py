@@ -168,7 +168,7 @@ async def test_the_access_log_has_a_json_line_per_request_without_prompt_or_key(
     first, second, third = (json.loads(line) for line in lines)
     usage = ok.json()["usage"]
     assert first["request_id"] == "acc-1"
-    assert first["api"] == "chat" and first["model"] == "fake" and first["tenant"] is None
+    assert first["api"] == "chat" and first["model"] == "fake" and first["tenant"] == "default"
     assert first["status"] == 200 and first["outcome"] == "ok" and first["error"] is None
     assert first["input_tokens"] == usage["prompt_tokens"]
     assert first["output_tokens"] == usage["completion_tokens"] == 5
@@ -234,6 +234,21 @@ async def test_metrics_count_each_apis_requests_by_outcome_and_their_tokens() ->
     assert _metric(text, "switchboard_request_duration_seconds_count", **chat) == 3
     buckets = _metric(text, "switchboard_request_duration_seconds_bucket", le="+Inf", **chat)
     assert buckets == 3
+
+
+async def test_a_tenants_requests_are_its_own(caplog: pytest.LogCaptureFixture) -> None:
+    """The tenant the key names (`--tenant-api-key`) is on the access log's line and the
+    metrics' label."""
+    app = _app(FakeEngine(), tenant_api_key=["acme:k-acme"], access_log="json")
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        async with _client(app) as client:
+            headers = {"authorization": "Bearer k-acme"}
+            answer = await client.post("/v1/chat/completions", json=_chat(3), headers=headers)
+            assert answer.status_code == 200
+            text = (await client.get("/metrics")).text
+    (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == LOGGER]
+    assert line["tenant"] == "acme"
+    assert _metric(text, "switchboard_output_tokens_total", api="chat", tenant="acme") == 3
 
 
 def test_tenants_past_the_bound_share_one_series() -> None:

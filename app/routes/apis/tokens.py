@@ -37,6 +37,7 @@ from app.routes.http.bodies import json_body, read_body
 from app.routes.http.calls import answer_call
 from app.routes.http.errors import api_router
 from app.sessions.calls import render, start_call
+from app.telemetry.http import record_of
 from schemas.openai_replies import ErrorResponse
 
 PROTOCOL = "tokens"
@@ -71,12 +72,13 @@ async def generate(request: Request, engine: EngineDep, admission: AdmissionDep)
     info, tokenizer = engine.info, engine.tokenizer
     call = await start_call(
         admission,
+        record_of(request),
         protocol=PROTOCOL,
         units=units(body),
         priority=body.priority,
         build=lambda: render(lambda: TokensCore(body, info, tokenizer, model=served.name)),
     )
-    named_requests(request.app).add(call.core.name, call.core)
+    named_requests(request.app).add(call.core.name, call.tickets)
     return await answer_call(request, engine, call, stream=bool(body.stream))
 
 

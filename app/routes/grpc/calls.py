@@ -211,9 +211,10 @@ def _consume(write: asyncio.Future[None]) -> None:
 
 def caller_of(context: Context, *, numbered: bool = False) -> Caller:
     """The call's caller (`numbered`: its requests are several, numbered after its id)."""
-    return Caller.of_metadata(
-        context.invocation_metadata() or (), context.peer(), numbered=numbered
-    )
+    metadata = context.invocation_metadata() or ()
+    caller = _PRINCIPAL.get(None)  # the server's interceptor decided it
+    tenant = caller.label if caller is not None else None
+    return Caller.of_metadata(metadata, context.peer(), numbered=numbered, tenant=tenant)
 
 
 async def answer_id(context: Context, request_id: str) -> None:

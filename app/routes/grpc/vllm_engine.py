@@ -59,10 +59,13 @@ from app.errors import (
 from app.metrics import kv_cache_usage
 from app.protocols.smg import SmgGenerate, model_info
 from app.routes.deps import named_requests
-from app.routes.grpc.calls import Context, Service, decode, end, register
+from app.routes.grpc.calls import Context, Service, answer_id, caller_of, decode, end, register
 from app.sessions.calls import render, start_call
 from app.sessions.generations import run_generations
 from app.sessions.named import NamedRequests
+from app.telemetry.logs import logging_as
+from app.telemetry.record import RequestRecord, counted
+from app.telemetry.reports import Telemetry
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["VllmEngine"]
 PROTOCOL = "smg"
@@ -132,7 +135,9 @@ class _VllmEngine:
         named: NamedRequests,
         config: dict[str, Any],
         interval_s: float,
+        telemetry: Telemetry,
     ) -> None:
+        self._telemetry = telemetry
         self._interval_s = interval_s
         self._engine = engine
         self._admission = admission
@@ -162,6 +167,21 @@ class _VllmEngine:
         }
 
     async def generate(self, data: bytes, context: Context) -> None:
+        """One call, a request of its own to telemetry (`app.telemetry`): its
+        `x-request-id` and `traceparent` metadata, its record and span."""
+        caller = caller_of(context)
+        record = self._telemetry.open_call(caller, name=f"{_SERVICE.full_name}/Generate", api="smg")
+        try:
+            with logging_as(record.request_id):
+                await answer_id(context, record.request_id)
+                await self._generate(data, context, record)
+        except asyncio.CancelledError:  # the client has gone
+            record.cancelled = True
+            raise
+        finally:
+            self._telemetry.close(record)
+
+    async def _generate(self, data: bytes, context: Context, record: RequestRecord) -> None:
         engine = self._engine
         try:
             request = decode(pb.GenerateRequest, data)
@@ -169,22 +189,24 @@ class _VllmEngine:
             info, tokenizer = engine.info, engine.tokenizer
             call = await start_call(
                 self._admission,
+                record,
                 protocol=PROTOCOL,
                 units=_units(request),
                 priority=0,
                 build=lambda: render(lambda: SmgGenerate(request, info, tokenizer)),
             )
         except Exception as exc:
+            record.failed(client_error(exc))
             await abort(context, exc)
         core: SmgGenerate = call.core
         outbox = _Outbox(core.stream)
         # Straight to grpcio (not `calls.Writer`, whose task per write costs more than
         # the write): one writer, this task, and nothing is sent once it is cancelled.
         write = context.write
-        self._named.add(core.name, core)
+        self._named.add(core.name, call.tickets)
         with call.tickets:
             runner = asyncio.ensure_future(
-                run_generations(engine, core.requests, call.tickets, outbox.put)
+                run_generations(engine, core.requests, call.tickets, counted(record, outbox.put))
             )
             runner.add_done_callback(lambda _: outbox.ready.set())
             interval = self._interval_s if core.stream else 0.0
@@ -202,7 +224,9 @@ class _VllmEngine:
                     if done:
                         break
                 runner.result()
+                record.last_token_now()
             except Exception as exc:
+                record.failed(client_error(exc))
                 await abort(context, exc)
             finally:
                 if not runner.done():
@@ -293,7 +317,13 @@ def _add(server: grpc.aio.Server, app: FastAPI) -> None:
     config = _read_config(state.engine.info.model_path)
     interval = state.settings.grpc_stream_interval_ms / 1000
     servicer = _VllmEngine(
-        state.engine, state.admission, state.drain, named_requests(app), config, interval
+        state.engine,
+        state.admission,
+        state.drain,
+        named_requests(app),
+        config,
+        interval,
+        state.telemetry,
     )
     register(server, _SERVICE, servicer.behaviours())
 
