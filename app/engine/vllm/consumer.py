@@ -31,7 +31,8 @@ saves beside that is the per-request wake-up and the generator layers of a pulle
 Invariants:
 - `StepConsumer.add` registers a request exactly as `AsyncLLM.add_request` does for a
   rendered prompt with `n` = 1 (vLLM's admission check, the output processor, then the
-  engine core); the request's state is a `StepState` before the engine core can step it.
+  engine core, and vLLM's "Added request" line with --enable-log-requests); the request's
+  state is a `StepState` before the engine core can step it.
 - A `Sink` gets its request's deltas in order, then exactly one with a finish, or an
   error (vLLM's own as it is, anything else as an `EngineGenerateError`, as
   `AsyncLLM.generate` raises them).
@@ -53,6 +54,7 @@ from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine import FinishReason as VllmFinish
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.async_llm import logger as vllm_logger
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllm.v1.engine.output_processor import RequestState
 from vllm.v1.metrics.stats import IterationStats
@@ -298,6 +300,8 @@ class StepConsumer:
         except BaseException:
             await asyncio.shield(llm.abort(internal_id, internal=True))
             raise
+        if llm.log_requests:  # vLLM's own line, as `AsyncLLM` writes it (--enable-log-requests)
+            vllm_logger.info("Added request %s.", internal_id)
         return internal_id
 
     async def _run(self) -> None:
