@@ -101,6 +101,7 @@ MODULES = [
     "test_openai_through_router",
     "test_smg",
     "test_sessions",
+    "test_responses_replicas",
     "test_kv_aware",
     "test_rolling_restart",
     "test_drain",  # replica 0, for good

@@ -13,7 +13,7 @@ window the cancel can land in:
 
 (Rendering is no window: a response is planned before it exists for anyone, its id first
 told by the answer to create.) The same on real vLLM across two replicas:
-tests/e2e/test_responses_replicas.py.
+tests/fleet/test_responses_replicas.py.
 """
 
 from __future__ import annotations
