@@ -68,7 +68,8 @@ from app.protocols.salience.images import (
 from app.protocols.salience.lifecycle import Eviction, Lifecycle, Table
 from app.protocols.salience.service import Generation, Service
 from app.protocols.salience.sessions import Limits, Session, SessionStore
-from app.store.sessions import SessionBackend, open_sessions
+from app.store import open_sessions
+from app.store.sessions import SessionBackend
 from app.telemetry.record import RequestRecord
 from schemas import salience_pb2 as pb
 

@@ -8,19 +8,27 @@ sessions.
 - `conversations`: the Conversations API's store (a conversation and its items in order),
   on the same backing store, `sqlite_conversations` and `redis_conversations`;
 - `sessions`: where Salience sessions live (the contract, and the process's own store);
-  `redis_sessions`: one Redis that replicas share (`--salience-store`).
+  `redis_sessions`: one Redis that replicas share (`--salience-store`), with how a
+  session is written there (`redis_session_fields`) and its images
+  (`redis_session_images`);
+- `redis_connection`: one Redis as every store on it uses it (connected on first use,
+  its failures mapped once).
 
 `open_store(location, ...)` picks one from `--responses-store`: a `redis://` or
 `rediss://` URL, or a file path for SQLite (`sqlite:///abs/path` is taken too);
-`open_conversations(location, ...)` the conversations' store at the same place.
+`open_conversations(location, ...)` the conversations' store at the same place;
+`open_sessions(location, ...)` Salience's, from `--salience-store` ("memory" or a Redis
+URL). Each opens nothing: no file, no connection, until its first use.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from app.engine.base import VisionInfo
 from app.store.base import DEFAULT_CLOCK, Clock, ResponseStore
 from app.store.conversations import ConversationStore
+from app.store.sessions import MemorySessions, SessionBackend
 
 
 def _redis(location: str) -> bool:
@@ -56,3 +64,14 @@ def open_conversations(
     from app.store.sqlite_conversations import SqliteConversations
 
     return SqliteConversations(_path(location), ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+
+
+def open_sessions(
+    location: str, *, ttl_s: float, lease_s: float, vision: VisionInfo | None
+) -> SessionBackend:
+    """Salience's session store at `location`; nothing is connected until its first use."""
+    if location == "memory":
+        return MemorySessions()
+    from app.store.redis_sessions import RedisSessions
+
+    return RedisSessions(location, ttl_s=ttl_s, lease_s=lease_s, vision=vision)

@@ -56,14 +56,14 @@ class ResponseStore(Protocol):
     async def close(self) -> None: ...
 
 
-def unavailable(where: str, exc: BaseException) -> Unavailable:
-    return Unavailable(
-        f"The response store ({where}) is unavailable: {exc}", code="store_unavailable"
-    )
+def unavailable(where: str, exc: BaseException, *, store: str = "response store") -> Unavailable:
+    """A backing store that cannot be reached, for this call (`store` names which)."""
+    return Unavailable(f"The {store} ({where}) is unavailable: {exc}", code="store_unavailable")
 
 
-def full(where: str, why: str) -> ResourceExhausted:
-    return ResourceExhausted(f"The response store ({where}) is full: {why}", code="store_full")
+def full(where: str, why: str, *, store: str = "response store") -> ResourceExhausted:
+    """A write that would not fit, or that the backing store refused for lack of room."""
+    return ResourceExhausted(f"The {store} ({where}) is full: {why}", code="store_full")
 
 
 def too_large(size: int, max_bytes: int) -> str:

@@ -17,18 +17,14 @@ record's expiry with the caller's clock (not only Redis's), so every replica see
 same time to live as the SQLite store does.
 
 Redis that cannot be reached (refused, timed out) is `store_unavailable`; a Redis out of
-memory (`OOM` under `maxmemory` with `noeviction`) is `store_full` (`RedisConnection`, which
-the conversations' store on the same Redis uses too: `app.store.redis_conversations`).
+memory (`OOM` under `maxmemory` with `noeviction`) is `store_full`
+(`app.store.redis_connection`, as for every store on Redis).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import redis.asyncio as aioredis
-from redis import exceptions as redis_errors
-
-from app.store.base import DEFAULT_CLOCK, Clock, full, too_large, unavailable
+from app.store.base import DEFAULT_CLOCK, Clock, full, too_large
+from app.store.redis_connection import RedisConnection
 
 _DROP = """
 local function drop(prefix, id)
@@ -92,35 +88,6 @@ return existed
 )
 
 
-class RedisConnection:
-    """One Redis, connected on first use (on the loop that uses it: a client belongs to
-    one loop); its failures become the store's: out of memory (`OOM` under `maxmemory`
-    with `noeviction`) is `store_full`, anything else (refused, timed out)
-    `store_unavailable`."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.where = _redacted(url)
-        self._client: aioredis.Redis | None = None
-
-    async def call(self, method: str, *args: Any) -> Any:
-        if self._client is None:
-            self._client = aioredis.Redis.from_url(
-                self.url, socket_connect_timeout=2.0, socket_timeout=5.0
-            )
-        try:
-            return await getattr(self._client, method)(*args)
-        except redis_errors.OutOfMemoryError as exc:
-            raise full(self.where, str(exc)) from exc
-        except (redis_errors.RedisError, OSError) as exc:
-            raise unavailable(self.where, exc) from exc
-
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-
 class RedisStore:
     def __init__(
         self,
@@ -136,7 +103,7 @@ class RedisStore:
         self.max_bytes = max_bytes
         self.prefix = prefix
         self._clock = clock
-        self._redis = RedisConnection(url)
+        self._redis = RedisConnection(url, store="response store")
         self._call = self._redis.call
         self._where = self._redis.where
 
@@ -170,11 +137,3 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.close()
-
-
-def _redacted(url: str) -> str:
-    """The URL without its password, for messages."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = rest.split("@", 1)[1]
-    return f"{scheme}{sep}{rest}"

@@ -27,7 +27,7 @@ import orjson
 
 from app.store.base import DEFAULT_CLOCK, Clock, full, too_large
 from app.store.conversations import Item, Order, Page, encoded, repeated, unknown_after
-from app.store.redis import RedisConnection
+from app.store.redis_connection import RedisConnection
 
 _COMMON = """
 local p = ARGV[1]
@@ -234,7 +234,7 @@ class RedisConversations:
         self.max_bytes = max_bytes
         self.prefix = prefix
         self._clock = clock
-        self._redis = RedisConnection(url)
+        self._redis = RedisConnection(url, store="response store")
 
     async def _script(self, script: str, *args: Any) -> Any:
         return await self._redis.call("eval", script, 0, self.prefix, *args)

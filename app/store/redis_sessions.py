@@ -35,42 +35,48 @@ Each replica keeps the tokens of the sessions it last read or wrote (up to
 `_CACHED_TOKENS`), by version: a call reads a session's tokens from Redis only if they
 changed since (a Generate's end never does, nor the next call on the same replica).
 
-Time is wall-clock (`time.time`), shared by replicas (keep them NTP-synchronised). Redis
-that cannot be reached (refused, timed out) is `store_unavailable`, for that call; run it
-with `maxmemory-policy noeviction`: a Redis that drops keys by itself breaks the totals.
+Time is wall-clock (`time.time`), shared by replicas (keep them NTP-synchronised). Redis's
+failures are mapped as for every store on it (`app.store.redis_connection`): unreachable
+(refused, timed out) is `store_unavailable`, out of memory `store_full`, for that call;
+run it with `maxmemory-policy noeviction`: a Redis that drops keys by itself breaks the
+totals. How a session is written in its fields: `app.store.redis_session_fields`; its
+images: `app.store.redis_session_images`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
-import sys
 import time
 from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
-import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
-from app.engine.base import DecodedImage, GenerationRequest, PromptImage, VisionInfo
-from app.errors import FailedPrecondition, Unavailable
-from app.protocols.salience.lifecycle import Clock, Phase
+from app.engine.base import GenerationRequest, VisionInfo
+from app.errors import Unavailable
+from app.protocols.salience.lifecycle import Clock
 from app.protocols.salience.sessions import Session, Undo
 from app.protocols.salience.tables import Missing, Snapshot
-from app.store.redis import _redacted
+from app.store.redis_connection import RedisConnection
+from app.store.redis_session_fields import (
+    LIFETIME,
+    content_fields,
+    lifetime,
+    lifetime_fields,
+    pairs,
+    token_bytes,
+    tokens,
+)
+from app.store.redis_session_images import SessionImages
 from app.store.sessions import Attached, Decide
 
 T = TypeVar("T")
 
-_LIFETIME = ("phase", "used", "charged", "held", "claim", "lease")
 _ATTEMPTS = 64  # a call whose reads keep changing under it is UNAVAILABLE past this
 _ROUNDS = 16  # loads of one attempt; the rules ask for at most sessions, front, totals
-_IMAGE_MARGIN_S = 300.0  # how long an image outlives the TTL of the sessions holding it
-_IMAGES_DECODED = 64  # decoded images kept per replica
 _CACHED_TOKENS = 16 << 20  # tokens kept per replica (64 MiB), of the sessions used last
 
 # ARGV: prefix, front size, number of content ids, each content id and the version of its
@@ -124,6 +130,33 @@ class _Loaded:
     rounds: int = 0
 
 
+class _HeldTokens:
+    """The tokens of the sessions this replica last read or wrote, by version, up to
+    `_CACHED_TOKENS` in all (the least recently kept go first)."""
+
+    def __init__(self) -> None:
+        self._held: OrderedDict[str, tuple[int, array[int]]] = OrderedDict()
+        self._count = 0
+
+    def get(self, session_id: str) -> tuple[int, array[int]] | None:
+        return self._held.get(session_id)
+
+    def keep(self, session_id: str, version: int, ids: array[int]) -> None:
+        self.forget(session_id)
+        if len(ids) > _CACHED_TOKENS:
+            return
+        self._held[session_id] = (version, ids)
+        self._count += len(ids)
+        while self._count > _CACHED_TOKENS:
+            _, (_, oldest) = self._held.popitem(last=False)
+            self._count -= len(oldest)
+
+    def forget(self, session_id: str) -> None:
+        entry = self._held.pop(session_id, None)
+        if entry is not None:
+            self._count -= len(entry[1])
+
+
 class RedisSessions:
     shared = True
 
@@ -141,26 +174,10 @@ class RedisSessions:
         self.ttl_s = ttl_s
         self.lease_s = lease_s
         self.prefix = prefix
-        self._vision = vision
         self._clock = clock
-        self._client: aioredis.Redis | None = None
-        self._where = _redacted(url)
-        self._decoded: OrderedDict[str, DecodedImage] = OrderedDict()
-        self._cached: OrderedDict[str, tuple[int, array[int]]] = OrderedDict()
-        self._cached_tokens = 0
-
-    def _redis(self) -> aioredis.Redis:
-        # Made on first use, on the loop that uses it (a client belongs to one loop).
-        if self._client is None:
-            self._client = aioredis.Redis.from_url(
-                self.url, socket_connect_timeout=2.0, socket_timeout=5.0
-            )
-        return self._client
-
-    def _unavailable(self, exc: BaseException) -> Unavailable:
-        return Unavailable(
-            f"The session store ({self._where}) is unavailable: {exc}", code="store_unavailable"
-        )
+        self._redis = RedisConnection(url, store="session store")
+        self._images = SessionImages(self._redis, prefix, ttl_s=ttl_s, vision=vision)
+        self._held = _HeldTokens()
 
     # -- transactions ------------------------------------------------------------------
 
@@ -174,15 +191,13 @@ class RedisSessions:
     ) -> T:
         for _ in range(_ATTEMPTS):
             try:
-                async with self._redis().pipeline(transaction=True) as pipe:
+                async with self._redis.pipeline(transaction=True) as pipe:
                     return await self._attempt(pipe, decide, content, lifetimes, totals)
             except (redis_errors.WatchError, _Restart):
                 continue  # another call changed what this one read: run it again
-            except (redis_errors.RedisError, OSError) as exc:
-                raise self._unavailable(exc) from exc
         raise Unavailable(
-            f"The session store ({self._where}) is too busy: the sessions this call reads "
-            f"changed under it {_ATTEMPTS} times in a row",
+            f"The session store ({self._redis.where}) is too busy: the sessions this call "
+            f"reads changed under it {_ATTEMPTS} times in a row",
             code="store_unavailable",
         )
 
@@ -209,9 +224,9 @@ class RedisSessions:
             kept = self._write(pipe, snapshot, loaded)
             await pipe.execute()
             for session_id in snapshot.removed:
-                self._forget(session_id)
-            for session_id, version, tokens in kept:
-                self._keep(session_id, version, tokens)
+                self._held.forget(session_id)
+            for session_id, version, ids in kept:
+                self._held.keep(session_id, version, ids)
             return result
         raise RuntimeError("the session rules asked for more than the store holds")
 
@@ -238,23 +253,24 @@ class RedisSessions:
         if keys or first:  # WATCH before any read (a key never written, if none)
             await pipe.watch(*(keys or [prefix + "unwritten"]))
             loaded.watched.update(keys)
-        held = [(i, str(self._cached[i][0]) if i in self._cached else "") for i in content]
-        args = (prefix, 1 if first else 0, len(content), *(a for pair in held for a in pair))
+        # The versions held as the script reads (another call may drop them meanwhile).
+        held = {i: self._held.get(i) for i in content}
+        versions = [(i, str(entry[0]) if (entry := held[i]) else "") for i in content]
+        args = (prefix, 1 if first else 0, len(content), *(a for pair in versions for a in pair))
         count, total, front, size, records, lifetimes = await pipe.eval(_LOAD, 0, *args, *lives)
         if prefix + "total" in loaded.watched:
             loaded.count, loaded.total = int(count or 0), int(total or 0)
         if first:
-            pairs = zip(front[::2], front[1::2], strict=True)
-            loaded.front = [(member.decode(), float(score)) for member, score in pairs]
+            front_pairs = zip(front[::2], front[1::2], strict=True)
+            loaded.front = [(member.decode(), float(score)) for member, score in front_pairs]
         if first or front_ids:
             loaded.complete = len(loaded.front) >= int(size)
-        for session_id, (record, tokens) in zip(content, records, strict=True):
-            fields = _pairs(record)
+        for session_id, (record, read) in zip(content, records, strict=True):
+            fields = pairs(record)
             loaded.records[session_id] = fields or None
             # The version this replica holds (None from Redis), or the tokens read.
-            loaded.tokens[session_id] = (
-                self._cached[session_id][1] if tokens is None else _tokens(tokens)
-            )
+            entry = held[session_id]
+            loaded.tokens[session_id] = entry[1] if read is None and entry else tokens(read)
         for session_id, values in zip(lives, lifetimes, strict=True):
             loaded.lifetimes[session_id] = values
         # A session the order named must be there, last used when the order says.
@@ -262,20 +278,19 @@ class RedisSessions:
             values = loaded.lifetimes.get(session_id)
             if session_id in loaded.records:
                 record = loaded.records[session_id] or {}
-                values = [record.get(name.encode()) for name in _LIFETIME]
+                values = [record.get(name.encode()) for name in LIFETIME]
             if values is not None and (values[0] is None or float(values[1] or 0) != used):
                 raise _Restart
 
     def _snapshot(self, loaded: _Loaded) -> Snapshot[Session]:
         sessions: dict[str, Session | None] = {}
         for session_id, fields in loaded.records.items():
-            tokens = loaded.tokens[session_id]
-            sessions[session_id] = (
-                None if fields is None else self._session(session_id, fields, tokens)
-            )
+            ids = loaded.tokens[session_id]
+            session = None if fields is None else self._session(session_id, fields, ids)
+            sessions[session_id] = session
         for session_id, values in loaded.lifetimes.items():
             if session_id not in sessions:
-                sessions[session_id] = None if values[0] is None else _lifetime(session_id, values)
+                sessions[session_id] = None if values[0] is None else lifetime(session_id, values)
         return Snapshot(
             sessions,
             content=loaded.records,
@@ -285,31 +300,25 @@ class RedisSessions:
             tokens=loaded.total,
         )
 
-    def _session(
-        self, session_id: str, fields: Mapping[bytes, bytes], tokens: array[int]
-    ) -> Session:
-        session = _lifetime(session_id, [fields.get(name.encode()) for name in _LIFETIME])
-        session.tokens = array("I", tokens)  # the rules change their own copy
+    def _session(self, session_id: str, fields: Mapping[bytes, bytes], ids: array[int]) -> Session:
+        session = lifetime(session_id, [fields.get(name.encode()) for name in LIFETIME])
+        session.tokens = array("I", ids)  # the rules change their own copy
         session.stored = len(session.tokens)
-        session.images = [self._image(ref) for ref in orjson.loads(fields.get(b"images", b"[]"))]
+        images = orjson.loads(fields.get(b"images", b"[]"))
+        session.images = [self._images.block(ref) for ref in images]
         undo = fields.get(b"undo")
         if undo:
             offset, refs = orjson.loads(undo)
-            images = [self._image(ref) for ref in refs]
-            session.undo = Undo(offset, _tokens(fields.get(b"tail", b"")), images)
+            undone = [self._images.block(ref) for ref in refs]
+            session.undo = Undo(offset, tokens(fields.get(b"tail", b"")), undone)
         return session
-
-    def _image(self, ref: list[Any]) -> PromptImage:
-        start, end, digest, pads = ref
-        decoded = self._decoded.get(digest) or DecodedImage(_UNLOADED, digest, pads)
-        return PromptImage(start, end, decoded)
 
     def _write(
         self, pipe: Any, snapshot: Snapshot[Session], loaded: _Loaded
     ) -> list[tuple[str, int, array[int]]]:
         """Queue the writes of what the rules changed; the tokens of each session read or
         written with its content, with their version once these writes are done."""
-        prefix, images_ms = self.prefix, int((self.ttl_s + _IMAGE_MARGIN_S) * 1000)
+        prefix = self.prefix
         for session_id in snapshot.removed:
             if session_id not in snapshot.added:
                 pipe.delete(prefix + "s:" + session_id, prefix + "t:" + session_id)
@@ -317,9 +326,9 @@ class RedisSessions:
         kept = []
         for session_id, session in snapshot.dirty.items():
             old = loaded.records.get(session_id) or {}
-            fields = dict(zip(_LIFETIME, _lifetime_fields(session), strict=True))
+            fields = lifetime_fields(session)
             if session_id in snapshot.content:
-                fields.update(_content_fields(session))
+                fields.update(content_fields(session))
                 version = int(old.get(b"v", b"0"))
                 stored = len(loaded.tokens.get(session_id, ()))
                 if self._write_tokens(pipe, session, stored):
@@ -327,7 +336,7 @@ class RedisSessions:
                     fields["v"] = str(version).encode()
                 kept.append((session_id, version, session.tokens))
                 for block in (*session.images, *(session.undo.images if session.undo else ())):
-                    pipe.pexpire(prefix + "img:" + block.image.digest, images_ms)
+                    pipe.pexpire(self._images.key(block.image.digest), self._images.ttl_ms)
             changed = {k: v for k, v in fields.items() if old.get(k.encode()) != v}
             if changed:
                 pipe.hset(prefix + "s:" + session_id, mapping=changed)
@@ -345,156 +354,26 @@ class RedisSessions:
         """Queue the write of the session's tokens, if they changed; whether they did."""
         key = self.prefix + "t:" + session.session_id
         if session.stored != stored:  # cut below what the store holds: rewrite them
-            pipe.set(key, _bytes(session.tokens))
+            pipe.set(key, token_bytes(session.tokens))
         elif len(session.tokens) > stored:  # what the store holds is intact: append
-            pipe.append(key, _bytes(session.tokens[stored:]))
+            pipe.append(key, token_bytes(session.tokens[stored:]))
         else:
             return False
         return True
 
-    def _keep(self, session_id: str, version: int, tokens: array[int]) -> None:
-        self._forget(session_id)
-        if len(tokens) > _CACHED_TOKENS:
-            return
-        self._cached[session_id] = (version, tokens)
-        self._cached_tokens += len(tokens)
-        while self._cached_tokens > _CACHED_TOKENS:
-            _, (_, oldest) = self._cached.popitem(last=False)
-            self._cached_tokens -= len(oldest)
-
-    def _forget(self, session_id: str) -> None:
-        entry = self._cached.pop(session_id, None)
-        if entry is not None:
-            self._cached_tokens -= len(entry[1])
-
-    # -- images ------------------------------------------------------------------------
+    # -- images (app.store.redis_session_images) -------------------------------------
 
     async def keep_images(self, images: Sequence[Attached]) -> None:
-        ttl_ms = int((self.ttl_s + _IMAGE_MARGIN_S) * 1000)
-        try:
-            async with self._redis().pipeline(transaction=False) as pipe:
-                for decoded, mime, data in images:
-                    pipe.set(
-                        self.prefix + "img:" + decoded.digest,
-                        mime.encode() + b"\n" + data,
-                        px=ttl_ms,
-                    )
-                await pipe.execute()
-        except (redis_errors.RedisError, OSError) as exc:
-            raise self._unavailable(exc) from exc
-        for decoded, _, _ in images:
-            self._remember(decoded)
+        await self._images.keep(images)
 
     async def hydrate(self, request: GenerationRequest) -> GenerationRequest:
-        if not any(block.image.pixels is _UNLOADED for block in request.images):
-            return request
-        images = [
-            block if block.image.pixels is not _UNLOADED else await self._decode(block)
-            for block in request.images
-        ]
-        return replace(request, images=tuple(images))
-
-    async def _decode(self, block: PromptImage) -> PromptImage:
-        digest = block.image.digest
-        decoded = self._decoded.get(digest)
-        if decoded is None:
-            try:
-                stored = await self._redis().get(self.prefix + "img:" + digest)
-            except (redis_errors.RedisError, OSError) as exc:
-                raise self._unavailable(exc) from exc
-            if stored is None or self._vision is None:
-                raise Unavailable(
-                    f"The session store ({self._where}) no longer holds the session's image "
-                    f"{digest[:12]}: open a new session and send it again",
-                    code="store_unavailable",
-                )
-            assert isinstance(stored, bytes)  # the client decodes no responses
-            mime, _, data = stored.partition(b"\n")
-            decoded = await asyncio.to_thread(self._vision.read_image, data, mime.decode())
-            if decoded.pad_tokens != block.image.pad_tokens:
-                raise FailedPrecondition(
-                    f"the session's image {digest[:12]} makes {decoded.pad_tokens} image pad "
-                    f"tokens here and made {block.image.pad_tokens} where it was attached: "
-                    "the replicas sharing this store serve different models"
-                )
-            self._remember(decoded)
-        return PromptImage(block.start, block.end, decoded)
-
-    def _remember(self, decoded: DecodedImage) -> None:
-        self._decoded[decoded.digest] = decoded
-        self._decoded.move_to_end(decoded.digest)
-        while len(self._decoded) > _IMAGES_DECODED:
-            self._decoded.popitem(last=False)
+        return await self._images.hydrate(request)
 
     # -- the rest ------------------------------------------------------------------------
 
     async def stats(self) -> tuple[int, int]:
-        try:
-            count, total = await self._redis().mget(self.prefix + "n", self.prefix + "total")
-        except (redis_errors.RedisError, OSError) as exc:
-            raise self._unavailable(exc) from exc
+        count, total = await self._redis.call("mget", self.prefix + "n", self.prefix + "total")
         return int(count or 0), int(total or 0)
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-
-_UNLOADED = object()  # the pixels of an image this replica has not decoded yet
-
-
-def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def _lifetime(session_id: str, values: Sequence[bytes | None]) -> Session:
-    phase, used, charged, held, claim, lease = (v or b"" for v in values)
-    return Session(
-        session_id,
-        phase=Phase(phase.decode()),
-        last_used=float(used or 0),
-        charged=int(charged or 0),
-        held=int(held or 0),
-        claim=claim.decode(),
-        lease=float(lease or "inf"),
-    )
-
-
-def _lifetime_fields(session: Session) -> tuple[bytes, ...]:
-    return (
-        session.phase.value.encode(),
-        repr(session.last_used).encode(),
-        str(session.charged).encode(),
-        str(session.held).encode(),
-        session.claim.encode(),
-        repr(session.lease).encode() if math.isfinite(session.lease) else b"inf",
-    )
-
-
-def _refs(images: Sequence[PromptImage]) -> list[list[Any]]:
-    return [[b.start, b.end, b.image.digest, b.image.pad_tokens] for b in images]
-
-
-def _content_fields(session: Session) -> dict[str, bytes]:
-    undo = session.undo
-    return {
-        "images": orjson.dumps(_refs(session.images)),
-        "undo": b"" if undo is None else orjson.dumps([undo.offset, _refs(undo.images)]),
-        "tail": b"" if undo is None else _bytes(undo.tail),
-    }
-
-
-def _tokens(data: bytes) -> array[int]:
-    tokens = array("I")
-    tokens.frombytes(data)
-    if sys.byteorder == "big":
-        tokens.byteswap()
-    return tokens
-
-
-def _bytes(tokens: array[int]) -> bytes:
-    if sys.byteorder == "big":
-        tokens = array("I", tokens)
-        tokens.byteswap()
-    return tokens.tobytes()
+        await self._redis.close()

@@ -21,8 +21,8 @@ they changed:
 
 `MemorySessions` is the store of one process (the sessions are live objects: nothing to
 load, nothing to write back, nothing that outlives the process); `RedisSessions`
-(`app.store.redis_sessions`) is one Redis that replicas share. `open_sessions` picks one:
-"memory", or a `redis://` (`rediss://`, `unix://`) URL.
+(`app.store.redis_sessions`) is one Redis that replicas share. `app.store.open_sessions`
+picks one: "memory", or a `redis://` (`rediss://`, `unix://`) URL.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-from app.engine.base import DecodedImage, GenerationRequest, VisionInfo
+from app.engine.base import DecodedImage, GenerationRequest
 from app.protocols.salience.lifecycle import Clock, Table
 from app.protocols.salience.sessions import Session
 from app.protocols.salience.tables import MemoryTable
@@ -96,14 +96,3 @@ class MemorySessions:
 
     async def close(self) -> None:
         pass
-
-
-def open_sessions(
-    location: str, *, ttl_s: float, lease_s: float, vision: VisionInfo | None
-) -> SessionBackend:
-    """The session store at `location`; nothing is connected until its first use."""
-    if location == "memory":
-        return MemorySessions()
-    from app.store.redis_sessions import RedisSessions
-
-    return RedisSessions(location, ttl_s=ttl_s, lease_s=lease_s, vision=vision)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,7 +46,7 @@ from app.store.redis_sessions import RedisSessions
 from app.store.sessions import MemorySessions, SessionBackend
 from schemas import salience_pb2 as pb
 from tests.fake_engine import FakeEngine
-from tests.redis_server import keys, sorted_set
+from tests.redis_server import keys, redis_server, sorted_set
 from tests.waits import until
 
 TTL = 60.0
@@ -493,3 +494,25 @@ async def test_a_store_that_cannot_be_reached_fails_the_call_unavailable() -> No
         assert runner.evicted == {}
     finally:
         await runner.close()
+
+
+async def test_a_redis_out_of_memory_is_full(tmp_path: Path) -> None:
+    """A Redis out of memory refuses the session store's writes as it refuses the response
+    store's (`store_full`, RESOURCE_EXHAUSTED), in a pipeline and in a transaction."""
+    with redis_server(tmp_path, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction") as url:
+        store = RedisSessions(url, ttl_s=TTL, lease_s=5, vision=None)
+        runner = SalienceRunner(
+            FakeEngine(), Admission(None, None), store, Limits(max_model_len=512)
+        )
+        try:
+            with pytest.raises(ResourceExhausted) as refused:
+                for i in range(100):
+                    image = DecodedImage(None, f"digest{i}", 4)
+                    await store.keep_images([(image, "image/png", b"x" * 100_000)])
+            assert refused.value.code == "store_full"
+            with pytest.raises(ResourceExhausted) as opening:
+                await open_session(runner)
+            assert opening.value.code == "store_full"
+            assert opening.value.grpc_status == "RESOURCE_EXHAUSTED"
+        finally:
+            await runner.close()
