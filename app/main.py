@@ -1,15 +1,15 @@
 """The application: `create_app(settings, engine=None)` builds the FastAPI app.
 
-The lifespan owns the engine: with no engine given it starts the one vLLM engine of the
-process from the settings and shuts it down on exit; tests may pass a ready engine (real
-or fake), which the app then uses but does not stop. Either way the native gRPC server
-(`app.routes.grpc.server`) runs on that engine while the app does, unless --grpc-port is 0.
-
-Each app has one `Admission` (`app.state.admission`: the queue bound every protocol asks
-before any prompt work), one `Drain` over it (`app.state.drain`: what SIGTERM starts,
-see `app.cli`) and one `Telemetry` (`app.state.telemetry`: each request's record, span,
-access-log line and metrics; `app.telemetry`), whose tracer the lifespan flushes and
-stops on its way out.
+Its objects (`app.objects.AppObjects` on `app.state.objects`: the keyring, the one
+`Admission` every protocol asks before any prompt work, the `Drain` over it that SIGTERM
+starts (`app.cli`), the telemetry, and on the engine the stores and the APIs over them)
+are made here. With no engine given, the lifespan starts the one vLLM engine of the
+process from the settings and builds on it; an app given a ready engine (real or fake:
+`switchboard serve`, tests) builds on it at once, and the engine is the giver's to stop.
+Either way the native gRPC server (`app.routes.grpc.server`) runs on those objects while
+the lifespan does, unless --grpc-port is 0, and ends before the lifespan closes them.
+The settings, keyring, admission, drain and telemetry are on `app.state` too, by those
+names.
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.admission import Admission
-from app.auth import Keyring
 from app.config import Settings
-from app.drain import Drain
 from app.engine.base import Engine
 from app.metrics import install_metrics
+from app.objects import AppObjects
 from app.routes.apis import (
     anthropic,
     compaction,
@@ -44,37 +42,30 @@ from app.routes.http.json import OrjsonResponse
 from app.routes.ws import evergreen, salience
 from app.routes.ws import responses as responses_ws
 from app.telemetry.http import HttpTelemetry
-from app.telemetry.reports import Telemetry
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    objects = AppObjects(settings)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if engine is not None:
-            app.state.engine = engine
-            async with _telemetry_stopped(telemetry), _runners_closed(app), serve_grpc(app):
-                yield
-            return
-        from app.engine.vllm.startup import start_engine
-
-        started = await start_engine(settings)
-        app.state.engine = started
+        if engine is None:
+            await objects.start_engine()
         try:
-            async with _telemetry_stopped(telemetry), _runners_closed(app), serve_grpc(app):
+            async with serve_grpc(objects):
                 yield
         finally:
-            started.shutdown()
+            await objects.close()
 
     app = FastAPI(title="Switchboard", lifespan=lifespan, default_response_class=OrjsonResponse)
+    app.state.objects = objects
     app.state.settings = settings
-    app.state.keyring = Keyring.from_settings(settings)
-    app.state.admission = Admission(
-        settings.max_queued_requests or None, settings.max_queued_tokens or None
-    )
-    app.state.drain = Drain(app.state.admission, settings.drain_timeout_s, settings.drain_grace_s)
-    telemetry = app.state.telemetry = Telemetry(settings)
+    app.state.keyring = objects.keyring
+    app.state.admission = objects.admission
+    app.state.drain = objects.drain
+    app.state.telemetry = telemetry = objects.telemetry
     if engine is not None:
-        app.state.engine = engine
+        objects.build_on(engine)
     install_error_handlers(app, default=openai.openai_error)
     for module in (
         probes,
@@ -91,34 +82,11 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         playground,
     ):
         app.include_router(module.router)
-    install_metrics(app, app.state.admission, telemetry.metrics)
+    install_metrics(app, objects.admission, telemetry.metrics, lambda: objects.salience)
     # Outermost: it sees every answer, the error handlers' and the metrics' included.
     app.add_middleware(HttpTelemetry, telemetry=telemetry)
     _document_bodies(app)
     return app
-
-
-@asynccontextmanager
-async def _telemetry_stopped(telemetry: Telemetry) -> AsyncIterator[None]:
-    """On the way out, once every request has ended, the spans left are exported."""
-    try:
-        yield
-    finally:
-        telemetry.shutdown()
-
-
-@asynccontextmanager
-async def _runners_closed(app: FastAPI) -> AsyncIterator[None]:
-    """On the way out, once the gRPC server has ended its calls, the Responses API's
-    background runs end, and its store, the conversations' and the Salience sessions'
-    close (before the engine stops), if anything used them."""
-    try:
-        yield
-    finally:
-        for name in ("responses", "conversations", "salience"):
-            runner = getattr(app.state, name, None)
-            if runner is not None:
-                await runner.close()
 
 
 def _document_bodies(app: FastAPI) -> None:

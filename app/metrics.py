@@ -26,7 +26,7 @@ latency histograms (`app.telemetry.metrics.RequestMetrics`: `switchboard_request
 `switchboard_time_to_first_token_seconds`, ...).
 
 Sessions that outlive connections (Salience's; `app.protocols.salience.lifecycle`), read
-from the app's runner at scrape time (zeros before the first Salience call):
+from the app's runner at scrape time:
 `switchboard_sessions_evicted_total{protocol, reason}` (idle sessions this replica evicted
 to make room: `cap`, the session cap; `tokens`, the token bound; expiries are not counted;
 with replicas sharing a store, sum it over them), and the gauges `switchboard_sessions`
@@ -50,7 +50,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_fastapi_instrumentator import metrics as http_metrics
-from starlette.datastructures import State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.admission import Admission
@@ -156,22 +155,18 @@ class SessionMetrics(Collector):
     """The session counters and gauges of one app, read when scraped (the gauges from
     the figures `refresh` read last)."""
 
-    def __init__(self, state: State) -> None:
-        self._state = state
+    def __init__(self, runner: Callable[[], SalienceRunner]) -> None:
+        self._runner = runner
         self._stats: tuple[int, int] | None = (0, 0)
 
     async def refresh(self) -> None:
-        runner: SalienceRunner | None = getattr(self._state, "salience", None)
-        if runner is None:
-            self._stats = (0, 0)
-            return
         try:
-            self._stats = await asyncio.wait_for(runner.stats(), _STATS_TIMEOUT_S)
+            self._stats = await asyncio.wait_for(self._runner().stats(), _STATS_TIMEOUT_S)
         except (SwitchboardError, TimeoutError):
             self._stats = None
 
     def collect(self) -> Iterator[Metric]:
-        runner: SalienceRunner | None = getattr(self._state, "salience", None)
+        runner = self._runner()
         evicted = CounterMetricFamily(
             "switchboard_sessions_evicted",
             "Idle sessions this replica evicted to make room (reason: cap, the session cap; "
@@ -179,9 +174,7 @@ class SessionMetrics(Collector):
             labels=["protocol", "reason"],
         )
         for reason in Eviction:
-            evicted.add_metric(
-                ["salience", reason.value], 0 if runner is None else runner.evicted[reason]
-            )
+            evicted.add_metric(["salience", reason.value], runner.evicted[reason])
         yield evicted
         if self._stats is None:
             return
@@ -267,12 +260,18 @@ class HttpMetrics:
                 )
 
 
-def install_metrics(app: FastAPI, admission: Admission, requests: RequestMetrics) -> None:
+def install_metrics(
+    app: FastAPI,
+    admission: Admission,
+    requests: RequestMetrics,
+    salience: Callable[[], SalienceRunner],
+) -> None:
+    """/metrics on `app`; `salience()` is the app's runner once the app has its objects."""
     _register_legacy_alias()
     http_registry = CollectorRegistry()
     http_registry.register(AdmissionMetrics(admission))
     http_registry.register(requests)
-    sessions = SessionMetrics(app.state)
+    sessions = SessionMetrics(salience)
     http_registry.register(sessions)
     app.add_middleware(HttpMetrics, record=http_metrics.default(registry=http_registry))
 

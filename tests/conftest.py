@@ -146,7 +146,7 @@ class LiveServer:
 
     @property
     def engine(self) -> Any:
-        return self.app.state.engine
+        return self.app.state.objects.engine
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
         """Run `coro` on the server's event loop (where the engine lives)."""

@@ -7,6 +7,7 @@ its core (`app.protocols`), the session layer (`app.sessions`) and the engine.
 - `apis/`: the HTTP APIs, one module each (OpenAI, GraphPipe, probes, the playground).
 - `ws/`: the websocket pump and the Salience and Evergreen sockets on it.
 - `grpc/`: the native gRPC server and its Salience and Evergreen services.
-- `deps`: the app's shared objects (engine, settings, admission, drain, the Salience
-  service) as typed dependencies, and the API key check, for every transport.
+- `deps`: the app's objects (`app.objects`: engine, stores, the Responses,
+  Conversations and Salience APIs) and its settings, admission and drain handed out as
+  typed dependencies, and the API key check, for every transport.
 """

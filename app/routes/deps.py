@@ -1,9 +1,12 @@
-"""Typed dependencies shared by the route modules: the engine, the settings, the
-admission bound, and the caller (`Principal`, decided once where the request enters).
+"""Typed dependencies shared by the route modules: the app's objects, the settings, and
+the caller (`Principal`, decided once where the request enters).
 
-They live on `app.state` (set by `app.main.create_app`); routes take them through
-`EngineDep` / `SettingsDep` / `AdmissionDep` (or the `get_*` functions on a websocket)
-and never reach for a global.
+Nothing is built here: `app.objects.AppObjects` makes the keyring, admission, drain,
+telemetry, the engine's stores and the APIs over them (`app.state.objects`, made by
+`app.main.create_app`); this module only hands them out. HTTP routes take them through
+`EngineDep` / `SettingsDep` / `AdmissionDep` / `DrainDep` / `ResponsesDep` /
+`ConversationsDep` / `PrincipalDep`, websockets through the `get_*` functions, and never
+reach for a global. The settings are read from `app.state.settings`, per request.
 """
 
 from __future__ import annotations
@@ -19,17 +22,20 @@ from app.auth import Keyring, bearer_token, controlling, serving
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
+from app.objects import AppObjects
 from app.sessions.conversations import Conversations
-from app.sessions.named import NamedRequests
 from app.sessions.responses import Responses
-from app.sessions.salience import SalienceRunner
-from app.store import open_conversations, open_store
 from app.tenants import Principal
 
 
+def get_objects(app: Starlette) -> AppObjects:
+    """The app's objects (`app.objects`), made by `create_app`."""
+    objects: AppObjects = app.state.objects
+    return objects
+
+
 def get_engine(conn: HTTPConnection) -> Engine:
-    engine: Engine = conn.app.state.engine
-    return engine
+    return get_objects(conn.app).engine
 
 
 def get_settings(conn: HTTPConnection) -> Settings:
@@ -38,13 +44,11 @@ def get_settings(conn: HTTPConnection) -> Settings:
 
 
 def get_admission(conn: HTTPConnection) -> Admission:
-    admission: Admission = conn.app.state.admission
-    return admission
+    return get_objects(conn.app).admission
 
 
 def get_drain(conn: HTTPConnection) -> Drain:
-    drain: Drain = conn.app.state.drain
-    return drain
+    return get_objects(conn.app).drain
 
 
 # Dependencies are `async def` on purpose: FastAPI runs a plain `def` dependency in its
@@ -71,80 +75,20 @@ DrainDep = Annotated[Drain, Depends(_drain_dependency)]
 SettingsDep = Annotated[Settings, Depends(_settings_dependency)]
 
 
-def salience_runner(app: Starlette) -> SalienceRunner:
-    """The process's Salience service on the engine, made on first use. One for every
-    connection of every transport (websocket, gRPC): sessions outlive connections."""
-    state = app.state
-    runner: SalienceRunner | None = getattr(state, "salience", None)
-    if runner is None:
-        runner = state.salience = SalienceRunner.from_settings(
-            state.engine, state.admission, state.drain, state.settings
-        )
-    return runner
-
-
-def named_requests(app: Starlette) -> NamedRequests:
-    """The process's requests named by their clients (SMG's and llm-d's aborts), made on
-    first use; one for every transport that takes names."""
-    state = app.state
-    named: NamedRequests | None = getattr(state, "named_requests", None)
-    if named is None:
-        named = state.named_requests = NamedRequests(state.engine)
-    return named
-
-
-def responses_api(app: Starlette) -> Responses:
-    """The process's Responses API and its store, made on first use (nothing is opened or
-    connected before): one for every connection of every transport, since background runs
-    and the store outlive them."""
-    state = app.state
-    responses: Responses | None = getattr(state, "responses", None)
-    if responses is None:
-        settings: Settings = state.settings
-        store = open_store(
-            settings.responses_store_location(),
-            ttl_s=settings.responses_store_ttl_s,
-            max_bytes=settings.responses_store_max_bytes,
-        )
-        responses = state.responses = Responses(
-            state.engine, state.admission, store, state.drain, conversations(app), state.telemetry
-        )
-    return responses
-
-
-def conversations(app: Starlette) -> Conversations:
-    """The process's Conversations API and its store (beside the stored responses, at
-    `--responses-store`), made on first use."""
-    state = app.state
-    made: Conversations | None = getattr(state, "conversations", None)
-    if made is None:
-        settings: Settings = state.settings
-        store = open_conversations(
-            settings.responses_store_location(),
-            ttl_s=settings.responses_store_ttl_s,
-            max_bytes=settings.responses_store_max_bytes,
-        )
-        made = state.conversations = Conversations(store)
-    return made
+async def _responses_dependency(conn: HTTPConnection) -> Responses:
+    return get_objects(conn.app).responses
 
 
 async def _conversations_dependency(conn: HTTPConnection) -> Conversations:
-    return conversations(conn.app)
-
-
-ConversationsDep = Annotated[Conversations, Depends(_conversations_dependency)]
-
-
-async def _responses_dependency(conn: HTTPConnection) -> Responses:
-    return responses_api(conn.app)
+    return get_objects(conn.app).conversations
 
 
 ResponsesDep = Annotated[Responses, Depends(_responses_dependency)]
+ConversationsDep = Annotated[Conversations, Depends(_conversations_dependency)]
 
 
 def get_keyring(conn: HTTPConnection) -> Keyring:
-    keyring: Keyring = conn.app.state.keyring
-    return keyring
+    return get_objects(conn.app).keyring
 
 
 def authenticated(conn: HTTPConnection, offered: str | None) -> Principal:

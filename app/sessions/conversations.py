@@ -1,7 +1,7 @@
 """The Conversations API on its store, for any transport (`app.routes.apis.conversations`),
 and what a response made in a conversation reads of it and adds to it.
 
-One `Conversations` per app (`app.routes.deps.conversations`), over the conversations'
+One `Conversations` per app (`app.objects.AppObjects`), over the conversations'
 store at `--responses-store` (SQLite by default, the replicas' Redis): what one replica
 writes, any other reads. The rules and shapes are `app.protocols.openai.conversations`'s;
 this module runs them against the store, where every write is one transaction.

@@ -1,6 +1,6 @@
 """The Responses API on the shared road (`app.sessions.calls`), for any transport: HTTP
 (JSON or SSE) and the websocket mode. One `Responses` per app
-(`app.routes.deps.responses_api`), over its store.
+(`app.objects.AppObjects`), over its store.
 
 A call, in the house's order: admission first (a refusal before any work), then the
 conversation it continues (`previous_response_id`'s, or the items of its `conversation`,

@@ -88,7 +88,7 @@ def test_every_call_is_refused_unavailable_with_a_retry_hint_once_draining() -> 
             assert "shutting down" in (error.details() or ""), name
             assert (retry_after_s(error) or 0) >= 1, name
         # Refused at the door: the session is still there, untouched.
-        assert len(app.state.salience.store.table) == 1
+        assert len(app.state.objects.salience.store.table) == 1
 
 
 def test_a_generate_running_at_the_goodbyes_ends_unavailable(
@@ -115,7 +115,7 @@ def test_a_generate_running_at_the_goodbyes_ends_unavailable(
         assert error.code() == grpc.StatusCode.UNAVAILABLE, error
         assert "shutting down" in (error.details() or "") and (retry_after_s(error) or 0) >= 1
         # The engine request was closed, and the session kept what was decoded.
-        session = app.state.salience.store.table.get(sid)
+        session = app.state.objects.salience.store.table.get(sid)
         assert engine.running == set() and session.tokens.tolist() == [1, 2, 3]
         assert not session.busy
 

@@ -82,7 +82,7 @@ def _evergreen(client: TestClient, model: str | None) -> str:
     )
     action.target_spec.id = model or ""
     assert isinstance(client.app, FastAPI)
-    engine = client.app.state.engine
+    engine = client.app.state.objects.engine
     try:
         plan_action(action, engine.info, engine.has_model)
     except ModelNotFound as refused:

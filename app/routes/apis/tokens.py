@@ -31,7 +31,7 @@ from app.errors import InvalidRequest
 from app.protocols.bodies import parse_json
 from app.protocols.tokens import TokensCore, TokensRequest, units
 from app.routes.apis.openai import openai_error
-from app.routes.deps import AdmissionDep, AuthDep, EngineDep, named_requests
+from app.routes.deps import AdmissionDep, AuthDep, EngineDep, get_objects
 from app.routes.http.answers import Answers, error_answers
 from app.routes.http.bodies import json_body, read_body
 from app.routes.http.calls import answer_call
@@ -78,7 +78,7 @@ async def generate(request: Request, engine: EngineDep, admission: AdmissionDep)
         priority=body.priority,
         build=lambda: render(lambda: TokensCore(body, info, tokenizer, model=served.name)),
     )
-    named_requests(request.app).add(call.core.name, call.tickets)
+    get_objects(request.app).named_requests.add(call.core.name, call.tickets)
     return await answer_call(request, engine, call, stream=bool(body.stream))
 
 
@@ -89,7 +89,7 @@ async def _abort(request: Request) -> Response:
         raise InvalidRequest("Missing 'request_ids' in request body", param="request_ids")
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         raise InvalidRequest("request_ids must be a list of strings", param="request_ids")
-    await named_requests(request.app).abort(ids)
+    await get_objects(request.app).named_requests.abort(ids)
     return Response(status_code=200)
 
 
@@ -105,7 +105,7 @@ for path in ("/inference/v1/abort_requests", "/abort_requests"):
 
 @router.get("/load", responses=_ok('`{"server_load": N}`'))
 async def load(request: Request) -> dict[str, int]:
-    return {"server_load": request.app.state.admission.in_flight}
+    return {"server_load": get_objects(request.app).admission.in_flight}
 
 
 @router.get("/kv_event_sources", responses=_ok("the KV-event publishers by rank"))

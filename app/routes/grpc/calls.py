@@ -42,13 +42,13 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import grpc
-from fastapi import FastAPI
 from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 
 from app.errors import InvalidRequest, Overloaded, SwitchboardError, client_error
+from app.objects import AppObjects
 from app.telemetry.callers import Caller
 from app.telemetry.ids import REQUEST_ID_HEADER
 from app.tenants import Principal
@@ -59,11 +59,11 @@ M = TypeVar("M", bound=Message)
 
 @dataclass(frozen=True, slots=True)
 class Service:
-    """A protocol service: its full name, and how to add its servicer, for an app, to a
-    server."""
+    """A protocol service: its full name, and how to add its servicer, on the app's
+    objects, to a server."""
 
     name: str
-    add: Callable[[grpc.aio.Server, FastAPI], None]
+    add: Callable[[grpc.aio.Server, AppObjects], None]
 
 
 # The running call's principal: set by the handler `with_principal` wraps, in the call's

@@ -30,13 +30,13 @@ import asyncio
 from collections.abc import AsyncIterable, AsyncIterator
 
 import grpc
-from fastapi import FastAPI
 
 from app.admission import Admission
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
 from app.errors import SwitchboardError
+from app.objects import AppObjects
 from app.protocols.evergreen.frames import decode
 from app.protocols.evergreen.lifecycle import abort_message
 from app.routes.grpc.calls import Context, Service, Writer, caller_of, end, register
@@ -109,10 +109,9 @@ class _Evergreen:
             ended.set()
 
 
-def _add(server: grpc.aio.Server, app: FastAPI) -> None:
-    state = app.state
+def _add(server: grpc.aio.Server, objects: AppObjects) -> None:
     servicer = _Evergreen(
-        state.engine, state.settings, state.admission, state.drain, state.telemetry
+        objects.engine, objects.settings, objects.admission, objects.drain, objects.telemetry
     )
     register(server, _SERVICE, {"StartSession": servicer.start_session})
 

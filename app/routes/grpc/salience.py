@@ -33,12 +33,11 @@ import asyncio
 from typing import Any
 
 import grpc
-from fastapi import FastAPI
 
 from app.drain import Drain
 from app.errors import client_error
+from app.objects import AppObjects
 from app.protocols.salience.service import METHODS, Method
-from app.routes.deps import salience_runner
 from app.routes.grpc.calls import (
     Context,
     Service,
@@ -134,8 +133,8 @@ class _Salience:
                 self._telemetry.close(record)
 
 
-def _add(server: grpc.aio.Server, app: FastAPI) -> None:
-    servicer = _Salience(salience_runner(app), app.state.drain, app.state.telemetry)
+def _add(server: grpc.aio.Server, objects: AppObjects) -> None:
+    servicer = _Salience(objects.salience, objects.drain, objects.telemetry)
     register(server, _SERVICE, servicer.behaviours())
 
 

@@ -39,16 +39,15 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeAlias
 
 import grpc
-from fastapi import FastAPI
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from app.auth import Keyring, bearer_token, serving
-from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
 from app.errors import ConfigError, SwitchboardError
+from app.objects import AppObjects
 from app.routes.grpc import evergreen, salience, vllm_engine
 from app.routes.grpc.calls import Context, Service, abort, shaped_like, with_principal
 
@@ -150,18 +149,17 @@ def _address(host: str, port: int) -> str:
 
 
 @asynccontextmanager
-async def serve_grpc(app: FastAPI) -> AsyncIterator[grpc.aio.Server | None]:
-    """Run the gRPC server for `app` (its settings, its engine on `app.state`) while
-    inside; None when `--grpc-port` is 0."""
-    settings: Settings = app.state.settings
+async def serve_grpc(objects: AppObjects) -> AsyncIterator[grpc.aio.Server | None]:
+    """Run the gRPC server on the app's objects (its settings, keyring, engine and drain,
+    its services' runners) while inside; None when `--grpc-port` is 0."""
+    settings = objects.settings
     if not settings.grpc_port:
         yield None
         return
-    engine: Engine = app.state.engine
+    engine = objects.engine
     names = [service.name for service in SERVICES]
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-    keyring: Keyring = app.state.keyring
-    interceptors = [_Principals(keyring, [health_name, reflection.SERVICE_NAME])]
+    interceptors = [_Principals(objects.keyring, [health_name, reflection.SERVICE_NAME])]
     limit = settings.grpc_max_message_bytes
     server = grpc.aio.server(
         interceptors=interceptors,
@@ -172,8 +170,8 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[grpc.aio.Server | None]:
         ],
     )
     for service in SERVICES:
-        service.add(server, app)
-    health = _Health(engine, app.state.drain, names)
+        service.add(server, objects)
+    health = _Health(engine, objects.drain, names)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     refreshes: set[asyncio.Task[None]] = set()
     loop = asyncio.get_running_loop()
@@ -186,7 +184,7 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[grpc.aio.Server | None]:
     def drained() -> None:  # Watch streams see NOT_SERVING now, not at the next poll
         loop.call_soon_threadsafe(refresh)
 
-    app.state.drain.on_begin(drained)
+    objects.drain.on_begin(drained)
     reflection.enable_server_reflection([*names, health_name, reflection.SERVICE_NAME], server)
     address = _address(settings.host, settings.grpc_port)
     try:

@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
-from fastapi import FastAPI
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_servicer.tokenizer_bundle import tokenizer_bundle, tokenizer_chunks
@@ -57,8 +56,8 @@ from app.errors import (
     client_error,
 )
 from app.metrics import kv_cache_usage
+from app.objects import AppObjects
 from app.protocols.smg import SmgGenerate, model_info
-from app.routes.deps import named_requests
 from app.routes.grpc.calls import Context, Service, answer_id, caller_of, decode, end, register
 from app.sessions.calls import render, start_call
 from app.sessions.generations import run_generations
@@ -312,18 +311,17 @@ def _unimplemented_stream(message: str) -> Any:
     return refuse
 
 
-def _add(server: grpc.aio.Server, app: FastAPI) -> None:
-    state = app.state
-    config = _read_config(state.engine.info.model_path)
-    interval = state.settings.grpc_stream_interval_ms / 1000
+def _add(server: grpc.aio.Server, objects: AppObjects) -> None:
+    config = _read_config(objects.engine.info.model_path)
+    interval = objects.settings.grpc_stream_interval_ms / 1000
     servicer = _VllmEngine(
-        state.engine,
-        state.admission,
-        state.drain,
-        named_requests(app),
+        objects.engine,
+        objects.admission,
+        objects.drain,
+        objects.named_requests,
         config,
         interval,
-        state.telemetry,
+        objects.telemetry,
     )
     register(server, _SERVICE, servicer.behaviours())
 

@@ -50,7 +50,7 @@ from app.protocols.bodies import parse_json, validate
 from app.protocols.core import Event
 from app.protocols.openai.errors import error_body
 from app.protocols.openai.units import admission_units
-from app.routes.deps import get_drain, get_engine, get_settings, principal_of, responses_api
+from app.routes.deps import get_drain, get_engine, get_objects, get_settings, principal_of
 from app.routes.http.errors import retry_headers
 from app.routes.http.json import OrjsonResponse, dump_json
 from app.routes.http.sse import RAW_SEND, frame_writer
@@ -110,7 +110,7 @@ async def responses_socket(websocket: WebSocket) -> None:
         await _refuse(websocket, exc)
         return
     await websocket.accept()
-    connection = _Connection(websocket, responses_api(websocket.app))
+    connection = _Connection(websocket, get_objects(websocket.app).responses)
     unsubscribe = drain.subscribe(connection.goodbye)
     try:
         await connection.serve()

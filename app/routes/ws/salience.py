@@ -25,7 +25,7 @@ from fastapi import APIRouter, WebSocket
 from app.errors import SwitchboardError
 from app.protocols.salience import envelope
 from app.protocols.salience.envelope import Call, CallIds, Cancel
-from app.routes.deps import get_drain, principal_of, salience_runner
+from app.routes.deps import get_drain, get_objects, principal_of
 from app.routes.ws.pump import WebSocketPump
 from app.sessions.salience import SalienceRunner
 from app.telemetry.callers import Caller
@@ -55,7 +55,7 @@ async def salience_socket(websocket: WebSocket) -> None:
         await pump.send(envelope.error("", False, exc))
         await pump.close(GOING_AWAY)
         return
-    runner, calls = salience_runner(websocket.app), CallIds()
+    runner, calls = get_objects(websocket.app).salience, CallIds()
     calls_of = _Records(websocket.app.state.telemetry, caller_of(websocket))
     binary = False  # the encoding of the client's last call: the goodbye's
 
