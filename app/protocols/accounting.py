@@ -1,4 +1,4 @@
-"""What every core that runs engine requests counts, in one place: each request's output
+"""What every exchange that runs engine requests counts, in one place: each request's output
 tokens and finish, the prompt tokens of each distinct prompt (the `n` choices of one
 prompt share it, and its cached part), and the usage they add up to.
 
@@ -31,7 +31,7 @@ class RequestState:
     completion_tokens: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or token id that matched
-    started: bool = False  # the core's own flag: it has answered this request's first event
+    started: bool = False  # the exchange's own flag: it has answered this request's first event
 
 
 class Accounting:

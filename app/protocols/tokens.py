@@ -1,5 +1,5 @@
 """vLLM's token-in/token-out API (`POST /inference/v1/generate`, what llm-d's router
-sends a model server after rendering a prompt with `/v1/*/render`), as a `Core`: the
+sends a model server after rendering a prompt with `/v1/*/render`), as an `Exchange`: the
 body's token ids and vLLM-named sampling parameters -> engine requests; their events ->
 vLLM 0.32's answer shapes (`vllm/entrypoints/scale_out/token_in_token_out`), the same
 keys in the same places, so llm-d's client reads either server alike.
@@ -48,7 +48,7 @@ from app.engine.constraints import logit_bias_pairs, parse_constraint
 from app.engine.validation import check_prompt, validate_sampling
 from app.errors import InvalidRequest, SwitchboardError
 from app.protocols.accounting import Accounting
-from app.protocols.core import Event
+from app.protocols.exchange import Event
 from app.protocols.openai.errors import error_body
 
 _FLOOR = -9999.0
@@ -172,7 +172,7 @@ def _floor(value: float) -> float:
     return _FLOOR if math.isnan(value) else max(value, _FLOOR)
 
 
-class TokensCore:
+class TokensExchange:
     """One `/inference/v1/generate` call."""
 
     ends_with_done = True

@@ -1,4 +1,4 @@
-"""One call of a call-shaped API (a `Core`: Completions, Chat, Responses, Messages) on the
+"""One call of a call-shaped API (a `Exchange`: Completions, Chat, Responses, Messages) on the
 engine, for any transport: the one road every such call takes, whatever carries it (SSE
 over HTTP, JSON frames over a websocket).
 
@@ -7,17 +7,17 @@ In this order:
 1. `start_call`: admission (`app.admission`), one unit per engine request the call will
    make, each with a bound of its prompt tokens, before any prompt work (a refusal is
    raised, for the transport to answer in the API's shape); then `build`, which makes
-   the core: off the event loop, in the one render thread (`render`), where templating,
+   the exchange: off the event loop, in the one render thread (`render`), where templating,
    tokenizing, compiling a constraint's grammar and decoding images block, so that they
    never stall the streams. A build that fails gives its admission places back.
-2. `stream_call`: the core's events handed to `emit` as they come: `opening()`, then the
+2. `stream_call`: the exchange's events handed to `emit` as they come: `opening()`, then the
    events of each engine event, pushed from the engine's own loop (`run_generations`: the
    call's task waits once, for the end), then `closing()`; a failure after the opening
-   goes into the stream in the API's shape (`Core.failure`). `collect_call`: each event
-   fed to the core, then its body (`result()`); a failure is raised.
+   goes into the stream in the API's shape (`Exchange.failure`). `collect_call`: each event
+   fed to the exchange, then its body (`result()`); a failure is raised.
 
 `Hooks` are what an API does around its call's end, on the same road: `ended()` is
-awaited once the core's last events (or its body) are known and before they are handed
+awaited once the exchange's last events (or its body) are known and before they are handed
 on, so a Responses call stores its record there and a client that has seen the terminal
 event can continue from it on any replica; if it raises, the call fails in the API's
 shape instead. `failed(error)` follows a stream's failure events; `running()` is told the
@@ -25,7 +25,7 @@ call's first engine event (the engine has started it).
 
 The call's `RequestRecord` (`app.telemetry`: opened by the transport's edge) is filled
 on the way: admitted (by admission), its prompt built, its first and last tokens, its
-tokens and finishes counted (`Core.accounting`), a failure, a client gone (the call
+tokens and finishes counted (`Exchange.accounting`), a failure, a client gone (the call
 cancelled before its end); the transport reports it.
 
 Invariants: however the call ends (its last event, an error, the transport cancelling
@@ -46,7 +46,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from app.admission import Admission, Tickets
 from app.engine.base import Engine, GenerationRequest, TokenEvent
 from app.errors import SwitchboardError, client_error
-from app.protocols.core import Event
+from app.protocols.exchange import Event
 from app.sessions.generations import run_generations
 from app.telemetry.record import RequestRecord
 
@@ -54,8 +54,8 @@ T = TypeVar("T")
 
 
 class Planned(Protocol):
-    """What the road needs of a call's core to admit and run it: its engine requests
-    (every `Core` is one; a transport with its own encoding builds one of its own)."""
+    """What the road needs of a call's exchange to admit and run it: its engine
+    requests (every `Exchange` is one; a transport with its own encoding builds one of its own)."""
 
     @property
     def requests(self) -> Sequence[GenerationRequest]: ...
@@ -90,10 +90,10 @@ class Hooks(Protocol):
 
 @dataclass(slots=True)
 class Call(Generic[C]):
-    """A call admitted and built, not yet run: its core, its admission places and its
+    """A call admitted and built, not yet run: its exchange, its admission places and its
     record."""
 
-    core: C
+    exchange: C
     tickets: Tickets
     record: RequestRecord
 
@@ -101,7 +101,7 @@ class Call(Generic[C]):
         """The call, reported by `record` from now on (its tickets tell it too)."""
         for ticket in self.tickets.tickets:
             ticket.record = record
-        return Call(self.core, self.tickets, record)
+        return Call(self.exchange, self.tickets, record)
 
 
 async def start_call(
@@ -114,16 +114,16 @@ async def start_call(
     build: Callable[[], Awaitable[C]],
 ) -> Call[C]:
     """Admit a call of `len(units)` engine requests (`units[i]`: a bound of request i's
-    prompt tokens), then `build()` its core (awaited: the render thread, and whatever
+    prompt tokens), then `build()` its exchange (awaited: the render thread, and whatever
     the API reads first, a stored conversation say)."""
     tickets = admission.admit_all(protocol, list(units), priority=priority, record=record)
     try:
-        core = await build()
+        exchange = await build()
     except BaseException:
         tickets.release()
         raise
     record.built_now()
-    return Call(core, tickets, record)
+    return Call(exchange, tickets, record)
 
 
 async def stream_call(
@@ -131,10 +131,10 @@ async def stream_call(
 ) -> None:
     """Run `call`, every event of its stream handed to `emit` in order (errors included:
     this returns once the stream has ended, however it ended)."""
-    core = call.core
+    exchange = call.exchange
 
     def on_event(index: int, event: TokenEvent) -> None:
-        events = core.events(index, event)
+        events = exchange.events(index, event)
         if events:
             emit(events)
 
@@ -142,37 +142,37 @@ async def stream_call(
     record = call.record
     with call.tickets:
         try:
-            emit(core.opening())
-            await run_generations(engine, core.requests, call.tickets, receive)
+            emit(exchange.opening())
+            await run_generations(engine, exchange.requests, call.tickets, receive)
             record.last_token_now()
-            closing = core.closing()
+            closing = exchange.closing()
             if hooks is not None:
                 await hooks.ended()
             emit(closing)
         except Exception as exc:  # the stream has started: the error goes in it
             error = client_error(exc)
             record.failed(error)
-            emit(core.failure(error))
+            emit(exchange.failure(error))
             if hooks is not None:
                 await hooks.failed(error)
         except asyncio.CancelledError:  # the client has gone
             record.cancelled = True
             raise
         finally:
-            record.count(core.accounting)
+            record.count(exchange.accounting)
 
 
 async def collect_call(engine: Engine, call: Call[Any], hooks: Hooks | None = None) -> Any:
-    """Run `call` to its end, feeding the core every event; its body (a failure is
+    """Run `call` to its end, feeding the exchange every event; its body (a failure is
     raised as the client's error)."""
-    core = call.core
-    receive = core.feed if hooks is None else _first_told(core.feed, hooks)
+    exchange = call.exchange
+    receive = exchange.feed if hooks is None else _first_told(exchange.feed, hooks)
     record = call.record
     with call.tickets:
         try:
-            await run_generations(engine, core.requests, call.tickets, receive)
+            await run_generations(engine, exchange.requests, call.tickets, receive)
             record.last_token_now()
-            body = core.result()
+            body = exchange.result()
             if hooks is not None:
                 await hooks.ended()
         except Exception as exc:
@@ -183,7 +183,7 @@ async def collect_call(engine: Engine, call: Call[Any], hooks: Hooks | None = No
             record.cancelled = True
             raise
         finally:
-            record.count(core.accounting)
+            record.count(exchange.accounting)
     return body
 
 

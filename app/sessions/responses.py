@@ -4,7 +4,7 @@
 
 A call, in the house's order: admission first (a refusal before any work), then the
 conversation it continues (`previous_response_id`'s, or the items of its `conversation`,
-the Conversations API's), then the core, planned in the render thread (every client
+the Conversations API's), then the exchange, planned in the render thread (every client
 error before anything runs), then the engine. What the call does around its end
 (`hooks`): a stored response's record is written, and its conversation extended, before
 its terminal event (`app.sessions.stored_responses`); a websocket connection keeps what
@@ -36,7 +36,7 @@ from app.engine.base import Engine
 from app.engine.models import ServedModel
 from app.errors import InvalidRequest, NotFound, SwitchboardError
 from app.protocols.openai.conversations import conversation_id
-from app.protocols.openai.responses.core import TERMINAL, ResponsesCore
+from app.protocols.openai.responses.exchange import TERMINAL, ResponsesExchange
 from app.protocols.openai.responses.items import Item, new_id, read_input
 from app.protocols.openai.responses.record import StoredResponse
 from app.sessions.calls import Call, Hooks, render, start_call
@@ -85,7 +85,7 @@ class _Kept:
     """The hooks of a call on a websocket: recorded first (`Recording`), then kept by the
     connection; a failure evicts the response it continued."""
 
-    core: ResponsesCore
+    exchange: ResponsesExchange
     kept: ConnectionResponses
     recording: Recording
     previous_id: str | None
@@ -95,9 +95,11 @@ class _Kept:
 
     async def ended(self) -> None:
         await self.recording.ended()
-        core = self.core
-        assert core.ended is not None
-        self.kept.keep(StoredResponse(core.ended, list(core.input_items), list(core.context)))
+        exchange = self.exchange
+        assert exchange.ended is not None
+        self.kept.keep(
+            StoredResponse(exchange.ended, list(exchange.input_items), list(exchange.context))
+        )
 
     async def failed(self, error: SwitchboardError) -> None:
         self.kept.evict(self.previous_id)
@@ -129,18 +131,18 @@ class Responses:
         bound: int,
         kept: ConnectionResponses | None = None,
         generate: bool = True,
-    ) -> Call[ResponsesCore]:
+    ) -> Call[ResponsesExchange]:
         """Admit (one unit, `bound` prompt tokens at most), read the conversation it
         continues (`kept` first: a websocket connection's own), plan. Not to `generate`
         (`generate: false`): nothing for the engine, so nothing admitted; planned all the
         same, so the call is checked and completes, with no output, to continue from."""
 
-        async def build() -> ResponsesCore:
+        async def build() -> ResponsesExchange:
             context = await self._context(body, kept)
             info, tokenizer = self.engine.info, self.engine.tokenizer
             response_id, created_at = new_id("resp"), int(time.time())
             return await render(
-                lambda: ResponsesCore(
+                lambda: ResponsesExchange(
                     body,
                     info,
                     tokenizer,
@@ -168,15 +170,18 @@ class Responses:
             raise
 
     def hooks(
-        self, call: Call[ResponsesCore], body: ResponsesRequest, kept: ConnectionResponses | None
+        self,
+        call: Call[ResponsesExchange],
+        body: ResponsesRequest,
+        kept: ConnectionResponses | None,
     ) -> Hooks | None:
         """What `call` does around its end: stored if `body` asks, its conversation
         extended, kept by `kept`."""
-        core = call.core
-        recording = Recording(self.records, core, body.store, self.conversations)
+        exchange = call.exchange
+        recording = Recording(self.records, exchange, body.store, self.conversations)
         if kept is not None:
-            return _Kept(core, kept, recording, body.previous_response_id)
-        return recording if body.store or core.conversation is not None else None
+            return _Kept(exchange, kept, recording, body.previous_response_id)
+        return recording if body.store or exchange.conversation is not None else None
 
     async def _context(
         self, body: ResponsesRequest, kept: ConnectionResponses | None

@@ -51,9 +51,9 @@ from typing import Any
 from app.drain import Drain
 from app.engine.base import Engine
 from app.errors import InvalidRequest, NotFound, SwitchboardError
-from app.protocols.core import Event
-from app.protocols.openai.responses.core import TERMINAL, ResponsesCore
+from app.protocols.exchange import Event
 from app.protocols.openai.responses.events import Body, replay
+from app.protocols.openai.responses.exchange import TERMINAL, ResponsesExchange
 from app.protocols.openai.responses.record import StoredResponse
 from app.sessions.calls import Call, stream_call
 from app.sessions.conversations import Conversations
@@ -90,18 +90,18 @@ class ResponseRecords:
         return record
 
     async def save(
-        self, core: ResponsesCore, response: Body, *, unless_cancelled: bool = False
+        self, exchange: ResponsesExchange, response: Body, *, unless_cancelled: bool = False
     ) -> bool:
-        """Write `core`'s record with `response`; False: refused, the run was cancelled."""
-        record = StoredResponse(response, list(core.input_items), list(core.context))
-        return await self.store.put(core.id, record.encode(), unless_cancelled=unless_cancelled)
+        """Write `exchange`'s record with `response`; False: refused, the run was cancelled."""
+        record = StoredResponse(response, list(exchange.input_items), list(exchange.context))
+        return await self.store.put(exchange.id, record.encode(), unless_cancelled=unless_cancelled)
 
-    async def save_quietly(self, core: ResponsesCore, response: Body) -> None:
+    async def save_quietly(self, exchange: ResponsesExchange, response: Body) -> None:
         """A write whose failure changes nothing the client is told (it is told already)."""
         try:
-            await self.save(core, response)
+            await self.save(exchange, response)
         except SwitchboardError as exc:
-            logger.warning("response %s not stored: %s", core.id, exc.message)
+            logger.warning("response %s not stored: %s", exchange.id, exc.message)
 
     async def until_ended(
         self, record: StoredResponse, limit_s: float, poll_s: float
@@ -136,13 +136,15 @@ class ResponseRecords:
         }
 
 
-async def add_to_conversation(conversations: Conversations | None, core: ResponsesCore) -> None:
+async def add_to_conversation(
+    conversations: Conversations | None, exchange: ResponsesExchange
+) -> None:
     """A response that ended in a conversation adds its input and output to it."""
-    ended = core.ended
-    if conversations is None or core.conversation is None or ended is None:
+    ended = exchange.ended
+    if conversations is None or exchange.conversation is None or ended is None:
         return
     if ended["status"] in ("completed", "incomplete"):
-        await conversations.extend(core.conversation, [*core.input_items, *ended["output"]])
+        await conversations.extend(exchange.conversation, [*exchange.input_items, *ended["output"]])
 
 
 @dataclass
@@ -152,7 +154,7 @@ class Recording:
     event; its record written as `failed` after a stream's failure."""
 
     records: ResponseRecords
-    core: ResponsesCore
+    exchange: ResponsesExchange
     store: bool
     conversations: Conversations | None
 
@@ -160,14 +162,16 @@ class Recording:
         pass
 
     async def ended(self) -> None:
-        assert self.core.ended is not None
+        assert self.exchange.ended is not None
         if self.store:
-            await self.records.save(self.core, self.core.ended)
-        await add_to_conversation(self.conversations, self.core)
+            await self.records.save(self.exchange, self.exchange.ended)
+        await add_to_conversation(self.conversations, self.exchange)
 
     async def failed(self, error: SwitchboardError) -> None:
         if self.store:
-            await self.records.save_quietly(self.core, self.core.response("failed", error=error))
+            await self.records.save_quietly(
+                self.exchange, self.exchange.response("failed", error=error)
+            )
 
 
 class _Cancelled(BaseException):
@@ -179,7 +183,7 @@ class _Cancelled(BaseException):
 class _Run:
     """A background response of this process: its task, its events so far, its writes."""
 
-    call: Call[ResponsesCore]
+    call: Call[ResponsesExchange]
     events: list[Event] = field(default_factory=list)
     cancelled: bool = False  # by a client (not by the process stopping)
     deciding: bool = False  # its last write has begun: the end is decided there
@@ -190,8 +194,8 @@ class _Run:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
-    def core(self) -> ResponsesCore:
-        return self.call.core
+    def exchange(self) -> ResponsesExchange:
+        return self.call.exchange
 
     def push(self, events: list[Event]) -> None:
         self.events.extend(events)
@@ -245,14 +249,14 @@ class BackgroundRuns:
         if drain is not None:
             drain.subscribe(self._settle)
 
-    async def start(self, call: Call[ResponsesCore]) -> Body:
+    async def start(self, call: Call[ResponsesExchange]) -> Body:
         """Start `call` in the background (the run owns its admission places from here,
         or gives them back if this fails; with `telemetry`, it is reported as a request
         of its own, once it ends); the response object as queued."""
-        core = call.core
+        exchange = call.exchange
         try:
-            queued = core.response("queued", with_usage=False)
-            await self.records.save(core, queued)
+            queued = exchange.response("queued", with_usage=False)
+            await self.records.save(exchange, queued)
         except BaseException:
             call.tickets.release()
             raise
@@ -261,13 +265,13 @@ class BackgroundRuns:
                 self.telemetry.hand_off(call.record, name="background response", api="responses")
             )
         run = _Run(call)
-        run.push(core.queued())
-        self._runs[core.id] = run
-        run.task = asyncio.create_task(self._run(run), name=f"response {core.id}")
+        run.push(exchange.queued())
+        self._runs[exchange.id] = run
+        run.task = asyncio.create_task(self._run(run), name=f"response {exchange.id}")
         return queued
 
     async def _run(self, run: _Run) -> None:
-        core = run.core
+        exchange = run.exchange
         watcher = asyncio.create_task(self._watch_cancel(run))
         try:
             if run.cancelled:  # before it began: it never reaches the engine
@@ -282,18 +286,18 @@ class BackgroundRuns:
                 if _stopping():
                     raise asyncio.CancelledError
             if run.cancelled:
-                run.push(core.cancelled())
-                assert core.ended is not None
-                await self._write(run, core.ended)
+                run.push(exchange.cancelled())
+                assert exchange.ended is not None
+                await self._write(run, exchange.ended)
         except asyncio.CancelledError:  # the process is stopping
-            core.fail()
+            exchange.fail()
             stopped = SwitchboardError("The server stopped before the response ended")
-            await self._write(run, core.response("failed", error=stopped))
+            await self._write(run, exchange.response("failed", error=stopped))
             raise
         finally:
             watcher.cancel()
             run.end()
-            self._runs.pop(core.id, None)
+            self._runs.pop(exchange.id, None)
             if self.telemetry is not None:
                 self.telemetry.close(run.call.record)
 
@@ -305,7 +309,7 @@ class BackgroundRuns:
         async def write() -> None:
             if previous is not None:
                 await asyncio.wait([previous])
-            await self.records.save_quietly(run.core, response)
+            await self.records.save_quietly(run.exchange, response)
 
         run._writing = asyncio.ensure_future(write())
         return run._writing
@@ -317,7 +321,7 @@ class BackgroundRuns:
         while True:
             await asyncio.sleep(CANCEL_POLL_S)
             try:
-                flagged = await self.records.store.cancel_requested(run.core.id)
+                flagged = await self.records.store.cancel_requested(run.exchange.id)
             except SwitchboardError:
                 continue  # the store is down: the owner still cancels what it is asked here
             if flagged:
@@ -398,19 +402,19 @@ class _RunHooks:
 
     def running(self) -> None:
         run = self.run
-        run.push([run.core.in_progress()])
-        self.runs._chain(run, run.core.response("in_progress"))
+        run.push([run.exchange.in_progress()])
+        self.runs._chain(run, run.exchange.response("in_progress"))
 
     async def ended(self) -> None:
-        run, core = self.run, self.run.core
+        run, exchange = self.run, self.run.exchange
         run.deciding = True
         if run._writing is not None:
             await asyncio.wait([run._writing])
-        assert core.ended is not None
-        if not await self.runs.records.save(core, core.ended, unless_cancelled=True):
+        assert exchange.ended is not None
+        if not await self.runs.records.save(exchange, exchange.ended, unless_cancelled=True):
             run.cancelled = True
             raise _Cancelled
-        await add_to_conversation(self.runs.conversations, core)
+        await add_to_conversation(self.runs.conversations, exchange)
 
     async def failed(self, error: SwitchboardError) -> None:
-        await self.runs._write(self.run, self.run.core.response("failed", error=error))
+        await self.runs._write(self.run, self.run.exchange.response("failed", error=error))

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 def counted(
     record: RequestRecord, receive: Callable[[int, TokenEvent], None]
 ) -> Callable[[int, TokenEvent], None]:
-    """`receive`, each event counted on `record` first (a call whose core counts none)."""
+    """`receive`, each event counted on `record` first (a call whose exchange counts none)."""
 
     def count(index: int, event: TokenEvent) -> None:
         record.count_event(event)
@@ -171,7 +171,7 @@ class RequestRecord:
         return replace(request, request_id=f"{self.request_id}-{request.request_id}", trace=trace)
 
     def count(self, accounting: Accounting) -> None:
-        """The call's tokens and finishes, as its core counted them."""
+        """The call's tokens and finishes, as its exchange counted them."""
         usage = accounting.usage()
         self.input_tokens = usage.prompt_tokens
         self.output_tokens = usage.completion_tokens
@@ -179,7 +179,7 @@ class RequestRecord:
         self.finish_reasons = tuple(s.finish_reason for s in accounting.states if s.finish_reason)
 
     def count_event(self, event: TokenEvent) -> None:
-        """One engine event's tokens and finish, for a call that has no core to count
+        """One engine event's tokens and finish, for a call that has no exchange to count
         them (Evergreen's GENERATE, Salience's Generate)."""
         self.output_tokens += len(event.token_ids)
         if event.prompt_token_ids is not None:

@@ -172,13 +172,13 @@ def test_a_bug_is_an_api_error(live_server: LiveServer, monkeypatch: pytest.Monk
     """A bug of ours: 500 `api_error` with an error id only (the SDK's
     InternalServerError); streamed, after the first byte, an `error` event ends the
     stream (the SDK raises it), and the connection stays usable."""
-    from app.protocols.anthropic.core import MessagesCore
+    from app.protocols.anthropic.exchange import MessagesExchange
 
     def broken(self: Any) -> Any:
         raise RuntimeError("secret detail")
 
-    monkeypatch.setattr(MessagesCore, "result", broken)
-    monkeypatch.setattr(MessagesCore, "closing", broken)
+    monkeypatch.setattr(MessagesExchange, "result", broken)
+    monkeypatch.setattr(MessagesExchange, "closing", broken)
     request: dict[str, Any] = {"model": live_server.model, "max_tokens": 3, "messages": USER}
     with _client(live_server.base_url, api_key="k") as client:
         with pytest.raises(anthropic.InternalServerError) as failed:

@@ -2,7 +2,7 @@
 neutral conversation, and the stream read back by the anthropic SDK's own accumulator.
 
 Crafted model text (hermes tool calls, as the tiny model's template writes them) is fed
-to `MessagesCore` as engine events, streamed cut at every boundary and whole; the SDK's
+to `MessagesExchange` as engine events, streamed cut at every boundary and whole; the SDK's
 `accumulate_event` builds its message from the stream's events, which must be the
 non-streamed message: text, each call's id, name and input (the `input_json_delta`
 fragments joined), stop reason and usage. A stream whose fragments did not join, whose
@@ -24,8 +24,8 @@ from app.engine.base import ChatMessage, FinishReason, ImagePart, TextPart, Toke
 from app.engine.models import ServedModel
 from app.engine.tools import NamedTool, ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
 from app.errors import InvalidRequest, Overloaded, ShuttingDown
-from app.protocols.anthropic.core import MessagesCore
 from app.protocols.anthropic.errors import error_body, error_kind
+from app.protocols.anthropic.exchange import MessagesExchange
 from app.protocols.anthropic.messages import conversation
 from app.protocols.bodies import validate
 from app.protocols.conversation.plan import plan_conversation
@@ -77,8 +77,8 @@ def _body(**fields: Any) -> AnthropicMessagesRequest:
     return validate(AnthropicMessagesRequest, body)
 
 
-def _core(info: Any, **fields: Any) -> MessagesCore:
-    return MessagesCore(
+def _exchange(info: Any, **fields: Any) -> MessagesExchange:
+    return MessagesExchange(
         _body(**fields),
         info,
         FakeEngine().tokenizer,
@@ -103,17 +103,19 @@ def _events(
     ]
 
 
-def _whole(core: MessagesCore, events: list[TokenEvent]) -> dict[str, Any]:
+def _whole(exchange: MessagesExchange, events: list[TokenEvent]) -> dict[str, Any]:
     for event in events:
-        core.feed(0, event)
-    return core.result()
+        exchange.feed(0, event)
+    return exchange.result()
 
 
-def _stream(core: MessagesCore, events: list[TokenEvent]) -> list[tuple[str, dict[str, Any]]]:
-    out = list(core.opening())
+def _stream(
+    exchange: MessagesExchange, events: list[TokenEvent]
+) -> list[tuple[str, dict[str, Any]]]:
+    out = list(exchange.opening())
     for event in events:
-        out.extend(core.events(0, event))
-    out.extend(core.closing())
+        out.extend(exchange.events(0, event))
+    out.extend(exchange.closing())
     return [(name or "", dict(body)) for name, body in out]
 
 
@@ -140,9 +142,9 @@ def _cuts(text: str) -> list[list[str]]:
 def test_the_sdk_builds_the_whole_message_from_the_stream(info: Any, name: str) -> None:
     text = TEXTS[name]
     for deltas in _cuts(text):
-        whole = Message.model_validate(_whole(_core(info, tools=TOOLS), _events(deltas)))
+        whole = Message.model_validate(_whole(_exchange(info, tools=TOOLS), _events(deltas)))
         expected = whole.model_dump(exclude_none=True)
-        got = _accumulated(_stream(_core(info, tools=TOOLS), _events(deltas)))
+        got = _accumulated(_stream(_exchange(info, tools=TOOLS), _events(deltas)))
         for block, want in zip(got["content"], expected["content"], strict=False):
             if block["type"] == "tool_use":
                 assert block["id"]
@@ -156,7 +158,7 @@ def test_the_sdk_builds_the_whole_message_from_the_stream(info: Any, name: str) 
 def test_the_stream_frames_blocks_in_order(info: Any) -> None:
     """message_start, ping, then per block start / deltas / stop with increasing indexes,
     then message_delta and message_stop; a call opens its own block."""
-    stream = _stream(_core(info, tools=TOOLS), _events(["Let me look. ", OSLO]))
+    stream = _stream(_exchange(info, tools=TOOLS), _events(["Let me look. ", OSLO]))
     names = [name for name, _ in stream]
     assert names[:2] == ["message_start", "ping"]
     assert names[-2:] == ["message_delta", "message_stop"]
@@ -191,17 +193,17 @@ def test_stop_reasons(
     info: Any, finish: FinishReason, stop: Any, reason: str, sequence: Any
 ) -> None:
     events = _events(["a", "b"], finish, stop)
-    whole = _whole(_core(info), events)
+    whole = _whole(_exchange(info), events)
     assert (whole["stop_reason"], whole["stop_sequence"]) == (reason, sequence)
-    delta = _stream(_core(info), events)[-2][1]["delta"]
+    delta = _stream(_exchange(info), events)[-2][1]["delta"]
     assert delta == {"stop_reason": reason, "stop_sequence": sequence}
 
 
 def test_an_empty_answer_has_one_empty_text_block(info: Any) -> None:
     events = _events([""])
-    whole = _whole(_core(info), events)
+    whole = _whole(_exchange(info), events)
     assert whole["content"] == [{"type": "text", "text": ""}]
-    assert _accumulated(_stream(_core(info), events))["content"] == whole["content"]
+    assert _accumulated(_stream(_exchange(info), events))["content"] == whole["content"]
 
 
 class _Thinker:
@@ -226,12 +228,12 @@ class _Thinker:
 
 
 def test_reasoning_is_a_thinking_block(info: Any) -> None:
-    core = _core(info)
-    core._output = replace(core._output, parser=_Thinker())
-    stream = _stream(core, _events(["I think", " hard|", "Hi", " there"]))
-    whole_core = _core(info)
-    whole_core._output = replace(whole_core._output, parser=_Thinker())
-    whole = _whole(whole_core, _events(["I think", " hard|", "Hi", " there"]))
+    exchange = _exchange(info)
+    exchange._output = replace(exchange._output, parser=_Thinker())
+    stream = _stream(exchange, _events(["I think", " hard|", "Hi", " there"]))
+    whole_exchange = _exchange(info)
+    whole_exchange._output = replace(whole_exchange._output, parser=_Thinker())
+    whole = _whole(whole_exchange, _events(["I think", " hard|", "Hi", " there"]))
     assert whole["content"] == [
         {"type": "thinking", "thinking": "I think hard", "signature": ""},
         {"type": "text", "text": "Hi there"},
@@ -478,7 +480,7 @@ def test_images_are_parts_of_their_turn() -> None:
 def test_tool_call_deltas_open_one_block_per_call(info: Any) -> None:
     """A call's last piece handed on after the next call's first, in one delta, still
     lands in its own block."""
-    core = _core(info)
+    exchange = _exchange(info)
 
     class Script:
         def __init__(self) -> None:
@@ -493,7 +495,7 @@ def test_tool_call_deltas_open_one_block_per_call(info: Any) -> None:
         def parse(self, *args: Any) -> ParsedOutput:
             raise AssertionError("not streamed")
 
-    core._output = replace(core._output, parser=Script())
-    got = _accumulated(_stream(core, _events(["p", "q"])))
+    exchange._output = replace(exchange._output, parser=Script())
+    got = _accumulated(_stream(exchange, _events(["p", "q"])))
     assert [(b["id"], b["input"]) for b in got["content"]] == [("a", {"x": 1}), ("b", {})]
     assert got["stop_reason"] == "tool_use"

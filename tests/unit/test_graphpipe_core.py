@@ -14,7 +14,7 @@ from app.engine.base import EngineInfo, SamplingOptions, TokenEvent, TokenLogpro
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.protocols.graphpipe.config import InferConfig, parse_config
 from app.protocols.graphpipe.decode import InferCall
-from app.protocols.graphpipe.inference import InferCore
+from app.protocols.graphpipe.inference import InferExchange
 from app.protocols.graphpipe.model import describe
 
 INFO = EngineInfo(
@@ -44,13 +44,13 @@ def call(
     return InferCall(raw, input_names, inputs, output_names)
 
 
-def core(c: InferCall, lora: str | None = None) -> InferCore:
-    return InferCore(c, INFO, request_id="r", lora_name=lora)
+def exchange(c: InferCall, lora: str | None = None) -> InferExchange:
+    return InferExchange(c, INFO, request_id="r", lora_name=lora)
 
 
 def refused(c: InferCall) -> InvalidRequest:
     with pytest.raises(InvalidRequest) as raised:
-        core(c)
+        exchange(c)
     return raised.value
 
 
@@ -58,7 +58,7 @@ def refused(c: InferCall) -> InvalidRequest:
 
 
 def test_a_string_batch_becomes_one_text_request_per_prompt() -> None:
-    plan = core(call(strings(b"hello", "é".encode())), lora="adapter")
+    plan = exchange(call(strings(b"hello", "é".encode())), lora="adapter")
     assert [(r.request_id, r.prompt_text, r.prompt_token_ids) for r in plan.requests] == [
         ("r-0", "hello", None),
         ("r-1", "é", None),
@@ -70,13 +70,13 @@ def test_a_string_batch_becomes_one_text_request_per_prompt() -> None:
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_padded_id_rows_become_token_prompts(dtype: type) -> None:
     ids: np.ndarray = np.array([[5, 6, 7], [8, -1, -1], [9, 10, -1]], dtype=dtype)
-    plan = core(call(ids))
+    plan = exchange(call(ids))
     assert [list(r.prompt_token_ids or ()) for r in plan.requests] == [[5, 6, 7], [8], [9, 10]]
     assert all(r.prompt_text is None for r in plan.requests)
 
 
 def test_input_names_pick_the_input() -> None:
-    plan = core(call(np.array([[1, 2]]), input_names=("prompt_ids",)))
+    plan = exchange(call(np.array([[1, 2]]), input_names=("prompt_ids",)))
     assert list(plan.requests[0].prompt_token_ids or ()) == [1, 2]
 
 
@@ -110,15 +110,15 @@ def test_bad_inputs_and_outputs_are_refused_by_name(c: InferCall, message: str) 
 def test_id_prompts_that_cannot_fit_the_context_are_refused_before_any_request() -> None:
     ids = np.array([[1] * 60, [1, -1] + [-1] * 58])
     with pytest.raises(ContextLengthExceeded, match=r"60 in prompt_ids\[0\], 5 for the completion"):
-        core(call(ids, config={"max_tokens": 5}))
-    assert len(core(call(ids, config={"max_tokens": 4})).requests) == 2
+        exchange(call(ids, config={"max_tokens": 5}))
+    assert len(exchange(call(ids, config={"max_tokens": 4})).requests) == 2
 
 
 # Config
 
 
 def test_config_maps_onto_sampling_options() -> None:
-    plan = core(
+    plan = exchange(
         call(
             strings(b"a"),
             output_names=("logprobs",),
@@ -195,7 +195,7 @@ def _event(ids: list[int], text: str, finish: bool = False) -> TokenEvent:
 
 
 def test_outputs_are_padded_arrays_in_the_order_asked() -> None:
-    plan = core(call(strings(b"a", b"b"), output_names=("logprobs", "text", "token_ids")))
+    plan = exchange(call(strings(b"a", b"b"), output_names=("logprobs", "text", "token_ids")))
     plan.feed(1, _event([4], "d"))
     plan.feed(0, _event([1, 2], "xy"))
     plan.feed(1, _event([5, 6], "ef"))
@@ -210,7 +210,7 @@ def test_outputs_are_padded_arrays_in_the_order_asked() -> None:
 
 
 def test_short_rows_are_padded_with_minus_one_and_nan() -> None:
-    plan = core(call(strings(b"a", b"b"), output_names=("token_ids", "logprobs")))
+    plan = exchange(call(strings(b"a", b"b"), output_names=("token_ids", "logprobs")))
     plan.feed(0, _event([7, 8], "", finish=True))
     plan.feed(1, _event([9], "", finish=True))
     token_ids, logprobs = plan.outputs()
@@ -219,11 +219,11 @@ def test_short_rows_are_padded_with_minus_one_and_nan() -> None:
 
 
 def test_default_outputs_are_text_then_logprobs_when_the_config_asks() -> None:
-    assert core(call(strings(b"a"))).output_names == ("text",)
-    with_logprobs = core(call(strings(b"a"), config={"logprobs": True}))
+    assert exchange(call(strings(b"a"))).output_names == ("text",)
+    with_logprobs = exchange(call(strings(b"a"), config={"logprobs": True}))
     assert with_logprobs.output_names == ("text", "logprobs")
     assert with_logprobs.requests[0].sampling.logprobs == 0
-    assert core(call(strings(b"a"))).requests[0].sampling.logprobs is None
+    assert exchange(call(strings(b"a"))).requests[0].sampling.logprobs is None
 
 
 # Metadata

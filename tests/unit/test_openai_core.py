@@ -10,8 +10,8 @@ import pytest
 from app.engine.base import TokenEvent, TokenLogprob
 from app.engine.models import ServedModel
 from app.errors import ContextLengthExceeded, InvalidRequest
-from app.protocols.openai.chat import ChatCore
-from app.protocols.openai.completions import CompletionCore
+from app.protocols.openai.chat import ChatExchange
+from app.protocols.openai.completions import CompletionExchange
 from schemas.openai import ChatCompletionRequest, CompletionRequest
 from tests.fake_engine import FakeEngine
 
@@ -19,14 +19,14 @@ ENGINE = FakeEngine(max_model_len=64)
 ARGS: dict[str, Any] = {"response_id": "cmpl-1", "created": 1, "served": ServedModel("fake", None)}
 
 
-def completion(**body: object) -> CompletionCore:
-    return CompletionCore(
+def completion(**body: object) -> CompletionExchange:
+    return CompletionExchange(
         CompletionRequest.model_validate(body), ENGINE.info, ENGINE.tokenizer, **ARGS
     )
 
 
-def chat(**body: object) -> ChatCore:
-    return ChatCore(
+def chat(**body: object) -> ChatExchange:
+    return ChatExchange(
         ChatCompletionRequest.model_validate(body), ENGINE.info, ENGINE.tokenizer, **ARGS
     )
 
@@ -36,17 +36,17 @@ def lp(token: int, value: float = -1.0, top: dict[int, float] | None = None) -> 
 
 
 def test_plans_one_request_per_prompt_and_choice_with_seed_offsets() -> None:
-    core = completion(prompt=["ab", "c"], n=2, seed=10, max_tokens=3)
-    assert [(p.index, p.prompt_index) for p in core.plans] == [(0, 0), (1, 0), (2, 1), (3, 1)]
-    assert [p.request.sampling.seed for p in core.plans] == [10, 11, 10, 11]
-    assert core.plans[0].request.prompt_token_ids == [97, 98]
-    assert len({p.request.request_id for p in core.plans}) == 4
+    exchange = completion(prompt=["ab", "c"], n=2, seed=10, max_tokens=3)
+    assert [(p.index, p.prompt_index) for p in exchange.plans] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    assert [p.request.sampling.seed for p in exchange.plans] == [10, 11, 10, 11]
+    assert exchange.plans[0].request.prompt_token_ids == [97, 98]
+    assert len({p.request.request_id for p in exchange.plans}) == 4
 
 
 def test_token_prompts_and_default_max_tokens_fill_the_context() -> None:
-    core = completion(prompt=[[1, 2, 3]], max_tokens=None)
-    assert core.plans[0].request.prompt_token_ids == [1, 2, 3]
-    assert core.plans[0].request.sampling.max_tokens == 61
+    exchange = completion(prompt=[[1, 2, 3]], max_tokens=None)
+    assert exchange.plans[0].request.prompt_token_ids == [1, 2, 3]
+    assert exchange.plans[0].request.sampling.max_tokens == 61
 
 
 @pytest.mark.parametrize(
@@ -70,9 +70,9 @@ def test_bad_completion_requests(
 
 
 def test_completion_response_with_echo_and_logprobs() -> None:
-    core = completion(prompt="ab", max_tokens=2, echo=True, logprobs=1)
-    assert core.plans[0].request.sampling.prompt_logprobs == 1
-    core.feed(
+    exchange = completion(prompt="ab", max_tokens=2, echo=True, logprobs=1)
+    assert exchange.plans[0].request.sampling.prompt_logprobs == 1
+    exchange.feed(
         0,
         TokenEvent(
             token_ids=[99],
@@ -82,13 +82,13 @@ def test_completion_response_with_echo_and_logprobs() -> None:
             prompt_logprobs=[None, lp(98, -2.0, {97: -1.0})],
         ),
     )
-    core.feed(
+    exchange.feed(
         0,
         TokenEvent(
             token_ids=[100], text="d", logprobs=[lp(100, -math.inf)], finish_reason="length"
         ),
     )
-    body = core.response()
+    body = exchange.response()
     choice = body["choices"][0]
     assert choice["text"] == "abcd"
     assert choice["finish_reason"] == "length"
@@ -102,11 +102,11 @@ def test_completion_response_with_echo_and_logprobs() -> None:
 
 
 def test_completion_chunks_and_usage_chunk() -> None:
-    core = completion(
+    exchange = completion(
         prompt="ab", max_tokens=2, stream=True, stream_options={"include_usage": True}
     )
-    first = core.chunks(0, TokenEvent(token_ids=[99], text="c", prompt_token_ids=[97, 98]))
-    last = core.chunks(0, TokenEvent(token_ids=[100], text="d", finish_reason="length"))
+    first = exchange.chunks(0, TokenEvent(token_ids=[99], text="c", prompt_token_ids=[97, 98]))
+    last = exchange.chunks(0, TokenEvent(token_ids=[100], text="d", finish_reason="length"))
     assert first[0]["choices"][0] == {
         "index": 0,
         "text": "c",
@@ -116,7 +116,7 @@ def test_completion_chunks_and_usage_chunk() -> None:
     }
     assert first[0]["usage"] is None
     assert last[0]["choices"][0]["finish_reason"] == "length"
-    assert core.usage_chunk() == {
+    assert exchange.usage_chunk() == {
         "id": "cmpl-1",
         "object": "text_completion",
         "created": 1,
@@ -127,12 +127,12 @@ def test_completion_chunks_and_usage_chunk() -> None:
 
 
 def test_chat_template_and_stream_order() -> None:
-    core = chat(messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-    assert core.plans[0].request.prompt_token_ids == ENGINE.tokenizer.encode(
+    exchange = chat(messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert exchange.plans[0].request.prompt_token_ids == ENGINE.tokenizer.encode(
         "[user]hi\n[assistant]"
     )
-    chunks = core.chunks(0, TokenEvent(token_ids=[120], text="x", prompt_token_ids=[1]))
-    chunks += core.chunks(
+    chunks = exchange.chunks(0, TokenEvent(token_ids=[120], text="x", prompt_token_ids=[1]))
+    chunks += exchange.chunks(
         0, TokenEvent(token_ids=[121], text="y", finish_reason="stop", stop_reason=121)
     )
     deltas = [c["choices"][0]["delta"] for c in chunks]
@@ -142,16 +142,16 @@ def test_chat_template_and_stream_order() -> None:
 
 
 def test_chat_logprobs_shape_and_max_completion_tokens() -> None:
-    core = chat(
+    exchange = chat(
         messages=[{"role": "user", "content": "hi"}],
         max_tokens=9,
         max_completion_tokens=3,
         logprobs=True,
         top_logprobs=1,
     )
-    assert core.plans[0].request.sampling.max_tokens == 3
-    assert core.plans[0].request.sampling.logprobs == 1
-    core.feed(
+    assert exchange.plans[0].request.sampling.max_tokens == 3
+    assert exchange.plans[0].request.sampling.logprobs == 1
+    exchange.feed(
         0,
         TokenEvent(
             token_ids=[120],
@@ -161,7 +161,7 @@ def test_chat_logprobs_shape_and_max_completion_tokens() -> None:
             prompt_token_ids=[1, 2],
         ),
     )
-    message = core.response()["choices"][0]
+    message = exchange.response()["choices"][0]
     assert message["message"] == {"role": "assistant", "content": "x"}
     assert message["logprobs"] == {
         "content": [

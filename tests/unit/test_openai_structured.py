@@ -12,8 +12,8 @@ import pytest
 from app.engine.constraints import Constraint
 from app.engine.models import ServedModel
 from app.errors import InvalidRequest
-from app.protocols.openai.chat import ChatCore
-from app.protocols.openai.completions import CompletionCore
+from app.protocols.openai.chat import ChatExchange
+from app.protocols.openai.completions import CompletionExchange
 from schemas.openai import ChatCompletionRequest, CompletionRequest
 from tests.fake_engine import FakeEngine
 
@@ -22,8 +22,8 @@ ARGS: dict[str, Any] = {"response_id": "cmpl-1", "created": 1, "served": ServedM
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
 
-def completion(**body: object) -> CompletionCore:
-    return CompletionCore(
+def completion(**body: object) -> CompletionExchange:
+    return CompletionExchange(
         CompletionRequest.model_validate({"prompt": "a", **body}),
         ENGINE.info,
         ENGINE.tokenizer,
@@ -31,8 +31,8 @@ def completion(**body: object) -> CompletionCore:
     )
 
 
-def chat(**body: object) -> ChatCore:
-    return ChatCore(
+def chat(**body: object) -> ChatExchange:
+    return ChatExchange(
         ChatCompletionRequest.model_validate(
             {"messages": [{"role": "user", "content": "hi"}], **body}
         ),
@@ -84,17 +84,17 @@ def chat(**body: object) -> ChatCore:
 )
 @pytest.mark.parametrize("make", [completion, chat])
 def test_constraint_reaches_every_choice(
-    make: Callable[..., CompletionCore | ChatCore],
+    make: Callable[..., CompletionExchange | ChatExchange],
     body: dict[str, object],
     expected: Constraint | None,
 ) -> None:
-    core = make(n=2, **body)
-    assert [p.request.sampling.constraint for p in core.plans] == [expected, expected]
+    exchange = make(n=2, **body)
+    assert [p.request.sampling.constraint for p in exchange.plans] == [expected, expected]
 
 
 def test_logit_bias_is_passed_as_sorted_pairs() -> None:
-    core = completion(logit_bias={"7": -100, "3": 2.5})
-    assert core.plans[0].request.sampling.logit_bias == ((3, 2.5), (7, -100.0))
+    exchange = completion(logit_bias={"7": -100, "3": 2.5})
+    assert exchange.plans[0].request.sampling.logit_bias == ((3, 2.5), (7, -100.0))
 
 
 @pytest.mark.parametrize(
@@ -138,7 +138,7 @@ def test_logit_bias_is_passed_as_sorted_pairs() -> None:
 )
 @pytest.mark.parametrize("make", [completion, chat])
 def test_bad_constraints_name_the_field(
-    make: Callable[..., CompletionCore | ChatCore], body: dict[str, object], param: str
+    make: Callable[..., CompletionExchange | ChatExchange], body: dict[str, object], param: str
 ) -> None:
     with pytest.raises(InvalidRequest) as caught:
         make(**body)

@@ -26,7 +26,7 @@ import pytest
 
 from app.engine.base import TokenEvent
 from app.engine.models import ServedModel
-from app.protocols.openai.chat import ChatCore
+from app.protocols.openai.chat import ChatExchange
 from schemas.openai import ChatCompletionRequest
 from tests.conftest import tiny_model_path
 from tests.fake_engine import FakeEngine, vllm_tool_support
@@ -122,7 +122,7 @@ def _pieces(tokenizer: Any, text: str) -> list[tuple[list[int], str]]:
 
 
 def _ours(info: Any, tokenizer: Any, text: str, tools: bool, stream: bool) -> dict[str, str]:
-    core = ChatCore(
+    exchange = ChatExchange(
         ChatCompletionRequest.model_validate(_body(tools, stream)),
         info,
         FakeEngine().tokenizer,
@@ -142,9 +142,9 @@ def _ours(info: Any, tokenizer: Any, text: str, tools: bool, stream: bool) -> di
     ]
     if not stream:
         for event in events:
-            core.feed(0, event)
-        return _message(core.response()["choices"][0]["message"])
-    chunks = [chunk for event in events for chunk in core.chunks(0, event)]
+            exchange.feed(0, event)
+        return _message(exchange.response()["choices"][0]["message"])
+    chunks = [chunk for event in events for chunk in exchange.chunks(0, event)]
     return _joined(chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"])
 
 

@@ -18,8 +18,8 @@ from app.engine.base import FinishReason, TokenEvent
 from app.engine.models import ServedModel
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.protocols.openai.responses.compaction import SUMMARY_REQUEST, compacted, summary_call
-from app.protocols.openai.responses.core import ResponsesCore
 from app.protocols.openai.responses.events import replay
+from app.protocols.openai.responses.exchange import ResponsesExchange
 from app.protocols.openai.responses.items import SUMMARY_HEAD, messages, read_input
 from app.protocols.openai.responses.record import StoredResponse
 from app.sessions.responses import Responses
@@ -30,9 +30,11 @@ from tests.fake_engine import FakeEngine
 from tests.open_responses import event_errors, schema_errors
 
 
-def _core(engine: FakeEngine, context: list[Any] | None = None, **body: Any) -> ResponsesCore:
+def _exchange(
+    engine: FakeEngine, context: list[Any] | None = None, **body: Any
+) -> ResponsesExchange:
     request = ResponsesRequest.model_validate({"input": "hi", "max_output_tokens": 4, **body})
-    return ResponsesCore(
+    return ResponsesExchange(
         request,
         engine.info,
         engine.tokenizer,
@@ -172,15 +174,15 @@ def test_an_output_answers_a_call_before_it() -> None:
     engine = FakeEngine()
     call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
     output = {"type": "function_call_output", "call_id": "c1", "output": "r"}
-    _core(engine, input=[call, output])  # answered
-    _core(engine, read_input([call]), input=[output])  # a stored call, answered now
+    _exchange(engine, input=[call, output])  # answered
+    _exchange(engine, read_input([call]), input=[output])  # a stored call, answered now
     for given, param in (
         ([output], "input.0.call_id"),
         ([output, call], "input.0.call_id"),
         ([call, {**output, "call_id": "c2"}], "input.1.call_id"),
     ):
         with pytest.raises(InvalidRequest) as raised:
-            _core(engine, input=given)
+            _exchange(engine, input=given)
         assert raised.value.param == param
 
 
@@ -210,7 +212,7 @@ def test_an_assistant_turn_holds_its_text_reasoning_and_calls() -> None:
 
 def test_the_stream_adds_up_to_the_whole_answer() -> None:
     engine = FakeEngine()
-    streamed = _core(engine)
+    streamed = _exchange(engine)
     events = streamed.opening()
     for event in _events(["a", "b", "c", "d"]):
         events += streamed.events(0, event)
@@ -237,7 +239,7 @@ def test_the_stream_adds_up_to_the_whole_answer() -> None:
     assert item["content"][0]["text"] == "abcd" and item["status"] == "incomplete"
     assert final["usage"]["input_tokens"] == 3
     assert final["usage"]["input_tokens_details"] == {"cached_tokens": 2}
-    whole = _core(engine)
+    whole = _exchange(engine)
     for event in _events(["a", "b", "c", "d"]):
         whole.feed(0, event)
     answer = whole.result()
@@ -248,14 +250,14 @@ def test_the_stream_adds_up_to_the_whole_answer() -> None:
 
 def test_an_empty_answer_is_one_empty_message_streamed_or_not() -> None:
     engine = FakeEngine()
-    streamed = _core(engine)
+    streamed = _exchange(engine)
     events = [e for event in _events([""], "stop") for e in streamed.events(0, event)]
     events += streamed.closing()
     final = events[-1][1]["response"]
     assert events[-1][0] == "response.completed"
     assert final["completed_at"] == 7  # the clock's, in whole seconds
     assert [i["content"][0]["text"] for i in final["output"]] == [""]
-    whole = _core(engine)
+    whole = _exchange(engine)
     whole.feed(0, _events([""], "stop")[0])
     answer = whole.result()
     assert schema_errors("ResponseResource", answer) == []
@@ -263,11 +265,11 @@ def test_an_empty_answer_is_one_empty_message_streamed_or_not() -> None:
 
 
 def test_a_stored_response_replays_as_its_stream_did() -> None:
-    core = _core(FakeEngine())
-    live = core.opening()
+    exchange = _exchange(FakeEngine())
+    live = exchange.opening()
     for event in _events(["x", "y"], "stop"):
-        live += core.events(0, event)
-    live += core.closing()
+        live += exchange.events(0, event)
+    live += exchange.closing()
     final = live[-1][1]["response"]
     replayed = replay(final)
     # The same events, the text in one delta instead of one per token.
@@ -276,16 +278,16 @@ def test_a_stored_response_replays_as_its_stream_did() -> None:
     assert [body["sequence_number"] for _, body in replayed] == list(range(len(replayed)))
     _in_spec(replayed)
     assert replayed[-1][1]["response"] == final
-    record = StoredResponse(final, list(core.input_items), [])
+    record = StoredResponse(final, list(exchange.input_items), [])
     assert StoredResponse.decode(record.encode()) == record
     assert StoredResponse.decode(b"not a record") is None
 
 
 def test_failure_ends_the_stream_in_its_shape() -> None:
-    core = _core(FakeEngine())
-    core.opening()
-    core.events(0, _events(["a", "b"])[0])
-    error, failed = core.failure(ContextLengthExceeded("too long", param="input"))
+    exchange = _exchange(FakeEngine())
+    exchange.opening()
+    exchange.events(0, _events(["a", "b"])[0])
+    error, failed = exchange.failure(ContextLengthExceeded("too long", param="input"))
     _in_spec([error, failed])
     assert error[0] == "error" and error[1]["param"] == "input"
     assert error[1]["error"] == {
@@ -311,9 +313,11 @@ def test_truncation_auto_drops_the_oldest_turns() -> None:
         ]
     context = read_input(long_turns)
     with pytest.raises(ContextLengthExceeded):
-        _core(engine, context, max_output_tokens=8)
-    core = _core(engine, context, max_output_tokens=8, truncation="auto", instructions="sys")
-    prompt_ids = core.requests[0].prompt_token_ids
+        _exchange(engine, context, max_output_tokens=8)
+    exchange = _exchange(
+        engine, context, max_output_tokens=8, truncation="auto", instructions="sys"
+    )
+    prompt_ids = exchange.requests[0].prompt_token_ids
     assert prompt_ids is not None
     prompt = "".join(chr(t) for t in prompt_ids)
     assert prompt.startswith("[system]sys")  # instructions are never dropped

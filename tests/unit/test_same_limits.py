@@ -13,13 +13,13 @@ from google.protobuf import struct_pb2, text_format
 
 from app.engine.models import ServedModel
 from app.errors import ContextLengthExceeded, InvalidRequest
-from app.protocols.anthropic.core import MessagesCore
+from app.protocols.anthropic.exchange import MessagesExchange
 from app.protocols.evergreen.generate import plan_action
 from app.protocols.graphpipe.decode import InferCall
-from app.protocols.graphpipe.inference import InferCore
-from app.protocols.openai.chat import ChatCore
-from app.protocols.openai.completions import CompletionCore
-from app.protocols.openai.responses.core import ResponsesCore
+from app.protocols.graphpipe.inference import InferExchange
+from app.protocols.openai.chat import ChatExchange
+from app.protocols.openai.completions import CompletionExchange
+from app.protocols.openai.responses.exchange import ResponsesExchange
 from app.protocols.openai.responses.items import read_input
 from app.protocols.salience.generate import GenerateCall
 from app.protocols.salience.sessions import Limits, SessionStore
@@ -45,7 +45,7 @@ def _refused(build: Callable[[], object]) -> InvalidRequest:
 
 def completions(field: str, value: Any) -> InvalidRequest:
     body = CompletionRequest.model_validate({"prompt": "ab", "max_tokens": 2, field: value})
-    return _refused(lambda: CompletionCore(body, INFO, ENGINE.tokenizer, **OPENAI))
+    return _refused(lambda: CompletionExchange(body, INFO, ENGINE.tokenizer, **OPENAI))
 
 
 def chat(field: str, value: Any) -> InvalidRequest:
@@ -53,7 +53,7 @@ def chat(field: str, value: Any) -> InvalidRequest:
     body = ChatCompletionRequest.model_validate(
         {"messages": [{"role": "user", "content": "a"}], "max_tokens": 2, **extra}
     )
-    return _refused(lambda: ChatCore(body, INFO, ENGINE.tokenizer, **OPENAI))
+    return _refused(lambda: ChatExchange(body, INFO, ENGINE.tokenizer, **OPENAI))
 
 
 def anthropic(field: str, value: Any) -> InvalidRequest:
@@ -63,7 +63,7 @@ def anthropic(field: str, value: Any) -> InvalidRequest:
         | {name: value}
     )
     return _refused(
-        lambda: MessagesCore(
+        lambda: MessagesExchange(
             body, INFO, ENGINE.tokenizer, message_id="x", served=ServedModel("fake", None)
         )
     )
@@ -76,7 +76,7 @@ def responses(field: str, value: Any) -> InvalidRequest:
         {"input": "a", "max_output_tokens": 2, **extra, names.get(field, field): value}
     )
     return _refused(
-        lambda: ResponsesCore(
+        lambda: ResponsesExchange(
             body,
             INFO,
             ENGINE.tokenizer,
@@ -93,7 +93,7 @@ def graphpipe(field: str, value: Any) -> InvalidRequest:
     prompts[:] = [b"ab"]
     config = json.dumps({"max_tokens": 2, field: value}).encode()
     call = InferCall(config, (), (prompts,), ())
-    return _refused(lambda: InferCore(call, INFO, request_id="r", lora_name=None))
+    return _refused(lambda: InferExchange(call, INFO, request_id="r", lora_name=None))
 
 
 def evergreen(field: str, value: Any) -> InvalidRequest:

@@ -17,8 +17,8 @@ from app.engine.models import ServedModel
 from app.engine.vllm.params import model_sampling_defaults
 from app.protocols.anthropic.messages import conversation
 from app.protocols.conversation.plan import plan_conversation
-from app.protocols.openai.chat import ChatCore
-from app.protocols.openai.completions import CompletionCore
+from app.protocols.openai.chat import ChatExchange
+from app.protocols.openai.completions import CompletionExchange
 from app.protocols.openai.responses.request import sampling as responses_sampling
 from schemas.anthropic import AnthropicMessagesRequest
 from schemas.openai import ChatCompletionRequest, CompletionRequest
@@ -68,15 +68,15 @@ def test_vllm_reads_the_models_generation_config(tmp_path: Path) -> None:
 
 def test_completions_and_chat_take_the_models_defaults_where_silent() -> None:
     body = CompletionRequest.model_validate({"prompt": "ab"})
-    options = CompletionCore(body, INFO, ENGINE.tokenizer, **ARGS).plans[0].request.sampling
+    options = CompletionExchange(body, INFO, ENGINE.tokenizer, **ARGS).plans[0].request.sampling
     # Completions' own max_tokens default (16, OpenAI's) is a value: only a null leaves
     # the limit to the model, as in `vllm serve`.
     assert (_model_of(options), options.max_tokens) == (MODELS, 16)
     body = CompletionRequest.model_validate({"prompt": "ab", "max_tokens": None})
-    options = CompletionCore(body, INFO, ENGINE.tokenizer, **ARGS).plans[0].request.sampling
+    options = CompletionExchange(body, INFO, ENGINE.tokenizer, **ARGS).plans[0].request.sampling
     assert options.max_tokens == 7
     chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "a"}]})
-    options = ChatCore(chat, INFO, ENGINE.tokenizer, **ARGS).plans[0].request.sampling
+    options = ChatExchange(chat, INFO, ENGINE.tokenizer, **ARGS).plans[0].request.sampling
     assert (_model_of(options), options.max_tokens) == (MODELS, 7)
 
 
@@ -84,14 +84,14 @@ def test_a_requests_own_values_win() -> None:
     given = {"temperature": 0.2, "top_p": 0.5, "top_k": 3, "min_p": 0.0}
     given |= {"repetition_penalty": 1.0, "max_tokens": 30}
     body = CompletionRequest.model_validate({"prompt": "ab", **given})
-    options = CompletionCore(body, INFO, ENGINE.tokenizer, **ARGS).plans[0].request.sampling
+    options = CompletionExchange(body, INFO, ENGINE.tokenizer, **ARGS).plans[0].request.sampling
     assert (_model_of(options), options.max_tokens) == ((0.2, 0.5, 3, 0.0, 1.0), 30)
 
 
 def test_the_models_output_limit_stays_within_the_context() -> None:
     info = replace(INFO, sampling_defaults=replace(MODEL, max_tokens=1000))
     body = CompletionRequest.model_validate({"prompt": [[1, 2, 3, 4]], "max_tokens": None})
-    options = CompletionCore(body, info, ENGINE.tokenizer, **ARGS).plans[0].request.sampling
+    options = CompletionExchange(body, info, ENGINE.tokenizer, **ARGS).plans[0].request.sampling
     assert options.max_tokens == 60
 
 

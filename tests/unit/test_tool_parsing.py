@@ -34,7 +34,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 
 from app.engine.base import TokenEvent
 from app.engine.models import ServedModel
-from app.protocols.openai.chat import ChatCore
+from app.protocols.openai.chat import ChatExchange
 from schemas.openai import ChatCompletionRequest
 from tests.conftest import tiny_model_path
 from tests.fake_engine import FakeEngine, vllm_tool_support
@@ -217,8 +217,8 @@ def _body(case: Case, stream: bool) -> dict[str, Any]:
     return body
 
 
-def _core(info: Any, case: Case, stream: bool) -> ChatCore:
-    return ChatCore(
+def _exchange(info: Any, case: Case, stream: bool) -> ChatExchange:
+    return ChatExchange(
         ChatCompletionRequest.model_validate(_body(case, stream)),
         info,
         FakeEngine().tokenizer,
@@ -229,15 +229,15 @@ def _core(info: Any, case: Case, stream: bool) -> ChatCore:
 
 
 def _ours_full(info: Any, case: Case) -> dict[str, Any]:
-    core = _core(info, case, False)
-    core.feed(
+    exchange = _exchange(info, case, False)
+    exchange.feed(
         0, TokenEvent(token_ids=[7], text=case.text, finish_reason="stop", prompt_token_ids=[1])
     )
-    return core.response()
+    return exchange.response()
 
 
 def _ours_stream(info: Any, case: Case, deltas: list[str]) -> list[dict[str, Any]]:
-    core = _core(info, case, True)
+    exchange = _exchange(info, case, True)
     chunks = []
     for i, delta in enumerate(deltas):
         last = i == len(deltas) - 1
@@ -247,7 +247,7 @@ def _ours_stream(info: Any, case: Case, deltas: list[str]) -> list[dict[str, Any
             finish_reason="stop" if last else None,
             prompt_token_ids=[1] if i == 0 else None,
         )
-        chunks.extend(core.chunks(0, event))
+        chunks.extend(exchange.chunks(0, event))
     return chunks
 
 

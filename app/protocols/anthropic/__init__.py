@@ -2,7 +2,7 @@
 
 - `messages`: a Messages (or count_tokens) body -> a neutral `Conversation`, block by
   block, every error naming Anthropic's field; the admission bound of a body;
-- `core`: `MessagesCore`, the plan's events as Anthropic's message and stream events;
+- `exchange`: `MessagesExchange`, the plan's events as Anthropic's message and stream events;
 - `errors`: Anthropic's error types and statuses for the one error tree.
 
 The transport (`app.routes.apis.anthropic`) is the shared HTTP pump; nothing here does

@@ -11,6 +11,6 @@ constraint, sampling or parsing.
 - `images`: images a client sends inline, and their blocks in the rendered prompt.
 
 An API adds a translator (its body -> `Conversation`) and an encoder (the plan's events
--> its bodies and stream events) as a `app.protocols.core.Core`; the HTTP pump, the
+-> its bodies and stream events) as an `app.protocols.exchange.Exchange`; the HTTP pump, the
 error handling, admission and aborts are shared.
 """

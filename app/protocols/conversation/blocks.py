@@ -8,12 +8,12 @@ id and name, which come with its first piece), and the blocks' order is the outp
 Each `OutputDelta` is walked in one order: its reasoning, its text, its calls by their
 index (a parser may hand a call's last piece on beside the next call's first).
 
-`OutputBlocks` is that state machine; an API's core extends it and writes each step as
+`OutputBlocks` is that state machine; an API's exchange extends it and writes each step as
 its own events (`opened`, `grew_*`, `closed`), appending them to the list it is given.
 `open_index` is the open block's place among the answer's blocks, counted from 0 in the
 order they opened (Responses' `output_index`, Messages' `index`).
 
-The per-token path is a kind comparison and one call into the core; nothing is built
+The per-token path is a kind comparison and one call into the exchange; nothing is built
 here (`write_output` hands an answer no parser reads straight on as text).
 """
 
@@ -25,7 +25,7 @@ from typing import Literal
 from app.engine.base import TokenEvent
 from app.engine.tools import ToolCallDelta
 from app.protocols.conversation.output import ChoiceOutput, OutputDelta
-from app.protocols.core import Event
+from app.protocols.exchange import Event
 
 Kind = Literal["reasoning", "text", "call"]
 

@@ -1,7 +1,7 @@
 """One `InferCall` against the language model: input tensors -> engine requests, engine
 events -> output tensors.
 
-`InferCore(call, info, ...)` validates everything the model needs (which input, its type
+`InferExchange(call, info, ...)` validates everything the model needs (which input, its type
 and shape, every token id, the outputs asked for, the config) before any engine request
 exists; the first problem raises `InvalidRequest` (`ContextLengthExceeded` for a prompt
 that cannot fit). Limits and the prompt's fit are `app.engine.validation`'s, with the
@@ -136,7 +136,7 @@ def _outputs(names: Sequence[str], config: InferConfig) -> tuple[str, ...]:
     return (TEXT, LOGPROBS) if config.logprobs else (TEXT,)
 
 
-class InferCore:
+class InferExchange:
     def __init__(
         self, call: InferCall, info: EngineInfo, *, request_id: str, lora_name: str | None
     ) -> None:

@@ -4,7 +4,7 @@
 This module is the translation both ways and nothing else: `conversation(body, ...)`
 maps Chat's messages (text and `image_url` parts, assistant `tool_calls`, `tool`
 answers), tools, `response_format` / `structured_outputs`, sampling fields and template
-switches onto a neutral `Conversation`; `ChatCore` encodes each choice's `ChoiceOutput`
+switches onto a neutral `Conversation`; `ChatExchange` encodes each choice's `ChoiceOutput`
 as OpenAI orders a stream: per choice a first chunk with the assistant role, content and
 `tool_calls` deltas, then the finish reason (with the last delta); `finish_reason:
 tool_calls` when calls were made (`stop` for a named tool choice). With a reasoning
@@ -30,8 +30,8 @@ from app.errors import InvalidRequest
 from app.protocols.conversation.images import read_image_url
 from app.protocols.conversation.output import ChoiceOutput, Finish
 from app.protocols.conversation.plan import Conversation, plan_conversation
-from app.protocols.core import Event
-from app.protocols.openai.choices import ChoicesCore
+from app.protocols.exchange import Event
+from app.protocols.openai.choices import ChoicesExchange
 from app.protocols.openai.logprobs import chat_logprobs
 from app.protocols.openai.sampling import reject_unsupported, sampling_fields
 from app.protocols.openai.structured import request_constraint, request_logit_bias
@@ -121,7 +121,7 @@ def tokenize_conversation(body: TokenizeChatRequest, info: EngineInfo) -> Conver
     )
 
 
-class ChatCore(ChoicesCore):
+class ChatExchange(ChoicesExchange):
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 

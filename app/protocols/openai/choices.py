@@ -2,12 +2,12 @@
 OpenAI's envelope and usage, the stream's usage chunk and its `[DONE]`, an error in the
 stream in OpenAI's shape.
 
-A core is built from a validated body (raising `app.errors` on bad input, so errors
+An exchange is built from a validated body (raising `app.errors` on bad input, so errors
 happen before a stream starts; the limits themselves are `app.engine.validation`'s),
 exposes `plans` (the engine requests, with the prompt each continues), and is then fed
 the engine's events per choice index: streamed, `events(index, event)` gives the chunks
 to send (`chunks` the same as plain dicts); not streamed, `feed(index, event)` collects
-and `response()` is the body (`result()`, as `app.protocols.core.Core` names it).
+and `response()` is the body (`result()`, as `app.protocols.exchange.Exchange` names it).
 Counting is `app.protocols.accounting`'s.
 """
 
@@ -22,7 +22,7 @@ from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
 from app.engine.models import ServedModel
 from app.errors import SwitchboardError
 from app.protocols.accounting import Accounting, RequestState
-from app.protocols.core import Event
+from app.protocols.exchange import Event
 from app.protocols.openai.errors import error_body
 from schemas.openai import SamplingFields
 
@@ -34,8 +34,8 @@ class ChoicePlan:
     request: GenerationRequest
 
 
-class ChoicesCore(ABC):
-    """Bookkeeping common to Completions and Chat cores."""
+class ChoicesExchange(ABC):
+    """Bookkeeping common to Completions and Chat exchanges."""
 
     object_name: str = ""
     chunk_object_name: str = ""
@@ -122,7 +122,7 @@ class ChoicesCore(ABC):
     def response(self) -> dict[str, Any]:
         """The whole body, once every choice has ended (not streamed)."""
 
-    # -- app.protocols.core.Core -------------------------------------------------------
+    # -- app.protocols.exchange.Exchange ---------------------------------------------------
 
     def opening(self) -> list[Event]:
         return []

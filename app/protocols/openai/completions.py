@@ -14,8 +14,8 @@ from app.engine.base import EngineInfo, GenerationRequest, TokenEvent, Tokenizer
 from app.engine.models import ServedModel
 from app.engine.validation import NEUTRAL, Fields, check_prompt
 from app.errors import InvalidRequest
-from app.protocols.core import Event
-from app.protocols.openai.choices import ChoicesCore
+from app.protocols.exchange import Event
+from app.protocols.openai.choices import ChoicesExchange
 from app.protocols.openai.logprobs import CompletionLogprobs
 from app.protocols.openai.sampling import reject_unsupported, sampling_options
 from app.protocols.openai.structured import request_constraint, request_logit_bias
@@ -43,7 +43,7 @@ def _prompts(body: CompletionRequest, tokenizer: Tokenizer) -> list[tuple[list[i
 _FIELDS: Fields = NEUTRAL
 
 
-class CompletionCore(ChoicesCore):
+class CompletionExchange(ChoicesExchange):
     object_name = "text_completion"
     chunk_object_name = "text_completion"
 

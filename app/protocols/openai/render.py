@@ -1,6 +1,6 @@
 """POST /v1/completions/render and /v1/chat/completions/render (what llm-d's router
 calls to tokenize, as `vllm serve --enable-scale-out` answers): the request is validated
-and tokenized exactly as for generation (the same core builds it), and answered with
+and tokenized exactly as for generation (the same exchange builds it), and answered with
 what would be handed to the engine: a chat body gives one generate request, a
 completions body a list, one per prompt.
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.base import GenerationRequest, SamplingOptions
-from app.protocols.openai.chat import ChatCore
-from app.protocols.openai.completions import CompletionCore
+from app.protocols.openai.chat import ChatExchange
+from app.protocols.openai.completions import CompletionExchange
 
 
 def _sampling(options: SamplingOptions, n: int) -> dict[str, Any]:
@@ -53,9 +53,9 @@ def _sampling(options: SamplingOptions, n: int) -> dict[str, Any]:
 
 
 def _item(
-    core: ChatCore | CompletionCore, request: GenerationRequest, request_id: str
+    exchange: ChatExchange | CompletionExchange, request: GenerationRequest, request_id: str
 ) -> dict[str, Any]:
-    body = core.body
+    body = exchange.body
     return {
         "request_id": request_id,
         "token_ids": list(request.prompt_token_ids or ()),
@@ -63,7 +63,7 @@ def _item(
         "features": None,
         "content_parts": None,
         "sampling_params": _sampling(request.sampling, body.n),
-        "model": core.model,
+        "model": exchange.model,
         "reasoning_ended": None,
         "reasoning_parser_kwargs": None,
         "return_token_ids": None,
@@ -79,18 +79,18 @@ def _item(
     }
 
 
-def render_chat(core: ChatCore) -> dict[str, Any]:
-    return _item(core, core.plans[0].request, core.response_id)
+def render_chat(exchange: ChatExchange) -> dict[str, Any]:
+    return _item(exchange, exchange.plans[0].request, exchange.response_id)
 
 
-def render_completions(core: CompletionCore) -> list[dict[str, Any]]:
+def render_completions(exchange: CompletionExchange) -> list[dict[str, Any]]:
     """One item per prompt (the first choice's request carries its options)."""
     firsts: dict[int, GenerationRequest] = {}
-    for plan in core.plans:
+    for plan in exchange.plans:
         firsts.setdefault(plan.prompt_index, plan.request)
     if len(firsts) == 1:
-        return [_item(core, next(iter(firsts.values())), core.response_id)]
+        return [_item(exchange, next(iter(firsts.values())), exchange.response_id)]
     return [
-        _item(core, request, f"{core.response_id}-{index}")
+        _item(exchange, request, f"{exchange.response_id}-{index}")
         for index, request in sorted(firsts.items())
     ]

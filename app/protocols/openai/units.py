@@ -1,8 +1,8 @@
 """What an OpenAI call asks admission for (`app.admission`), before any tokenizing or
 templating: one unit per engine request it will make (each prompt x each of its `n`
-choices, in the order the cores plan them; one for a response), each with an upper bound
+choices, in the order the exchanges plan them; one for a response), each with an upper bound
 of its prompt tokens: a completion prompt's own, a chat-shaped body's by the rule every
-chat-shaped API shares (`app.protocols.conversation.bound`). The core corrects the bound
+chat-shaped API shares (`app.protocols.conversation.bound`). The exchange corrects the bound
 once it has tokenized (`Ticket.measured`, through `app.admission.run`)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _prompt_bounds(body: CompletionRequest) -> list[int]:
         # One token-id prompt: the body's validation made the list all of one kind, so
         # its first item tells (a scan of every id cost ~6 us per call).
         return [len(prompt)]
-    # A batch of prompts (a malformed mix is refused by the core, after admission).
+    # A batch of prompts (a malformed mix is refused by the exchange, after admission).
     return [
         text_tokens_bound(p) if isinstance(p, str) else len(p) if isinstance(p, list) else 1
         for p in prompt

@@ -4,7 +4,7 @@ body that does not parse, a wrong method, a refusal, a bug of ours); any other p
 under /v1/messages/ (Anthropic's batches, say) is Anthropic's `not_found_error`.
 
 Thin adapter: body -> `app.routes.http.calls.serve_call` (admission: one unit, its bound
-the body's texts, before any templating, a refusal a 529 with Retry-After; the core built
+the body's texts, before any templating, a refusal a 529 with Retry-After; the exchange built
 in the render thread, where every client mistake is found before a stream starts; the
 engine; JSON or named SSE events). A client that goes away aborts its engine request.
 The key is `x-api-key` or a bearer token (`app.routes.deps.require_x_api_key`); query
@@ -24,8 +24,8 @@ from pydantic import BaseModel
 
 from app.engine.models import served_by
 from app.errors import InvalidRequest, NotFound, SwitchboardError
-from app.protocols.anthropic.core import MessagesCore
 from app.protocols.anthropic.errors import error_body, error_kind
+from app.protocols.anthropic.exchange import MessagesExchange
 from app.protocols.anthropic.messages import admission_bound, conversation
 from app.protocols.conversation.plan import render_conversation
 from app.routes.deps import AdmissionDep, EngineDep, XApiKeyAuthDep
@@ -96,7 +96,7 @@ async def messages(request: Request, engine: EngineDep, admission: AdmissionDep)
         units=[admission_bound(body)],
         priority=0,
         stream=body.stream,
-        build=lambda: MessagesCore(
+        build=lambda: MessagesExchange(
             body, engine.info, engine.tokenizer, message_id=message_id, served=served
         ),
     )

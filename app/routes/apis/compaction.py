@@ -54,6 +54,6 @@ async def compact_response(
         answer = await collect_answer(request, engine, call)
     except ClientGone:
         return Response(status_code=CLIENT_GONE)
-    core = call.core
-    conversation = [*core.context, *core.input_items[:-1]]  # the last: the summary request
+    exchange = call.exchange
+    conversation = [*exchange.context, *exchange.input_items[:-1]]  # the last: the summary request
     return OrjsonResponse(compacted(conversation, answer, created_at=int(time.time())))

@@ -31,7 +31,7 @@ from app.engine.models import served_by
 from app.errors import SwitchboardError
 from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_request
 from app.protocols.graphpipe.encode import encode_errors, encode_infer_response, encode_metadata
-from app.protocols.graphpipe.inference import InferCore
+from app.protocols.graphpipe.inference import InferExchange
 from app.protocols.graphpipe.model import describe
 from app.routes.deps import EngineDep, SettingsDep, get_admission, principal_of
 from app.routes.http.bodies import documented
@@ -80,10 +80,10 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _generate(engine: Engine, core: InferCore, tickets: Tickets) -> None:
+async def _generate(engine: Engine, exchange: InferExchange, tickets: Tickets) -> None:
     """Run every prompt of the batch at once, each on its ticket; the first failure ends
     them all."""
-    await run_generations(engine, core.requests, tickets, core.feed)
+    await run_generations(engine, exchange.requests, tickets, exchange.feed)
 
 
 def _octet(body: bytes | memoryview, status_code: int = 200) -> Response:
@@ -98,16 +98,18 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
         call = decode_request(await _read_body(request, limit), max_bytes=limit)
         if isinstance(call, MetadataCall):
             return _octet(encode_metadata(describe(name, __version__, engine.info)))
-        core = InferCore(call, engine.info, request_id=f"gp-{uuid.uuid4().hex}", lora_name=lora)
-        bounds = [prompt_tokens_bound(r) for r in core.requests]
+        exchange = InferExchange(
+            call, engine.info, request_id=f"gp-{uuid.uuid4().hex}", lora_name=lora
+        )
+        bounds = [prompt_tokens_bound(r) for r in exchange.requests]
         record = record_of(request)
         with get_admission(request).admit_all("graphpipe", bounds, record=record) as tickets:
             try:
-                await unless_disconnected(request.receive, _generate(engine, core, tickets))
+                await unless_disconnected(request.receive, _generate(engine, exchange, tickets))
                 record.last_token_now()
             finally:
-                record.count(core.accounting)
-        return _octet(encode_infer_response(core.outputs()))
+                record.count(exchange.accounting)
+        return _octet(encode_infer_response(exchange.outputs()))
     except (ClientDisconnect, ClientGone):
         return Response(status_code=CLIENT_GONE)
 

@@ -4,7 +4,7 @@ tokenizer, version; and OpenAI's error answer, which
 every route of this API (and the Responses API's) renders its errors with.
 
 Thin adapter: body -> `app.routes.http.calls.serve_call` (admission: one unit per
-prompt x choice, before any tokenizing, a refusal a 503 with Retry-After; the core built
+prompt x choice, before any tokenizing, a refusal a 503 with Retry-After; the exchange built
 off the event loop, where validation happens before any stream starts; the engine; JSON
 or SSE, errors inside a started stream then `data: [DONE]`). A client that goes away
 aborts its engine requests.
@@ -31,8 +31,8 @@ from app.engine.validation import check_token_ids
 from app.errors import SwitchboardError
 from app.protocols.bodies import parse_json, validate
 from app.protocols.conversation.plan import render_conversation
-from app.protocols.openai.chat import ChatCore, tokenize_conversation
-from app.protocols.openai.completions import CompletionCore
+from app.protocols.openai.chat import ChatExchange, tokenize_conversation
+from app.protocols.openai.completions import CompletionExchange
 from app.protocols.openai.errors import error_body
 from app.protocols.openai.render import render_chat, render_completions
 from app.protocols.openai.units import admission_units
@@ -102,7 +102,7 @@ def _answers(model: type[BaseModel], chunk: type[BaseModel] | None = None) -> An
 _PLAIN_ANSWER = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **_ERRORS}
 
 
-def _core_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]:
+def _exchange_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]:
     return {
         "response_id": f"{prefix}-{uuid.uuid4().hex}",
         "created": int(time.time()),
@@ -117,7 +117,7 @@ def _core_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]
 )
 async def completions(request: Request, engine: EngineDep, admission: AdmissionDep) -> Response:
     body = await read_body(request, CompletionRequest)
-    args = _core_args(engine, "cmpl", body.model)
+    args = _exchange_args(engine, "cmpl", body.model)
     return await serve_call(
         request,
         engine,
@@ -126,7 +126,7 @@ async def completions(request: Request, engine: EngineDep, admission: AdmissionD
         units=admission_units(body),
         priority=body.priority,
         stream=body.stream,
-        build=lambda: CompletionCore(body, engine.info, engine.tokenizer, **args),
+        build=lambda: CompletionExchange(body, engine.info, engine.tokenizer, **args),
     )
 
 
@@ -139,7 +139,7 @@ async def chat_completions(
     request: Request, engine: EngineDep, admission: AdmissionDep
 ) -> Response:
     body = await read_body(request, ChatCompletionRequest)
-    args = _core_args(engine, "chatcmpl", body.model)
+    args = _exchange_args(engine, "chatcmpl", body.model)
     return await serve_call(
         request,
         engine,
@@ -148,7 +148,7 @@ async def chat_completions(
         units=admission_units(body),
         priority=body.priority,
         stream=body.stream,
-        build=lambda: ChatCore(body, engine.info, engine.tokenizer, **args),
+        build=lambda: ChatExchange(body, engine.info, engine.tokenizer, **args),
     )
 
 
@@ -159,9 +159,9 @@ async def chat_completions(
 )
 async def render_completion(request: Request, engine: EngineDep) -> Response:
     body = await read_body(request, CompletionRequest)
-    args = _core_args(engine, "cmpl", body.model)
-    core = await render(lambda: CompletionCore(body, engine.info, engine.tokenizer, **args))
-    return OrjsonResponse(render_completions(core))
+    args = _exchange_args(engine, "cmpl", body.model)
+    exchange = await render(lambda: CompletionExchange(body, engine.info, engine.tokenizer, **args))
+    return OrjsonResponse(render_completions(exchange))
 
 
 @v1.post(
@@ -171,9 +171,9 @@ async def render_completion(request: Request, engine: EngineDep) -> Response:
 )
 async def render_chat_completion(request: Request, engine: EngineDep) -> Response:
     body = await read_body(request, ChatCompletionRequest)
-    args = _core_args(engine, "chatcmpl", body.model)
-    core = await render(lambda: ChatCore(body, engine.info, engine.tokenizer, **args))
-    return OrjsonResponse(render_chat(core))
+    args = _exchange_args(engine, "chatcmpl", body.model)
+    exchange = await render(lambda: ChatExchange(body, engine.info, engine.tokenizer, **args))
+    return OrjsonResponse(render_chat(exchange))
 
 
 @v1.get("/v1/models", responses=_answers(ModelList))

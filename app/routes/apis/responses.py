@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from app.admission import Tickets
 from app.engine.models import served_by
-from app.protocols.core import Event
+from app.protocols.exchange import Event
 from app.protocols.openai.units import admission_units
 from app.routes.apis.openai import openai_error
 from app.routes.deps import AuthDep, EngineDep, ResponsesDep

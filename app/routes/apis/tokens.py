@@ -4,7 +4,7 @@ the operational routes, each as `vllm serve` 0.32 answers it (`--enable-scale-ou
 `--tokens-only`).
 
 - `POST /inference/v1/generate`: `app.protocols.tokens` on the shared road (admission as
-  protocol `tokens`, one unit per choice; the core built in the render thread; JSON, or
+  protocol `tokens`, one unit per choice; the exchange built in the render thread; JSON, or
   SSE ending `data: [DONE]`; a client that leaves aborts its engine requests). Errors in
   OpenAI's shape, as vLLM answers them.
 - `POST /inference/v1/abort_requests` (and `/abort_requests`, the path `--tokens-only`
@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from app.engine.models import served_by
 from app.errors import InvalidRequest
 from app.protocols.bodies import parse_json
-from app.protocols.tokens import TokensCore, TokensRequest, units
+from app.protocols.tokens import TokensExchange, TokensRequest, units
 from app.routes.apis.openai import openai_error
 from app.routes.deps import AdmissionDep, AuthDep, EngineDep, get_objects
 from app.routes.http.answers import Answers, error_answers
@@ -76,9 +76,9 @@ async def generate(request: Request, engine: EngineDep, admission: AdmissionDep)
         protocol=PROTOCOL,
         units=units(body),
         priority=body.priority,
-        build=lambda: render(lambda: TokensCore(body, info, tokenizer, model=served.name)),
+        build=lambda: render(lambda: TokensExchange(body, info, tokenizer, model=served.name)),
     )
-    get_objects(request.app).named_requests.add(call.core.name, call.tickets)
+    get_objects(request.app).named_requests.add(call.exchange.name, call.tickets)
     return await answer_call(request, engine, call, stream=bool(body.stream))
 
 

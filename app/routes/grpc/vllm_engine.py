@@ -197,18 +197,20 @@ class _VllmEngine:
         except Exception as exc:
             record.failed(client_error(exc))
             await abort(context, exc)
-        core: SmgGenerate = call.core
-        outbox = _Outbox(core.stream)
+        exchange: SmgGenerate = call.exchange
+        outbox = _Outbox(exchange.stream)
         # Straight to grpcio (not `calls.Writer`, whose task per write costs more than
         # the write): one writer, this task, and nothing is sent once it is cancelled.
         write = context.write
-        self._named.add(core.name, call.tickets)
+        self._named.add(exchange.name, call.tickets)
         with call.tickets:
             runner = asyncio.ensure_future(
-                run_generations(engine, core.requests, call.tickets, counted(record, outbox.put))
+                run_generations(
+                    engine, exchange.requests, call.tickets, counted(record, outbox.put)
+                )
             )
             runner.add_done_callback(lambda _: outbox.ready.set())
-            interval = self._interval_s if core.stream else 0.0
+            interval = self._interval_s if exchange.stream else 0.0
             sent = False
             try:
                 while True:
@@ -218,7 +220,7 @@ class _VllmEngine:
                     sent = True
                     done = runner.done()
                     for index, events in outbox.take().items():
-                        for message in core.messages(index, events):
+                        for message in exchange.messages(index, events):
                             await write(message)
                     if done:
                         break

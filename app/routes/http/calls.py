@@ -1,11 +1,11 @@
-"""A call of an API whose body is a `Core` (`app.protocols.core`), answered over HTTP: the
+"""A call of an API whose body is a `Exchange` (`app.protocols.exchange`), answered over HTTP: the
 shared road (`app.sessions.calls`) with its events as server-sent events, or its body as
 JSON.
 
 `serve_call` admits and builds a call and answers it; `answer_call` answers one already
 started (the Responses API starts its own: it reads a stored conversation first), and
 `collect_answer` gives its body to a route that makes its own answer of it (compaction).
-Streamed: a 200 `text/event-stream` of the core's events, written as they come (each
+Streamed: a 200 `text/event-stream` of the exchange's events, written as they come (each
 engine event's in one write), then `data: [DONE]` where the API ends with it; an error
 after the first byte is in the stream, in the API's shape. Not streamed: the body as
 JSON, or the error raised for the route's renderer. A client that disconnects cancels
@@ -23,7 +23,7 @@ from starlette.responses import Response
 
 from app.admission import Admission
 from app.engine.base import Engine
-from app.protocols.core import Core, Event
+from app.protocols.exchange import Event, Exchange
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.http.json import OrjsonResponse
 from app.routes.http.sse import DONE, PushedStream, sse
@@ -40,10 +40,10 @@ async def serve_call(
     units: Sequence[int],
     priority: int,
     stream: bool,
-    build: Callable[[], Core],
+    build: Callable[[], Exchange],
 ) -> Response:
     """Admit a call of `len(units)` engine requests (`units[i]`: a bound of request i's
-    prompt tokens), build its core in the render thread and answer it."""
+    prompt tokens), build its exchange in the render thread and answer it."""
     call = await start_call(
         admission,
         record_of(request),
@@ -69,7 +69,7 @@ async def answer_call(
         async def produce(write: Callable[[bytes], None]) -> None:
             await stream_call(engine, call, lambda events: write(_encoded(events)), hooks)
 
-        return PushedStream(produce, call.tickets, DONE if call.core.ends_with_done else b"")
+        return PushedStream(produce, call.tickets, DONE if call.exchange.ends_with_done else b"")
     try:
         body = await collect_answer(request, engine, call, hooks)
     except ClientGone:

@@ -47,7 +47,7 @@ from starlette.websockets import WebSocketDisconnect
 from app.engine.models import served_by
 from app.errors import InvalidRequest, ResourceExhausted, SwitchboardError, client_error
 from app.protocols.bodies import parse_json, validate
-from app.protocols.core import Event
+from app.protocols.exchange import Event
 from app.protocols.openai.errors import error_body
 from app.protocols.openai.units import admission_units
 from app.routes.deps import get_drain, get_engine, get_objects, get_settings, principal_of

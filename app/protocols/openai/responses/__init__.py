@@ -5,7 +5,7 @@
 - `tools`: function tools and `tool_choice` in the Responses API's flat shape;
 - `request`: a body (with the stored context of `previous_response_id`) -> a
   `Conversation`;
-- `core`: `ResponsesCore`, the engine's events -> output items, the response object and
+- `exchange`: `ResponsesExchange`, the engine's events -> output items, the response object and
   the stream's events;
 - `events`: every stream event's shape, for the live stream and for a stored response
   replayed;

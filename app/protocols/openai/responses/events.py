@@ -1,4 +1,4 @@
-"""The Responses API's stream events, built in one place for the live stream (`core`) and
+"""The Responses API's stream events, built in one place for the live stream (`exchange`) and
 for a stored response replayed (`replay`), so both speak exactly one shape.
 
 `Events` numbers every event it builds (`sequence_number`, from 0, one per event, as the
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.errors import SwitchboardError
-from app.protocols.core import Event
+from app.protocols.exchange import Event
 from app.protocols.openai.errors import error_type
 
 Body = dict[str, Any]

@@ -17,7 +17,7 @@ What the Responses API adds to a chat call is read here and nowhere else:
 - sampling with OpenAI's defaults and the extras `vllm serve` takes, every error naming
   the Responses field (`max_output_tokens`, `top_logprobs`, `input`).
 
-`truncation: "auto"` is applied by the core (it needs the rendered length): the oldest
+`truncation: "auto"` is applied by the exchange (it needs the rendered length): the oldest
 items of the conversation are dropped until it fits.
 """
 

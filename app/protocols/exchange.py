@@ -1,11 +1,11 @@
-"""`Core`: what one client call of a call-shaped API is, to the road that runs it.
+"""`Exchange`: what one client call of a call-shaped API is, to the road that runs it.
 
 Every API that runs engine requests for one call and answers in one body or one stream
-(OpenAI Completions, Chat Completions, Responses, Anthropic Messages) is a core built
-from the client's body, sans-IO: the shared road (`app.sessions.calls`) admits the call,
-builds its core off the event loop, runs `requests` on the engine (each event handed to
-the core with its request's index), and asks the core what to send, which the transport
-encodes (SSE, `app.routes.http.calls`; JSON frames, the Responses websocket):
+(OpenAI Completions, Chat Completions, Responses, Anthropic Messages) is an exchange
+built from the client's body, sans-IO: the shared road (`app.sessions.calls`) admits the
+call, builds its exchange off the event loop, runs `requests` on the engine (each event
+handed to the exchange with its request's index), and asks the exchange what to send,
+which the transport encodes (SSE, `app.routes.http.calls`; JSON frames, the Responses websocket):
 
 - streamed: `opening()` before any engine event, `events(index, event)` for each one,
   `closing()` once every request has ended; `failure(error)` in place of what is left
@@ -20,7 +20,7 @@ Each streamed event is `(name, body)`: `name` is the SSE event's name (None: a b
 `data:` event, as OpenAI's Chat and Completions stream), `body` its JSON (a websocket
 frame's whole).
 
-Invariants: a core raises `app.errors` classes for the client's mistakes while it is
+Invariants: an exchange raises `app.errors` classes for the client's mistakes while it is
 built (before anything runs) and never after; what it is fed is the engine's events in
 each request's own order; it does no I/O.
 """
@@ -37,7 +37,7 @@ from app.protocols.accounting import Accounting
 Event = tuple[str | None, Mapping[str, Any]]
 
 
-class Core(Protocol):
+class Exchange(Protocol):
     @property
     def requests(self) -> Sequence[GenerationRequest]: ...
 

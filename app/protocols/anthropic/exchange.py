@@ -1,5 +1,5 @@
-"""POST /v1/messages as a `app.protocols.core.Core`: the body planned by the conversation
-core, its one engine request's events encoded as Anthropic's message and stream.
+"""POST /v1/messages as an `app.protocols.exchange.Exchange`: the body planned by the
+conversation core, its one engine request's events encoded as Anthropic's message and stream.
 
 A stream, as the anthropic SDK's accumulator and Claude Code read it:
 
@@ -51,7 +51,7 @@ from app.protocols.anthropic.messages import conversation
 from app.protocols.conversation.blocks import Kind, OutputBlocks
 from app.protocols.conversation.output import ChoiceOutput
 from app.protocols.conversation.plan import plan_conversation
-from app.protocols.core import Event
+from app.protocols.exchange import Event
 from app.text import load_json
 from schemas.anthropic import AnthropicMessagesRequest
 
@@ -66,7 +66,7 @@ def _input(arguments: str) -> Any:
         return {}
 
 
-class MessagesCore(OutputBlocks):
+class MessagesExchange(OutputBlocks):
     ends_with_done = False
 
     def __init__(

@@ -1,6 +1,6 @@
-"""`ResponsesCore`: one Responses API call as an `app.protocols.core.Core`: its plan (one
-engine request), and the engine's events encoded as the Responses API's output items, a
-response object and, streamed, its events.
+"""`ResponsesExchange`: one Responses API call as an `app.protocols.exchange.Exchange`:
+its plan (one engine request), and the engine's events encoded as the Responses API's
+output items, a response object and, streamed, its events.
 
 Streamed, the output is read as it comes (`ChoiceOutput.delta`) and cut into items as
 Messages cuts it into blocks (`app.protocols.conversation.blocks`): visible text opens a
@@ -41,7 +41,7 @@ from app.protocols.accounting import Accounting
 from app.protocols.conversation.blocks import Kind, OutputBlocks
 from app.protocols.conversation.output import ChoiceOutput
 from app.protocols.conversation.plan import ChatPlan, plan_conversation
-from app.protocols.core import Event
+from app.protocols.exchange import Event
 from app.protocols.openai.conversations import conversation_id
 from app.protocols.openai.logprobs import chat_logprobs
 from app.protocols.openai.responses.events import (
@@ -119,7 +119,7 @@ def echoed_format(body: ResponsesRequest) -> Body:
     }
 
 
-class ResponsesCore(OutputBlocks):
+class ResponsesExchange(OutputBlocks):
     ends_with_done = False
 
     def __init__(
