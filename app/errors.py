@@ -23,8 +23,8 @@ is in the terms every protocol shares, its HTTP status and its gRPC status:
 
     ConfigError                      (not a client error: the server cannot start)
 
-Each API words them in its own vocabulary where its protocol lives, so a new API adds a
-renderer, not a column here: OpenAI's error `type` (`app.protocols.openai.errors`),
+Each API words them in its own vocabulary where its protocol lives, so a new API adds an
+error responder, not a column here: OpenAI's error `type` (`app.protocols.openai.errors`),
 Anthropic's (`app.protocols.anthropic.errors`); GraphPipe's numeric error code is the
 HTTP status (GraphPipe leaves codes to the server); the Salience and gRPC status is
 `grpc_status`; an Evergreen abort carries `evergreen_reason`, a short upper-case reason,

@@ -92,7 +92,11 @@ async def measure_workload(engine: Any) -> Workload:
     """Build the workload and run it once, unaborted, on `engine` (on the server's loop)."""
     texts = tuple(f"Tell me story number {i}, and make it long." for i in range(WORKERS))
     prompts = tuple(
-        tuple(engine.tokenizer.render_chat(ChatPrompt((ChatMessage("user", (TextPart(text),)),))))
+        tuple(
+            engine.tokenizer.apply_chat_template(
+                ChatPrompt((ChatMessage("user", (TextPart(text),)),))
+            )
+        )
         for text in texts
     )
     assert max(len(p) for p in prompts) <= PROMPT_ROOM

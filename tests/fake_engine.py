@@ -37,7 +37,7 @@ class FakeTokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(t) for t in token_ids if not (skip_special_tokens and t == EOS))
 
-    def render_chat(self, prompt: ChatPrompt) -> list[int]:
+    def apply_chat_template(self, prompt: ChatPrompt) -> list[int]:
         text = "".join(f"[{m.role}]{m.text()}\n" for m in prompt.messages)
         if prompt.add_generation_prompt:
             text += "[assistant]"

@@ -275,7 +275,7 @@ class EngineInfo:
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
-    def render_chat(self, prompt: ChatPrompt) -> list[int]:
+    def apply_chat_template(self, prompt: ChatPrompt) -> list[int]:
         """The token ids of `prompt` rendered by the model's chat template, as `vllm
         serve` renders the same conversation; each image leaves one block of one pad
         token (`VisionInfo`), which the caller expands. Raises `InvalidRequest` when the

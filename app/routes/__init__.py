@@ -1,7 +1,7 @@
 """The transports: thin adapters that move each protocol's frames between its clients and
 its core (`app.protocols`), the session layer (`app.sessions`) and the engine.
 
-- `http/`: what every HTTP API shares: JSON bodies, the error renderers each API
+- `http/`: what every HTTP API shares: JSON bodies, the error responders each API
   registers and the last-resort middleware, SSE, disconnect watching, fanned-out
   generations.
 - `apis/`: the HTTP APIs, one module each (OpenAI, GraphPipe, probes, the playground).

@@ -7,7 +7,7 @@ messages, calls this layer, and renders what comes back and the `SwitchboardErro
 raised:
 
 - `calls`: the one road of every call-shaped API (Completions, Chat, Responses,
-  Messages): admission, the exchange built in the render thread, the engine's events pushed
+  Messages): admission, the exchange built in the prompt thread, the engine's events pushed
   to it, its events or body handed out, hooks around its end; `generations`: a call's
   engine requests run together;
 - `responses`: the Responses API on that road, and a websocket connection's own

@@ -7,9 +7,9 @@ In this order:
 1. `start_call`: admission (`app.admission`), one unit per engine request the call will
    make, each with a bound of its prompt tokens, before any prompt work (a refusal is
    raised, for the transport to answer in the API's shape); then `build`, which makes
-   the exchange: off the event loop, in the one render thread (`render`), where templating,
-   tokenizing, compiling a constraint's grammar and decoding images block, so that they
-   never stall the streams. A build that fails gives its admission places back.
+   the exchange: off the event loop, in the one prompt thread (`in_prompt_thread`),
+   where templating, tokenizing, compiling a constraint's grammar and decoding images
+   block, so that they never stall the streams. A build that fails gives its admission places back.
 2. `stream_call`: the exchange's events handed to `emit` as they come: `opening()`, then the
    events of each engine event, pushed from the engine's own loop (`run_generations`: the
    call's task waits once, for the end), then `closing()`; a failure after the opening
@@ -64,14 +64,14 @@ class Planned(Protocol):
 C = TypeVar("C", bound=Planned)
 Emit = Callable[[list[Event]], None]
 
-# One thread, so that prompts are rendered in arrival order and the tokenizer is never
+# One thread, so that prompts are templated in arrival order and the tokenizer is never
 # entered from two threads at once (HF's fast tokenizers are not reentrant).
-_RENDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render")
+_PROMPT_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt")
 
 
-async def render(build: Callable[[], T]) -> T:
-    """`build()` in the render thread."""
-    return await asyncio.get_running_loop().run_in_executor(_RENDER, build)
+async def in_prompt_thread(build: Callable[[], T]) -> T:
+    """`build()` in the prompt thread."""
+    return await asyncio.get_running_loop().run_in_executor(_PROMPT_THREAD, build)
 
 
 class Hooks(Protocol):
@@ -114,7 +114,7 @@ async def start_call(
     build: Callable[[], Awaitable[C]],
 ) -> Call[C]:
     """Admit a call of `len(units)` engine requests (`units[i]`: a bound of request i's
-    prompt tokens), then `build()` its exchange (awaited: the render thread, and whatever
+    prompt tokens), then `build()` its exchange (awaited: the prompt thread, and whatever
     the API reads first, a stored conversation say)."""
     tickets = admission.admit_all(protocol, list(units), priority=priority, record=record)
     try:

@@ -4,7 +4,7 @@
 
 A call, in the house's order: admission first (a refusal before any work), then the
 conversation it continues (`previous_response_id`'s, or the items of its `conversation`,
-the Conversations API's), then the exchange, planned in the render thread (every client
+the Conversations API's), then the exchange, planned in the prompt thread (every client
 error before anything runs), then the engine. What the call does around its end
 (`hooks`): a stored response's record is written, and its conversation extended, before
 its terminal event (`app.sessions.stored_responses`); a websocket connection keeps what
@@ -39,7 +39,7 @@ from app.protocols.openai.conversations import conversation_id
 from app.protocols.openai.responses.exchange import TERMINAL, ResponsesExchange
 from app.protocols.openai.responses.items import Item, new_id, read_input
 from app.protocols.openai.responses.record import StoredResponse
-from app.sessions.calls import Call, Hooks, render, start_call
+from app.sessions.calls import Call, Hooks, in_prompt_thread, start_call
 from app.sessions.conversations import Conversations
 from app.sessions.stored_responses import (
     BackgroundRuns,
@@ -141,7 +141,7 @@ class Responses:
             context = await self._context(body, kept)
             info, tokenizer = self.engine.info, self.engine.tokenizer
             response_id, created_at = new_id("resp"), int(time.time())
-            return await render(
+            return await in_prompt_thread(
                 lambda: ResponsesExchange(
                     body,
                     info,

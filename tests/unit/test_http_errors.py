@@ -128,7 +128,7 @@ async def test_framework_errors_on_graphpipe_paths_are_infer_responses() -> None
 async def test_fastapi_validation_errors_are_in_the_routers_shape() -> None:
     # Every shipped route parses its body by hand; a typed parameter added later must
     # still fail in shape, in the shape of the API whose router it joins (nothing picks
-    # the shape by path): one route on OpenAI's renderer, one on GraphPipe's.
+    # the shape by path): one route on OpenAI's responder, one on GraphPipe's.
     app = create_app(Settings(model="fake"), engine=FakeEngine())
     openai_routes = api_router(openai_error)
     graphpipe_routes = api_router(graphpipe_error)

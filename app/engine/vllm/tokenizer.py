@@ -1,6 +1,6 @@
 """The engine's own tokenizer, and vLLM's chat renderer, behind the neutral `Tokenizer`.
 
-`render_chat` renders a neutral `ChatPrompt` the way `vllm serve` renders the same
+`apply_chat_template` templates a neutral `ChatPrompt` the way `vllm serve` renders the same
 conversation sent to its chat endpoint: the messages become the OpenAI-chat shape vLLM's
 renderer takes (text parts, images as vLLM's in-memory image parts, assistant calls with
 JSON-text arguments, tool answers), and vLLM's own `render_messages` parses them (content
@@ -88,7 +88,7 @@ class HfTokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
-    def render_chat(self, prompt: ChatPrompt) -> list[int]:
+    def apply_chat_template(self, prompt: ChatPrompt) -> list[int]:
         if not self.has_chat_template:
             raise InvalidRequest("This model has no chat template", param="messages")
         # As vLLM's chat serving merges them: the server's defaults (tools, text out),

@@ -3,7 +3,7 @@
 The translation, block by block:
 
 - `system` (a string or text blocks) -> one leading system message, each block a text
-  part (the renderer joins parts as it joins a Chat message's); a message of role
+  part (the chat template joins parts as it joins a Chat message's); a message of role
   `system` (Claude Code's mid-conversation instructions) -> a system message in place;
 - a user message's text and image blocks -> a user message; each `tool_result` block
   -> a `tool` message answering its `tool_use_id` (its text and images; `is_error` has

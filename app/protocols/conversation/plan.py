@@ -13,7 +13,7 @@ client's field. `plan_conversation` is the one place these become engine request
    format, as `vllm serve` does, and gives the parser that reads calls and, with a
    reasoning parser, reasoning back out of each choice's text); a forced call is never
    cut by the client's stop strings or stop tokens (they could only cut the call);
-2. the messages are rendered by the model's chat template (`Tokenizer.render_chat`,
+2. the messages are templated by the model's chat template (`Tokenizer.apply_chat_template`,
    token for token what `vllm serve` renders), and each image's block is widened to the
    pad tokens its vision encoder makes;
 3. the prompt must fit the context with the requested output (`max_tokens` None: the
@@ -97,7 +97,7 @@ def _field(fields: Fields, neutral: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class RenderedConversation:
+class TemplatedConversation:
     """A conversation's prompt: its token ids (image blocks widened), its images in
     prompt order, and the tool plan it was rendered with (None: no tools)."""
 
@@ -106,9 +106,9 @@ class RenderedConversation:
     tool_plan: ToolPlan | None
 
 
-def render_conversation(
+def template_conversation(
     call: Conversation, info: EngineInfo, tokenizer: Tokenizer
-) -> RenderedConversation:
+) -> TemplatedConversation:
     """Steps 1 and 2 of the plan: the tools planned and the prompt rendered (what
     /tokenize answers for a conversation)."""
     messages_field = _field(call.fields, "prompt")
@@ -140,14 +140,14 @@ def render_conversation(
         continue_final_message=call.continue_final_message,
         template_kwargs=call.template_kwargs,
     )
-    ids = tokenizer.render_chat(prompt)
+    ids = tokenizer.apply_chat_template(prompt)
     ids, images = _with_images(ids, call.messages, info, messages_field)
-    return RenderedConversation(ids, images, tool_plan)
+    return TemplatedConversation(ids, images, tool_plan)
 
 
 def plan_conversation(call: Conversation, info: EngineInfo, tokenizer: Tokenizer) -> ChatPlan:
-    rendered = render_conversation(call, info, tokenizer)
-    ids, images, tool_plan = rendered.prompt_token_ids, rendered.images, rendered.tool_plan
+    templated = template_conversation(call, info, tokenizer)
+    ids, images, tool_plan = templated.prompt_token_ids, templated.images, templated.tool_plan
     max_tokens = output_limit(call.max_tokens, info, len(ids))
     check_prompt(ids, max_tokens, info, call.fields)
     options = replace(call.sampling, max_tokens=max_tokens, constraint=call.constraint)

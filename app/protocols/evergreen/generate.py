@@ -292,7 +292,7 @@ def prompt_token_ids(
             ChatMessage(role=_CHAT_ROLES.get(t.role, t.role), parts=(TextPart(t.text),))
             for t in conversation
         )
-        ids = tokenizer.render_chat(ChatPrompt(messages))
+        ids = tokenizer.apply_chat_template(ChatPrompt(messages))
     else:
         ids = tokenizer.encode("".join(t.text for t in conversation))
     max_tokens = plan.max_tokens if plan.max_tokens is not None else info.max_model_len - len(ids)

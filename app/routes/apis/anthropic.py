@@ -5,7 +5,7 @@ under /v1/messages/ (Anthropic's batches, say) is Anthropic's `not_found_error`.
 
 Thin adapter: body -> `app.routes.http.calls.serve_call` (admission: one unit, its bound
 the body's texts, before any templating, a refusal a 529 with Retry-After; the exchange built
-in the render thread, where every client mistake is found before a stream starts; the
+in the prompt thread, where every client mistake is found before a stream starts; the
 engine; JSON or named SSE events). A client that goes away aborts its engine request.
 The key is `x-api-key` or a bearer token (`app.routes.deps.require_x_api_key`); query
 strings (Claude Code's `?beta=true`) and the `anthropic-version` / `anthropic-beta`
@@ -27,14 +27,14 @@ from app.errors import InvalidRequest, NotFound, SwitchboardError
 from app.protocols.anthropic.errors import error_body, error_kind
 from app.protocols.anthropic.exchange import MessagesExchange
 from app.protocols.anthropic.messages import admission_bound, conversation
-from app.protocols.conversation.plan import render_conversation
+from app.protocols.conversation.plan import template_conversation
 from app.routes.deps import AdmissionDep, EngineDep, XApiKeyAuthDep
 from app.routes.http.answers import Answers, error_answers, event_stream
 from app.routes.http.bodies import json_body, read_body
 from app.routes.http.calls import serve_call
 from app.routes.http.errors import api_router, retry_headers
 from app.routes.http.json import OrjsonResponse
-from app.sessions.calls import render
+from app.sessions.calls import in_prompt_thread
 from schemas.anthropic import AnthropicCountTokensRequest, AnthropicMessagesRequest
 from schemas.anthropic_replies import (
     STREAM_EVENTS,
@@ -116,9 +116,9 @@ async def count_tokens(request: Request, engine: EngineDep) -> Response:
 
     def count() -> int:
         call = conversation(body, info, request_id="count_tokens", lora_name=lora)
-        return len(render_conversation(call, info, tokenizer).prompt_token_ids)
+        return len(template_conversation(call, info, tokenizer).prompt_token_ids)
 
-    return OrjsonResponse({"input_tokens": await render(count)})
+    return OrjsonResponse({"input_tokens": await in_prompt_thread(count)})
 
 
 @router.api_route(

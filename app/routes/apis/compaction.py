@@ -2,7 +2,7 @@
 with (`app.protocols.openai.responses.compaction`).
 
 The summary is one Responses call on the shared road (`app.sessions.responses`:
-admission, the stored context of `previous_response_id`, the plan in the render thread,
+admission, the stored context of `previous_response_id`, the plan in the prompt thread,
 the engine; not stored), answered as JSON once it has ended. A body without `model` is a
 400 (the spec requires it), every error OpenAI's shape with `param`; a client that goes
 away aborts the engine request.

@@ -8,7 +8,7 @@ validate, plan; no tokenizing) -> admission (one unit per batch row; the whole b
 admitted or refused, 503 + Retry-After) -> engine, one generation per prompt, all at once
 -> core (encode).
 Every failure of a POST, authentication included, answers an `InferResponse` carrying
-one `Error` whose code is also the HTTP status (`graphpipe_error`, the renderer this
+one `Error` whose code is also the HTTP status (`graphpipe_error`, the responder this
 API's routes carry): never FastAPI's JSON error body, never a bare 500. A prompt that
 fails, or a client that disconnects, closes every generation of its batch
 (`run_generations`), and closing a generation aborts its engine request.
@@ -91,7 +91,7 @@ def _octet(body: bytes | memoryview, status_code: int = 200) -> Response:
 
 
 async def _post(request: Request, engine: Engine, limit: int, model: str | None) -> Response:
-    """Errors are raised for the route's renderer (`graphpipe_error`)."""
+    """Errors are raised for the route's responder (`graphpipe_error`)."""
     try:
         principal_of(request)
         name, lora = _target(engine, model)

@@ -30,7 +30,7 @@ from app.engine.runtime_lora import RuntimeLora
 from app.engine.validation import check_token_ids
 from app.errors import SwitchboardError
 from app.protocols.bodies import parse_json, validate
-from app.protocols.conversation.plan import render_conversation
+from app.protocols.conversation.plan import template_conversation
 from app.protocols.openai.chat import ChatExchange, tokenize_conversation
 from app.protocols.openai.completions import CompletionExchange
 from app.protocols.openai.errors import error_body
@@ -42,7 +42,7 @@ from app.routes.http.bodies import json_body, read_body
 from app.routes.http.calls import serve_call
 from app.routes.http.errors import api_router, retry_headers
 from app.routes.http.json import OrjsonResponse
-from app.sessions.calls import render
+from app.sessions.calls import in_prompt_thread
 from schemas.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -160,7 +160,9 @@ async def chat_completions(
 async def render_completion(request: Request, engine: EngineDep) -> Response:
     body = await read_body(request, CompletionRequest)
     args = _exchange_args(engine, "cmpl", body.model)
-    exchange = await render(lambda: CompletionExchange(body, engine.info, engine.tokenizer, **args))
+    exchange = await in_prompt_thread(
+        lambda: CompletionExchange(body, engine.info, engine.tokenizer, **args)
+    )
     return OrjsonResponse(render_completions(exchange))
 
 
@@ -172,7 +174,9 @@ async def render_completion(request: Request, engine: EngineDep) -> Response:
 async def render_chat_completion(request: Request, engine: EngineDep) -> Response:
     body = await read_body(request, ChatCompletionRequest)
     args = _exchange_args(engine, "chatcmpl", body.model)
-    exchange = await render(lambda: ChatExchange(body, engine.info, engine.tokenizer, **args))
+    exchange = await in_prompt_thread(
+        lambda: ChatExchange(body, engine.info, engine.tokenizer, **args)
+    )
     return OrjsonResponse(render_chat(exchange))
 
 
@@ -242,10 +246,10 @@ async def tokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
     tokenizer, info = engine.tokenizer, engine.info
     if isinstance(body, TokenizeChatRequest):
         chat_body = body
-        rendered = await render(
-            lambda: render_conversation(tokenize_conversation(chat_body, info), info, tokenizer)
+        templated = await in_prompt_thread(
+            lambda: template_conversation(tokenize_conversation(chat_body, info), info, tokenizer)
         )
-        tokens = rendered.prompt_token_ids
+        tokens = templated.prompt_token_ids
     else:
         tokens = tokenizer.encode(body.prompt, body.add_special_tokens)
     result: dict[str, Any] = {

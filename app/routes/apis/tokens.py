@@ -4,7 +4,7 @@ the operational routes, each as `vllm serve` 0.32 answers it (`--enable-scale-ou
 `--tokens-only`).
 
 - `POST /inference/v1/generate`: `app.protocols.tokens` on the shared road (admission as
-  protocol `tokens`, one unit per choice; the exchange built in the render thread; JSON, or
+  protocol `tokens`, one unit per choice; the exchange built in the prompt thread; JSON, or
   SSE ending `data: [DONE]`; a client that leaves aborts its engine requests). Errors in
   OpenAI's shape, as vLLM answers them.
 - `POST /inference/v1/abort_requests` (and `/abort_requests`, the path `--tokens-only`
@@ -36,7 +36,7 @@ from app.routes.http.answers import Answers, error_answers
 from app.routes.http.bodies import json_body, read_body
 from app.routes.http.calls import answer_call
 from app.routes.http.errors import api_router
-from app.sessions.calls import render, start_call
+from app.sessions.calls import in_prompt_thread, start_call
 from app.telemetry.http import record_of
 from schemas.openai_replies import ErrorResponse
 
@@ -76,7 +76,9 @@ async def generate(request: Request, engine: EngineDep, admission: AdmissionDep)
         protocol=PROTOCOL,
         units=units(body),
         priority=body.priority,
-        build=lambda: render(lambda: TokensExchange(body, info, tokenizer, model=served.name)),
+        build=lambda: in_prompt_thread(
+            lambda: TokensExchange(body, info, tokenizer, model=served.name)
+        ),
     )
     get_objects(request.app).named_requests.add(call.exchange.name, call.tickets)
     return await answer_call(request, engine, call, stream=bool(body.stream))

@@ -3,7 +3,7 @@ SMG's gRPC mode, what `vllm serve --grpc` serves through smg-grpc-servicer. A th
 adapter: the protocol is `app.protocols.smg`'s, the road `app.sessions.calls`'.
 
 - `Generate`: admission (one unit per choice, protocol `smg`, before any prompt work;
-  refused UNAVAILABLE with the retry hint), the request built in the render thread
+  refused UNAVAILABLE with the retry hint), the request built in the prompt thread
   (a bad one INVALID_ARGUMENT, a prompt past the context too, before any engine
   request), then the engine's events
   pushed from its loop into an outbox the call's writer empties: a stream's first chunk
@@ -59,7 +59,7 @@ from app.metrics import kv_cache_usage
 from app.objects import AppObjects
 from app.protocols.smg import SmgGenerate, model_info
 from app.routes.grpc.calls import Context, Service, answer_id, caller_of, decode, end, register
-from app.sessions.calls import render, start_call
+from app.sessions.calls import in_prompt_thread, start_call
 from app.sessions.generations import run_generations
 from app.sessions.named import NamedRequests
 from app.telemetry.logs import logging_as
@@ -192,7 +192,7 @@ class _VllmEngine:
                 protocol=PROTOCOL,
                 units=_units(request),
                 priority=0,
-                build=lambda: render(lambda: SmgGenerate(request, info, tokenizer)),
+                build=lambda: in_prompt_thread(lambda: SmgGenerate(request, info, tokenizer)),
             )
         except Exception as exc:
             record.failed(client_error(exc))

@@ -8,7 +8,7 @@ started (the Responses API starts its own: it reads a stored conversation first)
 Streamed: a 200 `text/event-stream` of the exchange's events, written as they come (each
 engine event's in one write), then `data: [DONE]` where the API ends with it; an error
 after the first byte is in the stream, in the API's shape. Not streamed: the body as
-JSON, or the error raised for the route's renderer. A client that disconnects cancels
+JSON, or the error raised for the route's responder. A client that disconnects cancels
 the call (its engine requests are aborted); its admission places are given back however
 the answer ends.
 """
@@ -27,7 +27,7 @@ from app.protocols.exchange import Event, Exchange
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.http.json import OrjsonResponse
 from app.routes.http.sse import DONE, PushedStream, sse
-from app.sessions.calls import Call, Hooks, collect_call, render, start_call, stream_call
+from app.sessions.calls import Call, Hooks, collect_call, in_prompt_thread, start_call, stream_call
 from app.telemetry.http import record_of
 
 
@@ -43,14 +43,14 @@ async def serve_call(
     build: Callable[[], Exchange],
 ) -> Response:
     """Admit a call of `len(units)` engine requests (`units[i]`: a bound of request i's
-    prompt tokens), build its exchange in the render thread and answer it."""
+    prompt tokens), build its exchange in the prompt thread and answer it."""
     call = await start_call(
         admission,
         record_of(request),
         protocol=protocol,
         units=units,
         priority=priority,
-        build=lambda: render(build),
+        build=lambda: in_prompt_thread(build),
     )
     return await answer_call(request, engine, call, stream=stream)
 

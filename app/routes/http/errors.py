@@ -1,15 +1,15 @@
 """Every error answer of the HTTP routes, in the shape of the API that was called.
 
-Each HTTP API builds its router with `api_router(render)`: its routes carry `render`,
-the API's `ErrorRenderer` (body shape, status, headers), and every error raised while
+Each HTTP API builds its router with `api_router(respond)`: its routes carry `respond`,
+the API's `ErrorResponder` (body shape, status, headers), and every error raised while
 one of them handles a request is answered by it; nothing picks a shape by path. A
-request no route matched (an unknown path) gets the app's default renderer, given to
+request no route matched (an unknown path) gets the app's default responder, given to
 `install_error_handlers`. Whatever the error:
 
 - a `SwitchboardError` raised by a route or a dependency (the API key check);
 - FastAPI's and Starlette's own: `RequestValidationError`, `HTTPException` (404 for an
   unknown path, 405 for a wrong method, with its `Allow` header kept: the route that
-  matched the path but not the method renders it);
+  matched the path but not the method answers it);
 - any other exception before the response has started: a bug of ours, logged by
   `InternalError.wrap` and answered by `LastResortMiddleware`.
 
@@ -47,7 +47,7 @@ from app.protocols.bodies import describe_errors
 from app.telemetry.http import RECORD
 
 
-class ErrorRenderer(Protocol):
+class ErrorResponder(Protocol):
     def __call__(
         self,
         error: SwitchboardError,
@@ -69,15 +69,15 @@ def retry_headers(
     return headers
 
 
-def api_router(render: ErrorRenderer, **kwargs: Any) -> APIRouter:
-    """A router whose routes answer their errors with `render`."""
-    route_class = type("Route", (APIRoute,), {"render_error": staticmethod(render)})
+def api_router(respond: ErrorResponder, **kwargs: Any) -> APIRouter:
+    """A router whose routes answer their errors with `respond`."""
+    route_class = type("Route", (APIRoute,), {"respond_error": staticmethod(respond)})
     return APIRouter(route_class=route_class, **kwargs)
 
 
-def _renderer(scope: Scope, default: ErrorRenderer) -> ErrorRenderer:
-    render: ErrorRenderer | None = getattr(scope.get("route"), "render_error", None)
-    return render if render is not None else default
+def _responder(scope: Scope, default: ErrorResponder) -> ErrorResponder:
+    respond: ErrorResponder | None = getattr(scope.get("route"), "respond_error", None)
+    return respond if respond is not None else default
 
 
 def _from_http(request: Request, exc: HTTPException) -> SwitchboardError:
@@ -102,26 +102,26 @@ def _told(scope: Scope, error: SwitchboardError) -> SwitchboardError:
     return error
 
 
-def install_error_handlers(app: FastAPI, default: ErrorRenderer) -> None:
-    """Errors answered by the renderer of the route that was called, `default` where no
+def install_error_handlers(app: FastAPI, default: ErrorResponder) -> None:
+    """Errors answered by the responder of the route that was called, `default` where no
     route was."""
 
-    def render(request: Request) -> ErrorRenderer:
-        return _renderer(request.scope, default)
+    def respond(request: Request) -> ErrorResponder:
+        return _responder(request.scope, default)
 
     @app.exception_handler(SwitchboardError)
     async def _switchboard_error(request: Request, exc: SwitchboardError) -> Response:
-        return render(request)(_told(request.scope, exc), None, retry_headers(exc))
+        return respond(request)(_told(request.scope, exc), None, retry_headers(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
         error = describe_errors(exc.errors(), sourced=True)
-        return render(request)(_told(request.scope, error))
+        return respond(request)(_told(request.scope, error))
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> Response:
         error = _told(request.scope, _from_http(request, exc))
-        return render(request)(error, exc.status_code, exc.headers)
+        return respond(request)(error, exc.status_code, exc.headers)
 
     app.add_middleware(LastResortMiddleware, default=default)
 
@@ -131,7 +131,7 @@ class LastResortMiddleware:
     the response has been sent yet; the connection stays open for the client's next
     request."""
 
-    def __init__(self, app: ASGIApp, default: ErrorRenderer) -> None:
+    def __init__(self, app: ASGIApp, default: ErrorResponder) -> None:
         self.app = app
         self.default = default
 
@@ -155,5 +155,5 @@ class LastResortMiddleware:
                 raise
             # The router wrote the matched route into the scope (Starlette shares it).
             error = _told(scope, InternalError.wrap(exc))
-            response = _renderer(scope, self.default)(error)
+            response = _responder(scope, self.default)(error)
             await response(scope, receive, send)

@@ -2,7 +2,7 @@
 
 Starlette's own `path` convertor is the regex `.*`, which stops at a newline, so a
 percent-encoded `%0A` in a model name left the route unmatched and the request was
-answered by the app's default renderer (OpenAI's JSON) instead of the API's own (a
+answered by the app's default responder (OpenAI's JSON) instead of the API's own (a
 GraphPipe client got JSON where its spec promises a flatbuffer). `{name:rest}` matches
 every character, newlines included; the route then judges the value itself.
 """
