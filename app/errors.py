@@ -46,7 +46,7 @@ import logging
 import uuid
 from typing import ClassVar
 
-from app.text import well_formed
+from app.wire_text import well_formed
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class SwitchboardError(Exception):
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         # Messages and params quote the client's input; repaired here, once, so that
-        # every protocol's encoder can carry them (see app.text).
+        # every protocol's encoder can carry them (see app.wire_text).
         message = well_formed(message)
         super().__init__(message)
         self.message = message

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.errors import InvalidRequest
-from app.text import load_json
+from app.wire_text import load_json
 
 ConstraintKind = Literal["json", "json_object", "regex", "choice", "grammar", "structural_tag"]
 KINDS: tuple[ConstraintKind, ...] = (

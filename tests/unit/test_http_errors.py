@@ -24,7 +24,7 @@ from app.routes.apis.graphpipe import graphpipe_error
 from app.routes.apis.openai import openai_error
 from app.routes.http.errors import api_router
 from app.routes.http.json import dump_json
-from app.text import well_formed
+from app.wire_text import well_formed
 from schemas.openai_replies import (
     ChatCompletion,
     ChatCompletionChunk,

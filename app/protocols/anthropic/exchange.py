@@ -52,7 +52,7 @@ from app.protocols.conversation.blocks import Kind, OutputBlocks
 from app.protocols.conversation.output import ChoiceOutput
 from app.protocols.conversation.plan import plan_conversation
 from app.protocols.exchange import Event
-from app.text import load_json
+from app.wire_text import load_json
 from schemas.anthropic import AnthropicMessagesRequest
 
 _PING: Event = ("ping", {"type": "ping"})

@@ -34,7 +34,7 @@ from typing import Any
 
 from app.engine.constraints import Constraint, parse_constraint
 from app.errors import InvalidRequest
-from app.text import load_json
+from app.wire_text import load_json
 
 
 @dataclass(frozen=True, slots=True)

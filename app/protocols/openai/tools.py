@@ -16,7 +16,7 @@ from typing import Any
 
 from app.engine.tools import NamedTool, ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from app.errors import InvalidRequest
-from app.text import load_json
+from app.wire_text import load_json
 
 _CHOICES = ("none", "auto", "required")
 

@@ -2,7 +2,7 @@
 deprecated in the FastAPI we run, and its JSONResponse uses the slower stdlib json).
 
 `dump_json` never fails on text: orjson refuses strings holding lone surrogates (see
-`app.text`), so on that failure, and only then, the content is re-encoded with every
+`app.wire_text`), so on that failure, and only then, the content is re-encoded with every
 string repaired. The common case pays nothing.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from starlette.responses import JSONResponse
 
-from app.text import well_formed
+from app.wire_text import well_formed
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 

@@ -38,7 +38,7 @@ from app.engine.base import ChatMessage, EngineInfo, ImagePart, TextPart
 from app.engine.tools import ToolCall
 from app.errors import InvalidRequest
 from app.protocols.conversation.images import read_image_url
-from app.text import load_json
+from app.wire_text import load_json
 
 Item = dict[str, Any]
 ROLES = ("user", "assistant", "system", "developer")
