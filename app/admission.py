@@ -52,6 +52,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
@@ -60,6 +61,21 @@ from app.errors import Overloaded, ShuttingDown
 
 if TYPE_CHECKING:
     from app.telemetry.record import RequestRecord
+
+
+class ProtocolName(StrEnum):
+    """Who asks admission: the `protocol` label of its counters on /metrics, every one
+    listed there (zeros included). A new API or protocol adds its name here."""
+
+    OPENAI = "openai"  # Completions and Chat Completions
+    RESPONSES = "responses"  # the Responses API (HTTP, websocket, background runs)
+    ANTHROPIC = "anthropic"
+    GRAPHPIPE = "graphpipe"
+    EVERGREEN = "evergreen"
+    SALIENCE = "salience"
+    SMG = "smg"  # SMG's gRPC workers (`vllm.grpc.engine.VllmEngine`)
+    TOKENS = "tokens"  # llm-d's token-in/token-out
+
 
 # Weight of the newest sample in the queue-wait average.
 _EWMA_WEIGHT = 0.2
@@ -108,7 +124,7 @@ class Ticket(_Releasing):
     or hold it in a `with` block."""
 
     _owner: Admission = field(repr=False)
-    protocol: str
+    protocol: ProtocolName
     priority: int
     tokens: int
     admitted_at: float
@@ -201,7 +217,7 @@ class Admission:
 
     def admit(
         self,
-        protocol: str,
+        protocol: ProtocolName,
         *,
         priority: int = 0,
         tokens: int = 0,
@@ -239,7 +255,7 @@ class Admission:
 
     def admit_all(
         self,
-        protocol: str,
+        protocol: ProtocolName,
         tokens: Iterable[int],
         *,
         priority: int = 0,

@@ -14,7 +14,7 @@ a response and a gather per request, ~40 us of a request's ~330 us of frontend C
 (measured on the fake engine); the router has named the route already (`scope["route"]`).
 
 Admission (`app.admission`), read from the app's `Admission` at scrape time, per protocol
-(every protocol listed, zeros included): `switchboard_admitted_total` and
+(`ProtocolName`: every one listed, zeros included): `switchboard_admitted_total` and
 `switchboard_refused_total` (units of work: an OpenAI prompt x choice, an Anthropic
 message, a GraphPipe row, an Evergreen GENERATE, a Salience Generate; refusals include a
 draining server's), and the gauges `switchboard_queued_requests` (admitted, not yet
@@ -52,7 +52,7 @@ from prometheus_client.registry import Collector
 from prometheus_fastapi_instrumentator import metrics as http_metrics
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.admission import Admission
+from app.admission import Admission, ProtocolName
 from app.errors import SwitchboardError
 from app.protocols.salience.lifecycle import Eviction
 from app.sessions.salience import SalienceRunner
@@ -113,9 +113,6 @@ def _register_legacy_alias() -> None:
         REGISTRY.register(_legacy_collector)
 
 
-PROTOCOLS = ("openai", "anthropic", "graphpipe", "evergreen", "salience", "smg", "tokens")
-
-
 class AdmissionMetrics(Collector):
     """The admission counters and gauges of one app, read when scraped."""
 
@@ -138,7 +135,7 @@ class AdmissionMetrics(Collector):
             labels=["protocol"],
         )
         waiting = admission.queued()
-        protocols = sorted(set(PROTOCOLS) | set(admission.admitted) | set(admission.refused))
+        protocols = sorted({*ProtocolName, *admission.admitted, *admission.refused})
         for protocol in protocols:
             admitted.add_metric([protocol], admission.admitted[protocol])
             refused.add_metric([protocol], admission.refused[protocol])
@@ -174,7 +171,7 @@ class SessionMetrics(Collector):
             labels=["protocol", "reason"],
         )
         for reason in Eviction:
-            evicted.add_metric(["salience", reason.value], runner.evicted[reason])
+            evicted.add_metric([ProtocolName.SALIENCE, reason.value], runner.evicted[reason])
         yield evicted
         if self._stats is None:
             return
@@ -184,14 +181,14 @@ class SessionMetrics(Collector):
             "Sessions held (by the store: fleet-wide when replicas share one).",
             labels=["protocol"],
         )
-        sessions.add_metric(["salience"], held)
+        sessions.add_metric([ProtocolName.SALIENCE], held)
         tokens = GaugeMetricFamily(
             "switchboard_session_tokens",
             "Tokens the sessions are charged against the token bound (held, plus what "
             "running Generates may add; fleet-wide when replicas share a store).",
             labels=["protocol"],
         )
-        tokens.add_metric(["salience"], charged)
+        tokens.add_metric([ProtocolName.SALIENCE], charged)
         yield from (sessions, tokens)
 
 

@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from app.admission import Admission, Tickets
+from app.admission import Admission, ProtocolName, Tickets
 from app.engine.base import Engine, GenerationRequest, TokenEvent
 from app.errors import SwitchboardError, client_error
 from app.protocols.exchange import Event
@@ -108,7 +108,7 @@ async def start_call(
     admission: Admission,
     record: RequestRecord,
     *,
-    protocol: str,
+    protocol: ProtocolName,
     units: Sequence[int],
     priority: int,
     build: Callable[[], Awaitable[C]],

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable
 from pathlib import Path
 
-from app.admission import Admission, Ticket, generate, text_tokens_bound
+from app.admission import Admission, ProtocolName, Ticket, generate, text_tokens_bound
 from app.config import Settings
 from app.engine.base import Engine, GenerationRequest
 from app.errors import Aborted, InvalidRequest, ResourceExhausted, SwitchboardError, client_error
@@ -182,7 +182,7 @@ class EvergreenRun:
             if plan.output_ids:
                 inline = b"".join(p for leaf in leaves for p in leaf.parts if isinstance(p, bytes))
                 ticket = self._admission.admit(
-                    "evergreen", tokens=text_tokens_bound(inline), record=record
+                    ProtocolName.EVERGREEN, tokens=text_tokens_bound(inline), record=record
                 )
             files = {ref: await self._read_file(ref) for ref in inputs.file_refs(leaves)}
             chunks = inputs.join(leaves, files, session.limits.max_bytes)

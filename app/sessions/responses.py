@@ -30,7 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from app.admission import Admission
+from app.admission import Admission, ProtocolName
 from app.drain import Drain
 from app.engine.base import Engine
 from app.engine.models import ServedModel
@@ -52,7 +52,7 @@ from app.telemetry.record import RequestRecord
 from app.telemetry.reports import Telemetry
 from schemas.openai_responses import ResponsesRequest
 
-PROTOCOL = "responses"  # admission's and /metrics' name for this API
+PROTOCOL = ProtocolName.RESPONSES  # admission's and /metrics' name for this API
 PREVIOUS = "previous_response_id"
 
 

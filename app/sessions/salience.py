@@ -55,7 +55,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from app.admission import Admission, Ticket, generate
+from app.admission import Admission, ProtocolName, Ticket, generate
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import DecodedImage, Engine, VisionInfo
@@ -197,7 +197,9 @@ class SalienceRunner:
         self, request: pb.GenerateRequest, record: RequestRecord | None = None
     ) -> Generation:
         """(`record`: the call's, told of its admission, its engine request and tokens.)"""
-        ticket = self.admission.admit("salience", tokens=len(request.append_tokens), record=record)
+        ticket = self.admission.admit(
+            ProtocolName.SALIENCE, tokens=len(request.append_tokens), record=record
+        )
         generation = Generation(f"sal-{uuid.uuid4().hex}")
         # Known before the session is its, so that a CloseSession racing the start
         # cancels it.

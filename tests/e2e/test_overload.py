@@ -24,7 +24,7 @@ import pytest
 import websockets
 from google.protobuf import json_format
 
-from app.admission import Admission, Ticket
+from app.admission import Admission, ProtocolName, Ticket
 from schemas import evergreen_service_pb2 as service_pb
 from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as salience_pb
@@ -49,7 +49,7 @@ def bounded(live: Any, held: int, priority: int = 0) -> Iterator[Admission]:
 
     async def hold() -> list[Ticket]:
         admission.max_requests = BOUND
-        return [admission.admit("test", priority=priority) for _ in range(held)]
+        return [admission.admit(ProtocolName.ANTHROPIC, priority=priority) for _ in range(held)]
 
     async def restore(tickets: list[Ticket], saved: int | None) -> None:
         for ticket in tickets:
@@ -174,7 +174,7 @@ def test_a_burst_of_four_times_the_bound_on_every_protocol(live_server: Any) -> 
     assert any(o[1] == 200 for o in outcomes)
     assert all(o[2] is not None for o in outcomes if o[1] == 200)
     assert after["in_flight"] == BOUND - 1  # only the test's own tickets
-    assert after["queued"] == {"test": BOUND - 1}
+    assert after["queued"] == {"anthropic": BOUND - 1}
     assert live.wait_idle() == 0
 
 
@@ -237,7 +237,7 @@ def test_a_burst_of_four_times_the_bound_over_grpc(live_server: Any) -> None:
     assert any(o[1] == 200 for o in outcomes)
     assert all(o[2] for o in outcomes if o[1] == 200)  # a finish reason, a response text
     assert after["in_flight"] == BOUND - 1  # only the test's own tickets
-    assert after["queued"] == {"test": BOUND - 1}
+    assert after["queued"] == {"anthropic": BOUND - 1}
     assert live.wait_idle() == 0
 
 

@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from google.protobuf import json_format
 
+from app.admission import ProtocolName
 from app.config import Settings
 from app.main import create_app
 from schemas import evergreen_service_pb2 as service_pb
@@ -50,7 +51,7 @@ def _session(
 def test_a_refused_generate_ends_the_grpc_session_unavailable() -> None:
     with served(max_queued_requests=1) as (app, client, channel):
         assert client.portal is not None
-        held = client.portal.call(app.state.admission.admit, "test")
+        held = client.portal.call(app.state.admission.admit, ProtocolName.OPENAI)
         received, error = _session(channel)
         client.portal.call(held.release)
         assert app.state.admission.refused["evergreen"] == 1

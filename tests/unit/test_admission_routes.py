@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from app.admission import Admission, generate
+from app.admission import Admission, ProtocolName, generate
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import GenerationRequest, TokenEvent
@@ -70,6 +70,34 @@ async def test_an_openai_burst_past_the_bound_is_refused_in_shape_with_retry_aft
     assert 'switchboard_refused_total{protocol="openai"} 6.0' in metrics
     assert 'switchboard_queued_requests{protocol="openai"} 0.0' in metrics
     _settled(app, engine)
+
+
+async def test_metrics_list_every_protocol_before_its_first_call() -> None:
+    """Each protocol admission counts has its series from the start, at zero (the
+    Responses API's too, its own label): a dashboard sees it before its first call."""
+    app = _app(FakeEngine())
+    async with _client(app) as client:
+        metrics = (await client.get("/metrics")).text
+        await client.post(
+            "/v1/responses", json={"input": "hi", "max_output_tokens": 2, "store": False}
+        )
+        after = (await client.get("/metrics")).text
+    for protocol in (
+        "openai",
+        "responses",
+        "anthropic",
+        "graphpipe",
+        "evergreen",
+        "salience",
+        "smg",
+        "tokens",
+    ):
+        for family in ("admitted_total", "refused_total", "queued_requests"):
+            assert f'switchboard_{family}{{protocol="{protocol}"}} 0.0' in metrics, (
+                protocol,
+                family,
+            )
+    assert 'switchboard_admitted_total{protocol="responses"} 1.0' in after
 
 
 async def test_a_call_is_admitted_whole_or_refused_whole() -> None:
@@ -153,7 +181,7 @@ async def test_ready_turns_503_when_saturated_or_draining_and_health_stays_200()
     app = _app(engine, max_queued_requests=1)
     async with _client(app) as client:
         assert (await client.get("/ready")).status_code == 200
-        ticket = app.state.admission.admit("openai")
+        ticket = app.state.admission.admit(ProtocolName.OPENAI)
         saturated = await client.get("/ready")
         assert saturated.status_code == 503 and saturated.headers["retry-after"]
         ticket.release()
@@ -225,7 +253,7 @@ class _FailingEngine(FakeEngine):
 async def test_generate_releases_its_ticket_however_the_request_ends() -> None:
     admission = Admission(None, None)
     engine = _FailingEngine()
-    ticket = admission.admit("salience", tokens=50)
+    ticket = admission.admit(ProtocolName.SALIENCE, tokens=50)
     request = GenerationRequest(request_id="r", prompt_token_ids=[1, 2, 3])
     run = generate(engine, request, ticket)
     await anext(run)
@@ -235,7 +263,7 @@ async def test_generate_releases_its_ticket_however_the_request_ends() -> None:
     assert admission.in_flight == 0 and engine.running == set()
     # Closed before its first event: released, engine request aborted.
     slow = FakeEngine(step_delay=0.05)
-    ticket = admission.admit("salience")
+    ticket = admission.admit(ProtocolName.SALIENCE)
     run = generate(slow, GenerationRequest(request_id="s", prompt_text="ab"), ticket)
     task = asyncio.ensure_future(anext(run))
     await asyncio.sleep(0.01)
@@ -244,7 +272,7 @@ async def test_generate_releases_its_ticket_however_the_request_ends() -> None:
     await run.aclose()
     assert admission.in_flight == 0 and slow.running == set()
     # Cut before it started: refused as Overloaded, never reaching the engine.
-    ticket = admission.admit("salience")
+    ticket = admission.admit(ProtocolName.SALIENCE)
     admission.cut()
     with pytest.raises(Overloaded, match="shutting down"):
         await anext(generate(slow, GenerationRequest(request_id="t", prompt_text="a"), ticket))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from app.admission import Admission
+from app.admission import Admission, ProtocolName
 from app.config import Settings
 from app.drain import Drain
 from app.main import create_app
@@ -47,7 +47,7 @@ async def test_a_refused_salience_generate_leaves_the_socket_and_session_as_they
     admission: Admission = app.state.admission
     wire = Wire(app, "/salience/ws")
     session = await wire.open_session()
-    held = admission.admit("test")
+    held = admission.admit(ProtocolName.OPENAI)
     wire.send(_generate("g", session, 2))
     refused = await wire.recv()
     assert isinstance(refused, dict) and refused["id"] == "g"
@@ -68,7 +68,7 @@ async def test_a_refused_evergreen_generate_aborts_unavailable_with_the_retry_hi
     engine = FakeEngine()
     app = _app(engine, max_queued_requests=1)
     admission: Admission = app.state.admission
-    held = admission.admit("test")
+    held = admission.admit(ProtocolName.OPENAI)
     wire = Wire(app, "/evergreen/ws")
     wire.send(turn("ab", 4))
     status, code = await _abort(wire)

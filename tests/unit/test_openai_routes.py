@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.admission import Admission, Tickets
+from app.admission import Admission, ProtocolName, Tickets
 from app.config import Settings
 from app.engine.base import GenerationRequest, SamplingOptions, TokenEvent
 from app.errors import EngineError
@@ -25,7 +25,7 @@ from tests.waits import until
 
 
 def _tickets(n: int) -> Tickets:
-    return Admission(None, None).admit_all("openai", [1] * n)
+    return Admission(None, None).admit_all(ProtocolName.OPENAI, [1] * n)
 
 
 def client(engine: FakeEngine, **settings: Any) -> httpx.AsyncClient:

@@ -22,6 +22,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from app.admission import ProtocolName
 from app.engine.models import served_by
 from app.errors import InvalidRequest, NotFound, SwitchboardError
 from app.protocols.anthropic.errors import error_body, error_kind
@@ -92,7 +93,7 @@ async def messages(request: Request, engine: EngineDep, admission: AdmissionDep)
         request,
         engine,
         admission,
-        protocol="anthropic",
+        protocol=ProtocolName.ANTHROPIC,
         units=[admission_bound(body)],
         priority=0,
         stream=body.stream,

@@ -25,7 +25,7 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from app import __version__
-from app.admission import Tickets, prompt_tokens_bound
+from app.admission import ProtocolName, Tickets, prompt_tokens_bound
 from app.engine.base import Engine
 from app.engine.models import served_by
 from app.errors import SwitchboardError
@@ -103,7 +103,9 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
         )
         bounds = [prompt_tokens_bound(r) for r in exchange.requests]
         record = record_of(request)
-        with get_admission(request).admit_all("graphpipe", bounds, record=record) as tickets:
+        with get_admission(request).admit_all(
+            ProtocolName.GRAPHPIPE, bounds, record=record
+        ) as tickets:
             try:
                 await unless_disconnected(request.receive, _generate(engine, exchange, tickets))
                 record.last_token_now()

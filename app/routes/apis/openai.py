@@ -23,6 +23,7 @@ from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 
 from app import __version__
+from app.admission import ProtocolName
 from app.config import Settings
 from app.engine.base import Engine
 from app.engine.models import served_by
@@ -122,7 +123,7 @@ async def completions(request: Request, engine: EngineDep, admission: AdmissionD
         request,
         engine,
         admission,
-        protocol="openai",
+        protocol=ProtocolName.OPENAI,
         units=admission_units(body),
         priority=body.priority,
         stream=body.stream,
@@ -144,7 +145,7 @@ async def chat_completions(
         request,
         engine,
         admission,
-        protocol="openai",
+        protocol=ProtocolName.OPENAI,
         units=admission_units(body),
         priority=body.priority,
         stream=body.stream,

@@ -26,6 +26,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from app.admission import ProtocolName
 from app.engine.models import served_by
 from app.errors import InvalidRequest
 from app.protocols.bodies import parse_json
@@ -40,7 +41,7 @@ from app.sessions.calls import in_prompt_thread, start_call
 from app.telemetry.http import record_of
 from schemas.openai_replies import ErrorResponse
 
-PROTOCOL = "tokens"
+PROTOCOL = ProtocolName.TOKENS
 
 router = api_router(openai_error)
 guarded = api_router(openai_error, dependencies=[AuthDep])

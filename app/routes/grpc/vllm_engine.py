@@ -44,7 +44,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_servicer.tokenizer_bundle import tokenizer_bundle, tokenizer_chunks
 
 from app import __version__
-from app.admission import Admission, text_tokens_bound
+from app.admission import Admission, ProtocolName, text_tokens_bound
 from app.drain import Drain
 from app.engine.base import Engine, TokenEvent
 from app.errors import (
@@ -67,7 +67,7 @@ from app.telemetry.record import RequestRecord, counted
 from app.telemetry.reports import Telemetry
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["VllmEngine"]
-PROTOCOL = "smg"
+PROTOCOL = ProtocolName.SMG
 
 
 class _Outbox:

@@ -21,7 +21,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.admission import Admission
+from app.admission import Admission, ProtocolName
 from app.engine.base import Engine
 from app.protocols.exchange import Event, Exchange
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
@@ -36,7 +36,7 @@ async def serve_call(
     engine: Engine,
     admission: Admission,
     *,
-    protocol: str,
+    protocol: ProtocolName,
     units: Sequence[int],
     priority: int,
     stream: bool,
