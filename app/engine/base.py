@@ -21,6 +21,7 @@ from typing import Literal, NamedTuple, Protocol
 
 from app.engine.constraints import Constraint
 from app.engine.tools import ToolCall, ToolSupport
+from app.errors import InvalidRequest
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -270,6 +271,14 @@ class EngineInfo:
     # Tool calling (the engine's parsers); None: the engine takes no tools.
     tools: ToolSupport | None = field(default=None, compare=False, repr=False)
     sampling_defaults: SamplingDefaults = SamplingDefaults()
+
+    def require_vision(self, param: str | None) -> VisionInfo:
+        """`vision`, for a request that brings images; a model that takes none refuses
+        them here, the one wording of that refusal for every protocol (`param`: the
+        client's field)."""
+        if self.vision is None:
+            raise InvalidRequest(f"The model {self.model_name!r} takes no images", param=param)
+        return self.vision
 
 
 class Tokenizer(Protocol):

@@ -366,11 +366,7 @@ class VllmEngine:
             # make a round trip through vLLM's renderer thread for nothing, and each hop
             # costs the frontend a GIL hand-over (8% of its CPU at 32 streams, profiled).
             return tokens_input(prompt_ids)
-        vision = self._info.vision
-        if vision is None:
-            raise InvalidRequest(
-                f"The model {self._info.model_name!r} takes no images", param="images"
-            )
+        vision = self._info.require_vision("images")
         if len(request.images) > vision.max_images:
             raise InvalidRequest(
                 f"{len(request.images)} images in one prompt; the engine takes at most "

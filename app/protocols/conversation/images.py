@@ -23,14 +23,13 @@ from app.errors import InvalidRequest
 
 def read_image(data: str, mime: str, info: EngineInfo, param: str) -> DecodedImage:
     """An image sent as base64 text with its mime type."""
-    if info.vision is None:
-        raise InvalidRequest(f"The model {info.model_name!r} takes no images", param=param)
+    vision = info.require_vision(param)
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise InvalidRequest(f"{param}: the image data is not base64", param=param) from exc
     try:
-        return info.vision.read_image(raw, mime)
+        return vision.read_image(raw, mime)
     except InvalidRequest as exc:
         raise InvalidRequest(f"{param}: {exc.message}", param=param) from exc
 

@@ -186,6 +186,4 @@ def _with_images(
     images = [part.image for m in messages for part in m.parts if isinstance(part, ImagePart)]
     if not images:
         return ids, ()
-    if info.vision is None:
-        raise InvalidRequest(f"The model {info.model_name!r} takes no images", param=param)
-    return expand_image_blocks(ids, images, info.vision, param)
+    return expand_image_blocks(ids, images, info.require_vision(param), param)

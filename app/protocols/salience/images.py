@@ -54,13 +54,9 @@ def check_attachments(
 ) -> list[Attachment]:
     """Check one Generate's attachments against its append (which starts at session
     position `offset`); the images to decode, in token order."""
-    vision = info.vision
-    if vision is None:
-        if attachments:
-            raise InvalidRequest(
-                f"images: the model {info.model_name!r} takes no images (text-only)"
-            )
-        return []
+    if info.vision is None and not attachments:
+        return []  # a text-only model: no block to place, no vision token to find
+    vision = info.require_vision("images")
     end_of_append = offset + len(append)
     ranges: list[tuple[int, int, int]] = []  # (start, end, index in the request)
     for i, image in enumerate(attachments):
