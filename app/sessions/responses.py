@@ -33,12 +33,13 @@ from typing import Any
 from app.admission import Admission, ProtocolName
 from app.drain import Drain
 from app.engine.base import Engine
-from app.engine.models import ServedModel
+from app.engine.models import served_by
 from app.errors import InvalidRequest, NotFound, SwitchboardError
 from app.protocols.openai.conversations import conversation_id
 from app.protocols.openai.responses.exchange import TERMINAL, ResponsesExchange
 from app.protocols.openai.responses.items import Item, new_id, read_input
 from app.protocols.openai.responses.record import StoredResponse
+from app.protocols.openai.responses.request import prompt_bound
 from app.sessions.calls import Call, Hooks, in_prompt_thread, start_call
 from app.sessions.conversations import Conversations
 from app.sessions.stored_responses import (
@@ -125,17 +126,19 @@ class Responses:
     async def start(
         self,
         body: ResponsesRequest,
-        served: ServedModel,
         record: RequestRecord,
         *,
-        bound: int,
         kept: ConnectionResponses | None = None,
         generate: bool = True,
     ) -> Call[ResponsesExchange]:
-        """Admit (one unit, `bound` prompt tokens at most), read the conversation it
-        continues (`kept` first: a websocket connection's own), plan. Not to `generate`
-        (`generate: false`): nothing for the engine, so nothing admitted; planned all the
-        same, so the call is checked and completes, with no output, to continue from."""
+        """Every Responses call's start, whatever carries it (HTTP, the websocket, a
+        background run, compaction): the model it names (`served_by`: an unknown one is
+        NOT_FOUND before anything), admission (one unit, its bound `prompt_bound`'s),
+        the conversation it continues read (`kept` first: a websocket connection's own),
+        the exchange planned. Not to `generate` (`generate: false`): nothing for the
+        engine, so nothing admitted; planned all the same, so the call is checked and
+        completes, with no output, to continue from."""
+        served = served_by(self.engine, body.model)
 
         async def build() -> ResponsesExchange:
             context = await self._context(body, kept)
@@ -160,7 +163,7 @@ class Responses:
                 self.admission,
                 record,
                 protocol=PROTOCOL,
-                units=[bound] if generate else [],
+                units=[prompt_bound(body)] if generate else [],
                 priority=body.priority,
                 build=build,
             )

@@ -27,7 +27,6 @@ import pytest
 
 from app.admission import Admission
 from app.engine.base import GenerationRequest, TokenEvent
-from app.engine.models import ServedModel
 from app.protocols.openai.responses.record import StoredResponse
 from app.sessions import stored_responses
 from app.sessions.responses import Responses
@@ -36,7 +35,6 @@ from app.telemetry.record import RequestRecord
 from schemas.openai_responses import ResponsesRequest
 from tests.fake_engine import FakeEngine
 
-FAKE = ServedModel("fake", None)
 LONG = 400
 
 
@@ -82,9 +80,7 @@ def _body(max_tokens: int = LONG) -> ResponsesRequest:
 
 
 async def _started(responses: Responses, max_tokens: int = LONG) -> dict[str, Any]:
-    call = await responses.start(
-        _body(max_tokens), FAKE, RequestRecord("test", name="test"), bound=16
-    )
+    call = await responses.start(_body(max_tokens), RequestRecord("test", name="test"))
     return await responses.runs.start(call)
 
 

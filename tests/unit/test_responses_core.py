@@ -345,9 +345,7 @@ async def test_a_drain_cuts_background_runs_and_waits_for_their_records(tmp_path
     body = ResponsesRequest.model_validate(
         {"input": "long", "max_output_tokens": 400, "background": True}
     )
-    call = await responses.start(
-        body, ServedModel("fake", None), RequestRecord("test", name="test"), bound=100
-    )
+    call = await responses.start(body, RequestRecord("test", name="test"))
     queued = await responses.runs.start(call)
     while not engine.running:
         await asyncio.sleep(0.01)

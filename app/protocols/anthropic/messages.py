@@ -41,7 +41,7 @@ from app.engine.base import ChatMessage, EngineInfo, ImagePart, SamplingOptions,
 from app.engine.tools import NamedTool, ToolCall, ToolChoice, ToolFields, ToolSpec
 from app.engine.validation import Fields
 from app.errors import InvalidRequest
-from app.protocols.conversation.bound import as_json, prompt_bound
+from app.protocols.conversation.bound import PromptBound
 from app.protocols.conversation.images import read_image, read_image_url
 from app.protocols.conversation.plan import Conversation
 from schemas.anthropic import (
@@ -284,26 +284,30 @@ def _parallel(body: AnthropicMessagesRequest | AnthropicCountTokensRequest) -> b
 def admission_bound(body: AnthropicMessagesRequest) -> int:
     """Admission's bound of the prompt's tokens, as every chat-shaped API counts it
     (`app.protocols.conversation.bound`)."""
-    texts: list[str | bytes] = []
+    bound = PromptBound()
     if isinstance(body.system, str):
-        texts.append(body.system)
+        bound.text(body.system)
     elif body.system is not None:
-        texts.extend(block.text for block in body.system)
+        for system in body.system:
+            bound.text(system.text)
     for message in body.messages:
         if isinstance(message.content, str):
-            texts.append(message.content)
+            bound.text(message.content)
             continue
         for block in message.content:
             if isinstance(block, AnthropicTextBlock):
-                texts.append(block.text)
+                bound.text(block.text)
             elif isinstance(block, AnthropicThinkingBlock):
-                texts.append(block.thinking)
+                bound.text(block.thinking)
             elif isinstance(block, AnthropicToolUseBlock):
-                texts.extend((block.name, as_json(block.input)))
+                bound.call(block.name, block.input)
             elif isinstance(block, AnthropicToolResultBlock):
                 if isinstance(block.content, str):
-                    texts.append(block.content)
+                    bound.text(block.content)
                 elif block.content is not None:
-                    texts.extend(p.text for p in block.content if isinstance(p, AnthropicTextBlock))
-    texts.extend(tool.model_dump_json() for tool in body.tools or ())
-    return prompt_bound(texts)
+                    for part in block.content:
+                        if isinstance(part, AnthropicTextBlock):
+                            bound.text(part.text)
+    for tool in body.tools or ():
+        bound.tool(tool.name, tool.description, tool.input_schema)
+    return bound.tokens

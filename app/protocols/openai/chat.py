@@ -27,6 +27,7 @@ from app.engine.base import (
 )
 from app.engine.models import ServedModel
 from app.errors import InvalidRequest
+from app.protocols.conversation.bound import PromptBound
 from app.protocols.conversation.images import read_image_url
 from app.protocols.conversation.output import ChoiceOutput, Finish
 from app.protocols.conversation.plan import Conversation, plan_conversation
@@ -65,6 +66,26 @@ def _message(index: int, message: ChatMessageBody, info: EngineInfo) -> ChatMess
         name=message.name,
         reasoning=message.reasoning,
     )
+
+
+def prompt_bound(body: ChatCompletionRequest) -> int:
+    """Admission's bound of the prompt's tokens, as every chat-shaped API counts it
+    (`app.protocols.conversation.bound`)."""
+    bound = PromptBound()
+    for message in body.messages:
+        bound.text(message.text())
+        bound.text(message.reasoning)
+        for call in message.tool_calls or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                bound.call(function.get("name"), function.get("arguments"))
+    for tool in body.tools or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict):
+            bound.tool(
+                function.get("name"), function.get("description"), function.get("parameters")
+            )
+    return bound.tokens
 
 
 def conversation(

@@ -15,9 +15,7 @@ import time
 from fastapi import Request
 from starlette.responses import Response
 
-from app.engine.models import served_by
 from app.protocols.openai.responses.compaction import compacted, summary_call
-from app.protocols.openai.units import admission_units
 from app.routes.apis.openai import openai_error
 from app.routes.deps import AuthDep, EngineDep, ResponsesDep
 from app.routes.http.answers import error_answers
@@ -45,11 +43,7 @@ async def compact_response(
     request: Request, engine: EngineDep, responses: ResponsesDep
 ) -> Response:
     body = await read_body(request, CompactRequest)
-    served = served_by(engine, body.model)
-    summary = summary_call(body)
-    call = await responses.start(
-        summary, served, record_of(request), bound=admission_units(summary)[0]
-    )
+    call = await responses.start(summary_call(body), record_of(request))
     try:
         answer = await collect_answer(request, engine, call)
     except ClientGone:

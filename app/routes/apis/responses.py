@@ -20,9 +20,7 @@ from fastapi import Query, Request
 from starlette.responses import Response
 
 from app.admission import Tickets
-from app.engine.models import served_by
 from app.protocols.exchange import Event
-from app.protocols.openai.units import admission_units
 from app.routes.apis.openai import openai_error
 from app.routes.deps import AuthDep, EngineDep, ResponsesDep
 from app.routes.http.answers import Answers, error_answers, event_stream
@@ -72,8 +70,7 @@ async def _sse(events: AsyncIterator[Event]) -> AsyncGenerator[bytes, None]:
 )
 async def create_response(request: Request, engine: EngineDep, responses: ResponsesDep) -> Response:
     body = await read_body(request, ResponsesRequest)
-    served = served_by(engine, body.model)
-    call = await responses.start(body, served, record_of(request), bound=admission_units(body)[0])
+    call = await responses.start(body, record_of(request))
     if body.background:
         queued = await responses.runs.start(call)
         if body.stream:  # follows the run; leaving does not cancel it

@@ -44,12 +44,10 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from app.engine.models import served_by
 from app.errors import InvalidRequest, ResourceExhausted, SwitchboardError, client_error
 from app.protocols.bodies import parse_json, validate
 from app.protocols.exchange import Event
 from app.protocols.openai.errors import error_body
-from app.protocols.openai.units import admission_units
 from app.routes.deps import get_drain, get_engine, get_objects, get_settings, principal_of
 from app.routes.http.errors import retry_headers
 from app.routes.http.json import OrjsonResponse, dump_json
@@ -192,11 +190,7 @@ class _Connection:
     async def _answer(self, frame: bytes | str, record: RequestRecord) -> None:
         try:
             body, generate = read_create(frame)
-            served = served_by(self.engine, body.model)
-            bound = admission_units(body)[0]
-            call = await self.responses.start(
-                body, served, record, bound=bound, kept=self.kept, generate=generate
-            )
+            call = await self.responses.start(body, record, kept=self.kept, generate=generate)
         except Exception as exc:
             error = client_error(exc)
             record.failed(error)

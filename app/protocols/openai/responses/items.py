@@ -37,6 +37,7 @@ from typing import Any
 from app.engine.base import ChatMessage, EngineInfo, ImagePart, TextPart
 from app.engine.tools import ToolCall
 from app.errors import InvalidRequest
+from app.protocols.conversation.bound import PromptBound
 from app.protocols.conversation.images import read_image_url
 from app.wire_text import load_json
 
@@ -223,6 +224,32 @@ def read_input(value: str | Sequence[Any] | None, field: str = "input") -> list[
 
 
 # -- normal form -> neutral messages ------------------------------------------------------
+
+
+def bound_item(bound: PromptBound, item: Any) -> None:
+    """What an input item, as the client sent it, adds to admission's bound
+    (`app.protocols.conversation.bound`), as `messages` will write it into the prompt;
+    whatever its kind, never raising (a bad item is refused when it is read)."""
+    if not isinstance(item, dict):
+        return
+    kind = item.get("type")
+    if kind == "compaction":
+        try:
+            summary = compacted_summary(item)
+        except InvalidRequest:
+            summary = str(item.get("encrypted_content"))
+        bound.text(SUMMARY_HEAD + summary)
+    elif kind == "function_call":
+        bound.call(item.get("name"), item.get("arguments"))
+    for key in ("content", "output"):  # a message's, a reasoning's, a call output's
+        value = item.get(key)
+        if isinstance(value, str):
+            bound.text(value)
+        elif isinstance(value, list):
+            for part in value:
+                if isinstance(part, dict):
+                    text = part.get("text") or part.get("refusal")
+                    bound.text(text if isinstance(text, str) else None)
 
 
 def _text(parts: Sequence[Item]) -> str:

@@ -34,8 +34,9 @@ from app.engine.constraints import (
     parse_constraint,
 )
 from app.errors import InvalidRequest
+from app.protocols.conversation.bound import PromptBound
 from app.protocols.conversation.plan import Conversation
-from app.protocols.openai.responses.items import Item, messages
+from app.protocols.openai.responses.items import Item, bound_item, messages
 from app.protocols.openai.responses.tools import tool_choice, tool_specs
 from app.protocols.openai.sampling import sampling_fields
 from schemas.openai_responses import ResponsesRequest
@@ -54,6 +55,25 @@ INCLUDABLE = (
     "web_search_call.action.sources",
     "code_interpreter_call.outputs",
 )
+
+
+def prompt_bound(body: ResponsesRequest) -> int:
+    """Admission's bound of this body's prompt tokens, as every chat-shaped API counts it
+    (`app.protocols.conversation.bound`); the stored turns it continues are counted once
+    read, after admission."""
+    bound = PromptBound()
+    bound.text(body.instructions)
+    if isinstance(body.input, str):
+        bound.text(body.input)
+    else:
+        for item in body.input or ():
+            bound_item(bound, item)
+    for tool in body.tools or ():
+        if isinstance(tool, dict):
+            bound.tool(tool.get("name"), tool.get("description"), tool.get("parameters"))
+    return bound.tokens
+
+
 FIELDS = {"prompt": "input", "max_tokens": "max_output_tokens", "logprobs": "top_logprobs"}
 MAX_METADATA = 16
 
