@@ -87,10 +87,8 @@ def uvicorn_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
     `switchboard serve` runs."""
     import uvicorn
 
-    from app.routes.http.sse import bodies_past_middleware
-
     return uvicorn.Config(
-        bodies_past_middleware(app),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 
 from app.config import Settings
 from app.engine.base import Engine
@@ -39,6 +40,7 @@ from app.routes.grpc.server import serve_grpc
 from app.routes.http.bodies import collect_definitions
 from app.routes.http.errors import install_error_handlers
 from app.routes.http.json import OrjsonResponse
+from app.routes.raw_send import keep_raw_send
 from app.routes.ws import evergreen, salience
 from app.routes.ws import responses as responses_ws
 from app.telemetry.http import HttpTelemetry
@@ -57,7 +59,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         finally:
             await objects.close()
 
-    app = FastAPI(title="Switchboard", lifespan=lifespan, default_response_class=OrjsonResponse)
+    app = _App(title="Switchboard", lifespan=lifespan, default_response_class=OrjsonResponse)
     app.state.objects = objects
     app.state.settings = settings
     app.state.keyring = objects.keyring
@@ -87,6 +89,16 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.add_middleware(HttpTelemetry, telemetry=telemetry)
     _document_bodies(app)
     return app
+
+
+class _App(FastAPI):
+    """The app, keeping the server's own `send` in each scope for what streams past the
+    middleware stack (`app.routes.raw_send`): wired here, so that every server of this
+    app (uvicorn, a test's ASGI client) runs what `switchboard serve` runs."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        keep_raw_send(scope, send)
+        await super().__call__(scope, receive, send)
 
 
 def _document_bodies(app: FastAPI) -> None:

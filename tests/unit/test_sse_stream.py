@@ -1,7 +1,7 @@
 """The SSE responses: `EventStream`'s body goes to the server's own `send` when
-`bodies_past_middleware` put it in the scope (as `switchboard serve` does), and through
+`bodies_past_middleware` put it in the scope (as `create_app`'s app does), and through
 the middleware otherwise; the start always passes the middleware, which is all any of
-ours reads. `PushedStream`'s body is written from synchronous code by a `BodyWriter`, in
+ours reads. `PushedStream`'s body is written from synchronous code by a `SendWriter`, in
 order even when the connection makes a send wait; under uvicorn's httptools protocol (as
 served) as chunks straight onto the connection, uvicorn's `send` taking over while the
 client is slow."""
@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import AsyncGenerator, Callable
 
+import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -20,14 +21,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.admission import Tickets
-from app.routes.http import sse
-from app.routes.http.sse import (
-    ChunkWriter,
-    EventStream,
-    PushedStream,
-    bodies_past_middleware,
-    body_writer,
-)
+from app.config import Settings
+from app.main import create_app
+from app.routes.http.sse import ChunkWriter, EventStream, PushedStream, body_writer
+from app.routes.raw_send import bodies_past_middleware
+from app.routes.send_writer import SendWriter
+from tests.fake_engine import FakeEngine
 from tests.uvicorn_thread import uvicorn_in_thread
 
 EVENTS = [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
@@ -96,8 +95,27 @@ def test_the_body_skips_the_middleware_only_when_served(past: bool) -> None:
     assert bodies_seen == (0 if past else 4)
 
 
+def test_the_app_of_create_app_streams_past_its_middleware_by_itself() -> None:
+    """`create_app` wires the bypass (no server needs to): a streamed chat's start passes
+    the middleware, its events do not."""
+    seen: list[str] = []
+    app = create_app(Settings(model="fake"), engine=FakeEngine())
+    app.add_middleware(Watch, seen=seen)
+
+    async def chat() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            return await client.post("/v1/chat/completions", json={**body, "stream": True})
+
+    answer = asyncio.run(chat())
+    assert answer.status_code == 200 and answer.text.endswith("data: [DONE]\n\n")
+    assert seen.count("http.response.start") == 1
+    assert "http.response.body" not in seen
+
+
 def test_a_pushed_body_is_written_in_order_when_the_connection_makes_a_send_wait() -> None:
-    """`BodyWriter` runs each send at once from synchronous code; a send that must wait
+    """`SendWriter` runs each send at once from synchronous code; a send that must wait
     (uvicorn waits for a full buffer to drain) is finished by a task, and what is written
     meanwhile follows it, in order, joined; `drained` waits for all of it."""
 
@@ -177,13 +195,13 @@ def test_a_served_body_goes_onto_the_connection_and_through_send_while_the_clien
     pieces = [bytes([65 + i % 26]) * 16384 for i in range(256)]
     writers: list[object] = []
     through_send: list[int] = []
-    writes = sse.BodyWriter.write
+    writes = SendWriter.write
 
-    def counted(self: sse.BodyWriter[bytes], piece: bytes) -> None:
+    def counted(self: SendWriter[bytes], piece: bytes) -> None:
         through_send.append(len(piece))
         writes(self, piece)
 
-    monkeypatch.setattr(sse.BodyWriter, "write", counted)
+    monkeypatch.setattr(SendWriter, "write", counted)
 
     async def produce(write: Callable[[bytes], None]) -> None:
         writers.append(getattr(write, "__self__", None))

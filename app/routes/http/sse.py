@@ -3,7 +3,7 @@ them.
 
 Two responses. `PushedStream`, for a call whose events the engine pushes (the engine's
 `run`): each event's frames are written from the engine's own loop, as they come, by a
-`BodyWriter`; the response's task waits once, for the end, not once per event (a task
+`SendWriter`; the response's task waits once, for the end, not once per event (a task
 woken per token cost ~1.8 us of it, with the generator layers between engine and socket
 some 3-4 us, measured at 64 streams). `EventStream`, for a producer that is an async
 generator of encoded events (the Responses runner), writes each as it is pulled. Either
@@ -15,35 +15,30 @@ or named (`event: <name>\\ndata: <json>\\n\\n`); no pings. The call's admission
 tickets are given back when the response ends, however it ends: even when the client left
 before the producer started.
 
-The body goes to the server's own `send` (`RAW_SEND`, put in the scope by
-`bodies_past_middleware` around the app uvicorn serves), past the middleware stack:
-every middleware here (Starlette's error layers, the HTTP metrics, our last
-resort) watches the response's start and only passes its body through, and wrapping each
-event's `send` in five of them cost about 7% of the frontend's CPU per token (profiled
-at 64 streams). Without the key (an ASGI test client) the body takes the chain. A pushed
-body that uvicorn's httptools protocol streams chunked goes one step further, framed as
-chunks straight onto the connection (`ChunkWriter`) while the client keeps up; uvicorn's
-`send` still starts and ends it.
+The body goes to the server's own `send`, past the middleware stack
+(`app.routes.raw_send`), written from the engine's loop by a `SendWriter`
+(`app.routes.send_writer`). A pushed body that uvicorn's httptools protocol streams
+chunked goes one step further, framed as chunks straight onto the connection
+(`ChunkWriter`) while the client keeps up; uvicorn's `send` still starts and ends it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
-from typing import Any, Generic, Protocol, TypeVar, cast
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from app.admission import Tickets
 from app.routes.http.disconnect import ClientGone, unless_disconnected
 from app.routes.http.json import dump_json
+from app.routes.raw_send import raw_send
+from app.routes.send_writer import SendWriter
 
-P = TypeVar("P")  # a piece a `BodyWriter` writes
 DONE = b"data: [DONE]\n\n"
-RAW_SEND = "switchboard.raw_send"
 _HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-store"),
@@ -73,7 +68,7 @@ class EventStream(Response):
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             # A client gone has nobody to tell; its requests are aborted by then.
             with contextlib.suppress(ClientGone):
-                await unless_disconnected(receive, self._pump(scope.get(RAW_SEND, send)))
+                await unless_disconnected(receive, self._pump(raw_send(scope, send)))
 
     async def _pump(self, send: Send) -> None:
         try:
@@ -91,66 +86,6 @@ def body_part(body: bytes) -> Message:
     return {"type": "http.response.body", "body": body, "more_body": True}
 
 
-def text_frame(text: str) -> Message:
-    """A websocket text frame."""
-    return {"type": "websocket.send", "text": text}
-
-
-class BodyWriter(Generic[P]):
-    """Writes a response's body, or a websocket's frames, from synchronous code (the
-    engine's loop), in order: each piece becomes the ASGI message `message` makes of it.
-
-    Each `write` runs the server's `send` at once: it finishes without waiting unless the
-    connection's buffer is full (uvicorn waits for it to drain before writing). Then a
-    task finishes that send, and what is written meanwhile waits behind it: joined into
-    one chunk (`join`, a body's bytes), or sent piece by piece (a websocket's frames);
-    `drained` waits for it all."""
-
-    def __init__(
-        self, send: Send, message: Callable[[P], Message], join: Callable[[list[P]], P] | None
-    ) -> None:
-        self._send = send
-        self._message = message
-        self._join = join
-        self._backlog: list[P] | None = None  # a send is waiting: what comes next
-        self._flushing: asyncio.Future[None] | None = None
-
-    def write(self, piece: P) -> None:
-        if self._backlog is not None:
-            self._backlog.append(piece)
-            return
-        message = self._message(piece)
-        started = cast(Coroutine[Any, Any, None], self._send(message))  # an async def's
-        try:
-            waiting_on = started.send(None)
-        except StopIteration:
-            return
-        self._backlog = []
-        self._flushing = asyncio.ensure_future(self._finish(started, waiting_on))
-
-    async def _finish(self, started: Coroutine[Any, Any, None], waiting_on: object) -> None:
-        try:
-            await _resume(started, waiting_on)
-            while self._backlog:
-                pieces, self._backlog = self._backlog, []
-                if self._join is not None:
-                    pieces = [self._join(pieces)]
-                for piece in pieces:
-                    await self._send(self._message(piece))
-        finally:
-            self._backlog = None
-
-    async def drained(self) -> None:
-        """Once every write has reached the server's `send`."""
-        if self._flushing is not None:
-            await self._flushing
-
-    @property
-    def busy(self) -> bool:
-        """A send is waiting; what is written meanwhile follows it."""
-        return self._backlog is not None
-
-
 class Writer(Protocol):
     def write(self, piece: bytes, /) -> None: ...
 
@@ -164,12 +99,12 @@ class ChunkWriter:
     per event (~0.7 us of CPU a token of the ~1 us that `send` took, measured). uvicorn's
     own state is only read: while its flow control holds the connection (the client reads
     slower than we write) or the client has gone, each piece takes uvicorn's `send` (a
-    `BodyWriter`), and so does every piece until that has caught up, so the order holds;
+    `SendWriter`), and so does every piece until that has caught up, so the order holds;
     the end of the body is uvicorn's to write (`PushedStream`)."""
 
     def __init__(self, cycle: RequestResponseCycle, send: Send) -> None:
         self._cycle = cycle
-        self._waiting = BodyWriter(send, body_part, b"".join)
+        self._waiting = SendWriter(send, body_part, b"".join)
 
     def write(self, piece: bytes) -> None:
         cycle = self._cycle
@@ -195,29 +130,7 @@ def body_writer(send: Send) -> Writer:
         and cycle.scope["method"] != "HEAD"
     ):
         return ChunkWriter(cycle, send)
-    return BodyWriter(send, body_part, b"".join)
-
-
-def frame_writer(send: Send) -> BodyWriter[str]:
-    """A websocket's text frames, written as they come."""
-    return BodyWriter(send, text_frame, None)
-
-
-async def _resume(coroutine: Coroutine[Any, Any, None], waiting_on: object) -> None:
-    """Run to its end a coroutine suspended, by a first `send(None)` outside any task, on
-    `waiting_on` (the future it awaits; None: a bare yield), as a task would have."""
-    try:
-        while True:
-            if isinstance(waiting_on, asyncio.Future):
-                await asyncio.wait([waiting_on])  # its outcome is the coroutine's to see
-            else:
-                await asyncio.sleep(0)
-            waiting_on = coroutine.send(None)
-    except StopIteration:
-        return
-    except asyncio.CancelledError:
-        coroutine.close()
-        raise
+    return SendWriter(send, body_part, b"".join)
 
 
 Produce = Callable[[Callable[[bytes], None]], Awaitable[None]]
@@ -239,22 +152,10 @@ class PushedStream(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         with self._tickets:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            send = scope.get(RAW_SEND, send)
+            send = raw_send(scope, send)
             writer = body_writer(send)
             # A client gone has nobody to tell; its requests are aborted by then.
             with contextlib.suppress(ClientGone):
                 await unless_disconnected(receive, self._produce(writer.write))
             await writer.drained()
         await send({"type": "http.response.body", "body": self._tail, "more_body": False})
-
-
-def bodies_past_middleware(app: ASGIApp) -> ASGIApp:
-    """`app`, with the server's own `send` in each HTTP call's and websocket's scope
-    (`RAW_SEND`)."""
-
-    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket"):
-            scope[RAW_SEND] = send
-        await app(scope, receive, send)
-
-    return serve

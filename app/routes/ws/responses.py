@@ -51,7 +51,7 @@ from app.protocols.openai.errors import error_body
 from app.routes.deps import get_drain, get_engine, get_objects, get_settings, principal_of
 from app.routes.http.errors import retry_headers
 from app.routes.http.json import OrjsonResponse, dump_json
-from app.routes.http.sse import RAW_SEND, frame_writer
+from app.routes.ws.frame_writer import frame_writer
 from app.routes.ws.pump import WebSocketPump
 from app.sessions.calls import stream_call
 from app.sessions.responses import ConnectionResponses, Responses
@@ -137,7 +137,7 @@ class _Connection:
         self.responses = responses
         self.engine = get_engine(websocket)
         self.kept = ConnectionResponses(get_settings(websocket).responses_ws_kept)
-        self.writer = frame_writer(websocket.scope.get(RAW_SEND, websocket.send))
+        self.writer = frame_writer(websocket)
         self.waiting: asyncio.Queue[bytes | str] = asyncio.Queue()
         self.closed = asyncio.Event()
         self.caller = caller_of(websocket)
