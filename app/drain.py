@@ -10,12 +10,12 @@ The sequence, in order:
    itself; what is left is then cut: its engine requests are aborted, and each protocol's
    stream ends with `Overloaded` in its shape (an SSE error event, a GraphPipe error, a
    Salience error frame, an Evergreen ABORT).
-3. Every subscribed goodbye runs: each open session (websocket, and gRPC when it lands)
-   says its protocol's goodbye (`refusal()`, UNAVAILABLE) and closes; the drain waits
-   for each goodbye to return, so a goodbye returns once its session is closed. A
-   transport calls `check_open()` before it opens a session (refused as `Overloaded`
-   once draining), subscribes the session's goodbye when it opens and unsubscribes it
-   when the session ends.
+3. Every subscribed goodbye runs: each open session (a websocket, a gRPC stream) says
+   its protocol's goodbye (`refusal()`, UNAVAILABLE) and closes; the drain waits for
+   each goodbye to return, so a goodbye returns once its session is closed. Sessions
+   do this through `app.sessions.lifetime.SessionLifetime`: `check_open()` as a
+   session opens (refused as `Overloaded` once draining), its goodbye subscribed while
+   it is served and unsubscribed when it closes.
 4. `run()` returns no sooner than `grace_s` after `begin()`: until then the listener
    stays open, answering `/ready` with 503 and new work with refusals, so that a router
    probing `/ready` takes the replica out on what it answers rather than on connection

@@ -13,6 +13,8 @@ raised:
 - `responses`: the Responses API on that road, and a websocket connection's own
   responses; `stored_responses`: their records, background runs, replay, and a cancel
   that wins wherever it lands;
+- `lifetime`: one session's life on any transport (its opening, the drain's goodbye,
+  its close), which every session-shaped adapter drives;
 - `tasks`: a task group that cancels and awaits its calls; `client_error`, the one way
   an exception becomes what the client is told;
 - `evergreen`: one Evergreen session (`EvergreenRun`): its actions as tasks on the

@@ -26,6 +26,12 @@ with the failure's code), or None.
 - Each action that generates is a request to telemetry (`app.telemetry`, with a
   `telemetry` and the session's `caller`): its record, span and access-log line, its id
   the session's numbered, reported once the action has ended.
+
+`serve_session` is one session's whole life on a transport (`app.sessions.lifetime`):
+its opening (a refusal is the failure's ABORT, then the transport's `end`), the session
+served, the drain's goodbye (`stop` with the drain's refusal), and its end (a failure's
+ABORT, then `end`: a close code, a gRPC status). A transport gives it its frames in and
+out and its way to end; nothing else.
 """
 
 from __future__ import annotations
@@ -46,17 +52,52 @@ from app.protocols.evergreen.generate import (
     plan_action,
     prompt_token_ids,
 )
-from app.protocols.evergreen.lifecycle import Cause, Lifecycle
+from app.protocols.evergreen.lifecycle import Cause, Lifecycle, abort_message
 from app.protocols.evergreen.refs import FileRef
 from app.protocols.evergreen.session import Limits, Ready, Session
+from app.sessions.lifetime import SessionLifetime
 from app.sessions.tasks import TaskGroup
 from app.telemetry.callers import Caller
 from app.telemetry.logs import logging_as
 from app.telemetry.record import RequestRecord
 from app.telemetry.reports import Telemetry
+from app.tenants import Principal
 from schemas import evergreen_service_pb2 as service_pb
 
 Send = Callable[[service_pb.SessionMessage], Awaitable[None]]
+End = Callable[[SwitchboardError], Awaitable[None]]
+
+
+async def serve_session(
+    lifetime: SessionLifetime,
+    authenticate: Callable[[], Principal],
+    start: Callable[[Principal], EvergreenRun],
+    messages: AsyncIterable[service_pb.SessionMessage],
+    send: Send,
+    end: End,
+    *,
+    drain: bool = False,
+) -> None:
+    """One Evergreen session on a transport, from its opening to its end: `start` makes
+    its run for the caller once the session may open; `messages` and `drain` as
+    `EvergreenRun.serve` takes them; a refusal or a failure is its ABORT through `send`,
+    then `end(failure)`."""
+    try:
+        principal = lifetime.open(authenticate)
+    except SwitchboardError as refused:
+        await send(abort_message(refused))
+        await end(refused)
+        return
+    run = start(principal)
+
+    async def goodbye(refusal: SwitchboardError) -> None:
+        run.stop(refusal)
+
+    async with lifetime.serving(goodbye):
+        failure = await run.serve(messages, drain=drain)
+        if failure is not None:
+            await send(abort_message(failure))
+            await end(failure)
 
 
 class EvergreenRun:

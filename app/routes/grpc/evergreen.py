@@ -1,8 +1,8 @@
 """`evergreen.v2.EvergreenService/StartSession` over native gRPC: one call is one session.
 
-A thin adapter over the session layer (`app.sessions.evergreen.EvergreenRun`), as the
-websocket (`/evergreen/ws`) is: the client's `SessionMessage`s feed the session; the
-output nodes' fragments stream back as the engine produces text.
+An encoder and a pump over the session's life (`app.sessions.evergreen.serve_session`),
+as the websocket (`/evergreen/ws`) is: the client's `SessionMessage`s feed the session;
+the output nodes' fragments stream back as the engine produces text.
 
 - The client half-closing its side means it sends nothing more but still listens: the
   session drains (running actions finish, and may start others) and the call ends OK
@@ -26,7 +26,6 @@ output nodes' fragments stream back as the engine produces text.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterable, AsyncIterator
 
 import grpc
@@ -38,11 +37,12 @@ from app.engine.base import Engine
 from app.errors import SwitchboardError
 from app.objects import AppObjects
 from app.protocols.evergreen.frames import decode
-from app.protocols.evergreen.lifecycle import abort_message
-from app.routes.grpc.calls import Context, Service, Writer, caller_of, end, register
-from app.sessions.evergreen import EvergreenRun
+from app.routes.grpc.calls import Context, Service, Writer, caller_of, end, principal, register
+from app.sessions.evergreen import EvergreenRun, serve_session
+from app.sessions.lifetime import SessionLifetime
 from app.telemetry.callers import Caller
 from app.telemetry.reports import Telemetry
+from app.tenants import Principal
 from schemas import evergreen_service_pb2 as service_pb
 
 _SERVICE = service_pb.DESCRIPTOR.services_by_name["EvergreenService"]
@@ -81,32 +81,16 @@ class _Evergreen:
             async for data in requests:
                 yield decode(data)
 
-        ended = asyncio.Event()
-        unsubscribe = None
-        failure: SwitchboardError | None
-        try:
-            self._drain.check_open()
-        except SwitchboardError as exc:
-            failure = exc
-        else:
-            run = EvergreenRun.from_settings(
+        async def ended(failure: SwitchboardError) -> None:
+            await end(context, failure, failure.evergreen_reason)
+
+        def start(who: Principal) -> EvergreenRun:
+            return EvergreenRun.from_settings(
                 self._engine, self._admission, self._settings, send, self._telemetry, caller
             )
 
-            async def goodbye() -> None:
-                run.stop(self._drain.refusal())
-                await ended.wait()
-
-            unsubscribe = self._drain.subscribe(goodbye)
-            failure = await run.serve(messages(), drain=True)
-        try:
-            if failure is not None:
-                await send(abort_message(failure))
-                await end(context, failure, failure.evergreen_reason)
-        finally:
-            if unsubscribe is not None:
-                unsubscribe()
-            ended.set()
+        lifetime = SessionLifetime(self._drain)
+        await serve_session(lifetime, principal, start, messages(), send, ended, drain=True)
 
 
 def _add(server: grpc.aio.Server, objects: AppObjects) -> None:

@@ -30,12 +30,12 @@ with Done FINISH_REASON_CANCELLED).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
 from app.drain import Drain
-from app.errors import client_error
+from app.errors import SwitchboardError, client_error
 from app.objects import AppObjects
 from app.protocols.salience.service import METHODS, Method
 from app.routes.grpc.calls import (
@@ -46,8 +46,10 @@ from app.routes.grpc.calls import (
     answer_id,
     caller_of,
     decode,
+    principal,
     register,
 )
+from app.sessions.lifetime import SessionLifetime
 from app.sessions.salience import SalienceRunner
 from app.telemetry.logs import logging_as
 from app.telemetry.record import RequestRecord
@@ -58,6 +60,9 @@ _SERVICE = pb.DESCRIPTOR.services_by_name["Salience"]
 
 
 class _Salience:
+    """Each call is a session (`app.sessions.lifetime`): a unary one only opens (its
+    answer is its whole life), a Generate is served until its stream ends."""
+
     def __init__(self, runner: SalienceRunner, drain: Drain, telemetry: Telemetry) -> None:
         self._runner = runner
         self._drain = drain
@@ -82,7 +87,7 @@ class _Salience:
             try:
                 with logging_as(record.request_id):
                     await answer_id(context, record.request_id)
-                    self._drain.check_open()
+                    SessionLifetime(self._drain).open(principal)
                     return await self._runner.unary(method.name, decode(method.request, data))
             except Exception as exc:
                 record.failed(client_error(exc))
@@ -93,44 +98,50 @@ class _Salience:
         return call
 
     async def generate(self, data: bytes, context: Context) -> None:
-        runner, drain = self._runner, self._drain
+        runner, lifetime = self._runner, SessionLifetime(self._drain)
         task = asyncio.current_task()
         assert task is not None
-        streaming = said_goodbye = False
-        ended = asyncio.Event()
+        streaming = False
+        said: SwitchboardError | None = None  # the drain's goodbye, once said
 
-        async def goodbye() -> None:
-            nonlocal said_goodbye
+        async def goodbye(refusal: SwitchboardError) -> None:
+            nonlocal said
             if streaming:  # once the call is ending by itself, its own status goes out
-                said_goodbye = True
+                said = refusal
                 task.cancel()
-            await ended.wait()
 
-        unsubscribe = drain.subscribe(goodbye)
         record = self._record("Generate", context)
         with logging_as(record.request_id):
             try:
-                drain.check_open()
-                request = decode(pb.GenerateRequest, data)
-                generation = await runner.start_generate(request, record)
-                streaming = True
                 try:
-                    await runner.run_generate(generation, Writer(context, record.request_id))
-                except asyncio.CancelledError:
-                    if not said_goodbye:
-                        record.cancelled = True
-                        raise
-                    task.uncancel()  # our goodbye's, consumed here
-                    raise drain.refusal() from None
-                finally:
-                    streaming = False
-            except Exception as exc:
-                record.failed(client_error(exc))
-                await abort(context, exc)
+                    lifetime.open(principal)
+                except Exception as exc:
+                    await self._failed(record, context, exc)
+                async with lifetime.serving(goodbye):
+                    try:
+                        request = decode(pb.GenerateRequest, data)
+                        generation = await runner.start_generate(request, record)
+                        streaming = True
+                        try:
+                            await runner.run_generate(
+                                generation, Writer(context, record.request_id)
+                            )
+                        except asyncio.CancelledError:
+                            if said is None:
+                                record.cancelled = True
+                                raise
+                            task.uncancel()  # our goodbye's, consumed here
+                            raise said from None
+                        finally:
+                            streaming = False
+                    except Exception as exc:
+                        await self._failed(record, context, exc)
             finally:
-                unsubscribe()
-                ended.set()
                 self._telemetry.close(record)
+
+    async def _failed(self, record: RequestRecord, context: Context, exc: Exception) -> NoReturn:
+        record.failed(client_error(exc))
+        await abort(context, exc)
 
 
 def _add(server: grpc.aio.Server, objects: AppObjects) -> None:

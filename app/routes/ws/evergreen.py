@@ -1,13 +1,13 @@
 """Evergreen over a websocket (`/evergreen/ws`): one socket is one session.
 
-A pump between the socket and the session layer (`app.sessions.evergreen`): frames are
-decoded by the core (`app.protocols.evergreen.frames`; the server answers in the
-encoding of the client's first frame), the session runs, and an aborted session ends
-with the core's ABORT message and close code and reason
-(`app.protocols.evergreen.lifecycle`). Bearer auth as on every route (header, or
-`?token=`); a refused client gets the UNAUTHENTICATED abort. A draining server refuses a
-new session with the UNAVAILABLE abort, and ends an open one with it (the drain's
-goodbye, `app.drain`).
+An encoder and a pump over the session's life (`app.sessions.evergreen.serve_session`):
+frames are decoded by the core (`app.protocols.evergreen.frames`; the server answers in
+the encoding of the client's first frame), and a session that ends in failure ends with
+its ABORT message, then the socket's close with the code and reason the core gives it
+(`app.protocols.evergreen.lifecycle`). The opening's checks are every websocket's
+(`app.routes.ws.opening.caller`: a refused key is the UNAUTHENTICATED abort); a draining
+server refuses a new session with the UNAVAILABLE abort, and ends an open one with it
+(the drain's goodbye, `app.drain`).
 
 Each GENERATE is a request to telemetry (`app.telemetry`): its record and span (under
 the upgrade's `traceparent`), its id the socket's numbered (`<id>.1`, ...), its
@@ -16,18 +16,20 @@ access-log line once the action has ended.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, WebSocket
 
 from app.errors import SwitchboardError
 from app.protocols.evergreen import frames
-from app.protocols.evergreen.lifecycle import abort_message, close_code, close_reason
-from app.routes.deps import get_admission, get_drain, get_engine, get_settings, principal_of
+from app.protocols.evergreen.lifecycle import close_code, close_reason
+from app.routes.deps import get_objects, get_settings
+from app.routes.ws.opening import caller
 from app.routes.ws.pump import WebSocketPump
-from app.sessions.evergreen import EvergreenRun
+from app.sessions.evergreen import EvergreenRun, serve_session
+from app.sessions.lifetime import SessionLifetime
 from app.telemetry.http import caller_of
+from app.tenants import Principal
 from schemas import evergreen_service_pb2 as service_pb
 
 router = APIRouter()
@@ -45,36 +47,20 @@ async def evergreen_socket(websocket: WebSocket) -> None:
         async for frame in pump.frames():
             yield encoding.decode(frame)
 
-    settings, drain = get_settings(websocket), get_drain(websocket)
-    failure: SwitchboardError | None
-    closed = asyncio.Event()
-    unsubscribe = None
-    try:
-        principal_of(websocket)
-        drain.check_open()
-    except SwitchboardError as exc:
-        failure = exc
-    else:
-        run = EvergreenRun.from_settings(
-            get_engine(websocket),
-            get_admission(websocket),
-            settings,
+    async def end(failure: SwitchboardError) -> None:
+        await pump.close(close_code(failure), close_reason(failure))
+
+    objects = get_objects(websocket.app)
+
+    def start(who: Principal) -> EvergreenRun:
+        return EvergreenRun.from_settings(
+            objects.engine,
+            objects.admission,
+            get_settings(websocket),
             send,
-            websocket.app.state.telemetry,
+            objects.telemetry,
             caller_of(websocket),
         )
 
-        async def goodbye() -> None:
-            run.stop(drain.refusal())
-            await closed.wait()
-
-        unsubscribe = drain.subscribe(goodbye)
-        failure = await run.serve(messages())
-    try:
-        if failure is not None:
-            await send(abort_message(failure))
-            await pump.close(close_code(failure), close_reason(failure))
-    finally:
-        if unsubscribe is not None:
-            unsubscribe()
-        closed.set()
+    lifetime = SessionLifetime(objects.drain)
+    await serve_session(lifetime, lambda: caller(websocket), start, messages(), send, end)

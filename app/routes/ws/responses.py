@@ -48,12 +48,14 @@ from app.errors import InvalidRequest, ResourceExhausted, SwitchboardError, clie
 from app.protocols.bodies import parse_json, validate
 from app.protocols.exchange import Event
 from app.protocols.openai.errors import error_body
-from app.routes.deps import get_drain, get_engine, get_objects, get_settings, principal_of
+from app.routes.deps import get_drain, get_engine, get_objects, get_settings
 from app.routes.http.errors import retry_headers
 from app.routes.http.json import OrjsonResponse, dump_json
 from app.routes.ws.frame_writer import frame_writer
+from app.routes.ws.opening import GOING_AWAY, caller, refusal_close_code
 from app.routes.ws.pump import WebSocketPump
 from app.sessions.calls import stream_call
+from app.sessions.lifetime import SessionLifetime
 from app.sessions.responses import ConnectionResponses, Responses
 from app.telemetry.http import caller_of
 from app.telemetry.logs import logging_as
@@ -62,8 +64,6 @@ from app.telemetry.reports import Telemetry
 from schemas.openai_responses import ResponsesRequest
 
 router = APIRouter()
-GOING_AWAY = 1001
-POLICY_VIOLATION = 1008
 MAX_WAITING = 16  # response.create frames held while one runs
 CREATE = "response.create"
 
@@ -100,20 +100,16 @@ def read_create(frame: bytes | str) -> tuple[ResponsesRequest, bool]:
 
 @router.websocket("/v1/responses")
 async def responses_socket(websocket: WebSocket) -> None:
-    drain = get_drain(websocket)
+    lifetime = SessionLifetime(get_drain(websocket))
     try:
-        principal_of(websocket)
-        drain.check_open()
-    except SwitchboardError as exc:
-        await _refuse(websocket, exc)
+        lifetime.open(lambda: caller(websocket))
+    except SwitchboardError as refused:
+        await _refuse(websocket, refused)
         return
     await websocket.accept()
     connection = _Connection(websocket, get_objects(websocket.app).responses)
-    unsubscribe = drain.subscribe(connection.goodbye)
-    try:
+    async with lifetime.serving(connection.goodbye):
         await connection.serve()
-    finally:
-        unsubscribe()
 
 
 async def _refuse(websocket: WebSocket, error: SwitchboardError) -> None:
@@ -124,9 +120,8 @@ async def _refuse(websocket: WebSocket, error: SwitchboardError) -> None:
         return
     await websocket.accept()
     await websocket.send_text(dump_json(error_event(error)).decode())
-    code = GOING_AWAY if error.http_status == 503 else POLICY_VIOLATION
     with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-        await websocket.close(code)
+        await websocket.close(refusal_close_code(error))
 
 
 class _Connection:
@@ -139,7 +134,6 @@ class _Connection:
         self.kept = ConnectionResponses(get_settings(websocket).responses_ws_kept)
         self.writer = frame_writer(websocket)
         self.waiting: asyncio.Queue[bytes | str] = asyncio.Queue()
-        self.closed = asyncio.Event()
         self.caller = caller_of(websocket)
         self.telemetry: Telemetry = websocket.app.state.telemetry
 
@@ -173,7 +167,6 @@ class _Connection:
                 await worker
             with contextlib.suppress(Exception):
                 await self.writer.drained()
-            self.closed.set()
 
     async def _answer_all(self) -> None:
         while True:
@@ -199,10 +192,9 @@ class _Connection:
         hooks = self.responses.hooks(call, body, self.kept)
         await stream_call(self.engine, call, self.emit, hooks)
 
-    async def goodbye(self) -> None:
+    async def goodbye(self, refusal: SwitchboardError) -> None:
         """The drain's: once what runs has ended, the error event and 1001."""
-        self.refuse(get_drain(self.pump.websocket).refusal())
+        self.refuse(refusal)
         with contextlib.suppress(Exception):
             await self.writer.drained()
         await self.pump.close(GOING_AWAY)
-        await self.closed.wait()

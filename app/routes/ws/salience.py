@@ -25,8 +25,10 @@ from fastapi import APIRouter, WebSocket
 from app.errors import SwitchboardError
 from app.protocols.salience import envelope
 from app.protocols.salience.envelope import Call, CallIds, Cancel
-from app.routes.deps import get_drain, get_objects, principal_of
+from app.routes.deps import get_drain, get_objects
+from app.routes.ws.opening import GOING_AWAY, caller, refusal_close_code
 from app.routes.ws.pump import WebSocketPump
+from app.sessions.lifetime import SessionLifetime
 from app.sessions.salience import SalienceRunner
 from app.telemetry.callers import Caller
 from app.telemetry.http import caller_of
@@ -36,64 +38,53 @@ from app.telemetry.reports import Telemetry
 from schemas import salience_pb2 as pb
 
 router = APIRouter()
-GOING_AWAY = 1001
 
 
 @router.websocket("/salience/ws")
 async def salience_socket(websocket: WebSocket) -> None:
     await websocket.accept()
-    pump, drain = WebSocketPump(websocket), get_drain(websocket)
+    pump, lifetime = WebSocketPump(websocket), SessionLifetime(get_drain(websocket))
     try:
-        principal_of(websocket)
-    except SwitchboardError as exc:
-        await pump.send(envelope.error("", False, exc))
-        await pump.close(1008)
-        return
-    try:
-        drain.check_open()
-    except SwitchboardError as exc:
-        await pump.send(envelope.error("", False, exc))
-        await pump.close(GOING_AWAY)
+        lifetime.open(lambda: caller(websocket))
+    except SwitchboardError as refused:
+        await pump.send(envelope.error("", False, refused))
+        await pump.close(refusal_close_code(refused))
         return
     runner, calls = get_objects(websocket.app).salience, CallIds()
-    calls_of = _Records(websocket.app.state.telemetry, caller_of(websocket))
+    calls_of = _Records(get_objects(websocket.app).telemetry, caller_of(websocket))
     binary = False  # the encoding of the client's last call: the goodbye's
 
-    async def goodbye() -> None:
-        await pump.send(envelope.error("", binary, drain.refusal()))
+    async def goodbye(refusal: SwitchboardError) -> None:
+        await pump.send(envelope.error("", binary, refusal))
         await pump.close(GOING_AWAY)
 
-    unsubscribe = drain.subscribe(goodbye)
-    try:
-        async with pump:
-            async for frame in pump.frames():
+    async with lifetime.serving(goodbye), pump:
+        async for frame in pump.frames():
+            try:
+                call = envelope.parse(frame)
+            except envelope.BadFrame as bad:
+                await pump.send(envelope.error(bad.call_id, bad.binary, bad))
+                continue
+            binary = call.binary
+            if isinstance(call, Cancel):
+                calls.cancel(call.call_id)
+                continue
+
+            record = calls_of.open(call)
+
+            async def failed(
+                exc: SwitchboardError, call: Call = call, record: RequestRecord = record
+            ) -> None:
+                record.failed(exc)
+                await pump.send(envelope.error(call.call_id, call.binary, exc))
+
+            with logging_as(record.request_id):
                 try:
-                    call = envelope.parse(frame)
-                except envelope.BadFrame as bad:
-                    await pump.send(envelope.error(bad.call_id, bad.binary, bad))
-                    continue
-                binary = call.binary
-                if isinstance(call, Cancel):
-                    calls.cancel(call.call_id)
-                    continue
-
-                record = calls_of.open(call)
-
-                async def failed(
-                    exc: SwitchboardError, call: Call = call, record: RequestRecord = record
-                ) -> None:
-                    record.failed(exc)
-                    await pump.send(envelope.error(call.call_id, call.binary, exc))
-
-                with logging_as(record.request_id):
-                    try:
-                        work = _call(pump, runner, calls, call, record, calls_of)
-                        await pump.guard(work, failed)
-                    finally:
-                        if record not in calls_of.streaming:  # else its stream's end
-                            calls_of.close(record)
-    finally:
-        unsubscribe()
+                    work = _call(pump, runner, calls, call, record, calls_of)
+                    await pump.guard(work, failed)
+                finally:
+                    if record not in calls_of.streaming:  # else its stream's end
+                        calls_of.close(record)
 
 
 class _Records:
