@@ -32,11 +32,11 @@ from app.engine.validation import check_token_ids
 from app.errors import SwitchboardError
 from app.protocols.bodies import parse_json, validate
 from app.protocols.conversation.plan import template_conversation
+from app.protocols.openai.admission_units import admission_units
 from app.protocols.openai.chat import ChatExchange, tokenize_conversation
 from app.protocols.openai.completions import CompletionExchange
 from app.protocols.openai.errors import error_body
 from app.protocols.openai.render import render_chat, render_completions
-from app.protocols.openai.units import admission_units
 from app.routes.deps import AdmissionDep, AuthDep, ControlPlaneDep, EngineDep, SettingsDep
 from app.routes.http.answers import Answers, error_answers, event_stream
 from app.routes.http.bodies import json_body, read_body
