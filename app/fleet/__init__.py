@@ -12,4 +12,6 @@ start theirs with the same code, so what a user runs is what is tested.
 - `routers`: each router's command line and nginx's configuration: one place for their
   flags.
 - `fleet`: `Fleet`, the whole, started and stopped in order, with rolling restarts.
+- `load`: a steady streaming load through the fleet's front, every outcome kept.
+- `traced_router`: vLLM's router with its OpenTelemetry tracing on.
 """

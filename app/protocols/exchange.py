@@ -5,7 +5,8 @@ Every API that runs engine requests for one call and answers in one body or one 
 built from the client's body, sans-IO: the shared road (`app.sessions.calls`) admits the
 call, builds its exchange off the event loop, runs `requests` on the engine (each event
 handed to the exchange with its request's index), and asks the exchange what to send,
-which the transport encodes (SSE, `app.routes.http.calls`; JSON frames, the Responses websocket):
+which the transport encodes (SSE, `app.routes.http.calls`; JSON frames, the Responses
+websocket):
 
 - streamed: `opening()` before any engine event, `events(index, event)` for each one,
   `closing()` once every request has ended; `failure(error)` in place of what is left

@@ -7,16 +7,17 @@ messages, calls this layer, and renders what comes back and the `SwitchboardErro
 raised:
 
 - `calls`: the one road of every call-shaped API (Completions, Chat, Responses,
-  Messages): admission, the exchange built in the prompt thread, the engine's events pushed
-  to it, its events or body handed out, hooks around its end; `generations`: a call's
+  Messages): admission, the exchange built in the prompt thread, the engine's events
+  pushed to it, its events or body handed out, hooks around its end; `generations`: a call's
   engine requests run together;
 - `responses`: the Responses API on that road, and a websocket connection's own
   responses; `stored_responses`: their records, background runs, replay, and a cancel
   that wins wherever it lands;
 - `lifetime`: one session's life on any transport (its opening, the drain's goodbye,
   its close), which every session-shaped adapter drives;
-- `tasks`: a task group that cancels and awaits its calls; `client_error`, the one way
-  an exception becomes what the client is told;
+- `conversations`: the Conversations API on its store; `named`: engine requests their
+  clients named, to abort by name (SMG's, llm-d's);
+- `tasks`: a task group that cancels and awaits its calls;
 - `evergreen`: one Evergreen session (`EvergreenRun`): its actions as tasks on the
   engine, `file://` refs read in a worker thread, the lifecycle of the core;
 - `salience`: the Salience service (`SalienceRunner`): unary calls, Generates streamed

@@ -1,6 +1,6 @@
-"""One call of a call-shaped API (a `Exchange`: Completions, Chat, Responses, Messages) on the
-engine, for any transport: the one road every such call takes, whatever carries it (SSE
-over HTTP, JSON frames over a websocket).
+"""One call of a call-shaped API (an `Exchange`: Completions, Chat, Responses, Messages)
+on the engine, for any transport: the one road every such call takes, whatever carries
+it (SSE over HTTP, JSON frames over a websocket).
 
 In this order:
 
@@ -9,16 +9,18 @@ In this order:
    raised, for the transport to answer in the API's shape); then `build`, which makes
    the exchange: off the event loop, in the one prompt thread (`in_prompt_thread`),
    where templating, tokenizing, compiling a constraint's grammar and decoding images
-   block, so that they never stall the streams. A build that fails gives its admission places back.
-2. `stream_call`: the exchange's events handed to `emit` as they come: `opening()`, then the
-   events of each engine event, pushed from the engine's own loop (`run_generations`: the
-   call's task waits once, for the end), then `closing()`; a failure after the opening
-   goes into the stream in the API's shape (`Exchange.failure`). `collect_call`: each event
-   fed to the exchange, then its body (`result()`); a failure is raised.
+   block, so that they never stall the streams. A build that fails gives its admission
+   places back.
+2. `stream_call`: the exchange's events handed to `emit` as they come: `opening()`, then
+   the events of each engine event, pushed from the engine's own loop
+   (`run_generations`: the call's task waits once, for the end), then `closing()`; a
+   failure after the opening goes into the stream in the API's shape
+   (`Exchange.failure`). `collect_call`: each event fed to the exchange, then its body
+   (`result()`); a failure is raised.
 
 `Hooks` are what an API does around its call's end, on the same road: `ended()` is
-awaited once the exchange's last events (or its body) are known and before they are handed
-on, so a Responses call stores its record there and a client that has seen the terminal
+awaited once the exchange's last events (or its body) are known and before they are
+handed on, so a Responses call stores its record there and a client that has seen the terminal
 event can continue from it on any replica; if it raises, the call fails in the API's
 shape instead. `failed(error)` follows a stream's failure events; `running()` is told the
 call's first engine event (the engine has started it).

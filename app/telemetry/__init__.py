@@ -4,6 +4,7 @@ metrics.
 - `ids`: the `x-request-id` taken from the client or minted;
 - `logs`: that id in every log line written while the request is served;
 - `record`: `RequestRecord`, what is known of one request, filled as it is served;
+- `callers`: `Caller`, who a connection's calls come from;
 - `reports`: `Telemetry`, the app's one place that opens records and reports them once
   they end (span, access log, metrics);
 - `tracing`: the OpenTelemetry tracer, on with `--otlp-traces-endpoint`;

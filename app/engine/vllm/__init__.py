@@ -14,6 +14,11 @@
 - `tokenizer`: the engine's tokenizer and vLLM's chat renderer behind `Tokenizer`.
 - `stats`: the engine core's own request counts, from its scheduler stats.
 - `vision`: how a vision-language model lays images into its prompt.
-- `structured`, `tools`: vLLM's structured-output backends and tool parsers.
+- `structured`, `tools`: vLLM's structured-output backends and tool parsers;
+  `json_grammar`: xgrammar's JSON, corrected; `call_grammar`: a forced tool call's
+  constraint, lowered for the server's backend.
+- `lora`: an adapter judged before vLLM is asked to load it.
+- `hold`: the engine's processes outlive signals meant for the server, until it stops
+  them.
 - `cli_args`: vLLM's engine flags, parsed by vLLM's parser.
 """

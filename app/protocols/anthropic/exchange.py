@@ -1,5 +1,6 @@
 """POST /v1/messages as an `app.protocols.exchange.Exchange`: the body planned by the
-conversation core, its one engine request's events encoded as Anthropic's message and stream.
+conversation core, its one engine request's events encoded as Anthropic's message and
+stream.
 
 A stream, as the anthropic SDK's accumulator and Claude Code read it:
 

@@ -1,6 +1,6 @@
-"""A call of an API whose body is a `Exchange` (`app.protocols.exchange`), answered over HTTP: the
-shared road (`app.sessions.calls`) with its events as server-sent events, or its body as
-JSON.
+"""A call of an API whose body is an `Exchange` (`app.protocols.exchange`), answered over
+HTTP: the shared road (`app.sessions.calls`) with its events as server-sent events, or
+its body as JSON.
 
 `serve_call` admits and builds a call and answers it; `answer_call` answers one already
 started (the Responses API starts its own: it reads a stored conversation first), and
