@@ -252,3 +252,11 @@ def test_concurrent_streams_each_get_their_own_tokens() -> None:
         for thread in threads:
             thread.join(30)
     assert results == {i: list(range(i + 11, i + 31)) for i in range(8)}
+
+
+def test_streamed_logprobs_ride_each_chunk() -> None:
+    with worker() as (stub, _, _):
+        replies = list(stub.Generate(request([65], max_tokens=4, logprobs=1), timeout=10))
+    chunks = [r.chunk for r in replies if r.HasField("chunk")]
+    assert [t for c in chunks for t in c.output_logprobs.token_ids] == [66, 67, 68, 69]
+    assert all(len(c.output_logprobs.top_logprobs) == len(c.token_ids) for c in chunks)
