@@ -4,6 +4,7 @@ fails the test with what it waited for, rather than hanging it."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 POLL_S = 0.01
@@ -17,3 +18,13 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 5.0) 
                 await asyncio.sleep(POLL_S)
     except TimeoutError:
         raise AssertionError(f"waited {timeout:.0f} s for {what}") from None
+
+
+def until_sync(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    """`until` for a test that runs no event loop of its own (it drives a server in a
+    thread): poll, sleeping; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(POLL_S)

@@ -185,6 +185,33 @@ def test_abort_by_request_id_ends_the_stream_as_aborted() -> None:
     assert len(engine.aborted) == 1 and not engine.running
 
 
+def test_abort_reaches_only_its_tenants_requests_and_tells_nothing_of_others() -> None:
+    """The Abort RPC as the caller's tenant: another tenant's abort of a running name
+    stops nothing and answers as for a name no call holds; the owner's stops it."""
+    engine = FakeEngine(step_delay=0.05)
+    keys: dict[str, Any] = {"api_key": "full", "tenant_api_key": ["acme:acme-key", "beta:beta-key"]}
+    acme, beta, full = (
+        (("authorization", f"Bearer {k}"),) for k in ("acme-key", "beta-key", "full")
+    )
+    with worker(engine, **keys) as (stub, _, _):
+        stream = stub.Generate(
+            request([65], max_tokens=200, request_id="mine"), metadata=acme, timeout=30
+        )
+        first = next(stream)
+        assert first.HasField("chunk")
+        for other in (beta, full):
+            answers = [
+                stub.Abort(pb.AbortRequest(request_ids=[name]), metadata=other, timeout=10)
+                for name in ("mine", "unknown")
+            ]
+            assert answers[0] == answers[1] == pb.AbortResponse()
+        assert engine.aborted == [] and engine.running
+        stub.Abort(pb.AbortRequest(request_ids=["mine"]), metadata=acme, timeout=10)
+        rest = list(stream)
+    assert rest[-1].complete.finish_reason == "abort"
+    assert len(engine.aborted) == 1
+
+
 def test_a_cancelled_call_aborts_its_engine_request() -> None:
     engine = FakeEngine(step_delay=0.05)
     with worker(engine) as (stub, _, _):

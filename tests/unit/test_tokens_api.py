@@ -16,9 +16,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from app.admission import Tickets
 from app.config import Settings
 from app.main import create_app
+from app.sessions.named import NamedRequests
 from tests.fake_engine import FakeEngine
+from tests.waits import until_sync
 
 URL = "/inference/v1/generate"
 
@@ -140,6 +143,38 @@ def test_abort_by_request_id_stops_the_request() -> None:
     assert len(engine.aborted) == 1
 
 
+def test_an_abort_reaches_only_its_tenants_requests_and_tells_nothing_of_others() -> None:
+    """Names are the client's own (easily guessed): another tenant's abort of the same
+    name stops nothing, and its answer is the answer to a name no call holds."""
+    engine = FakeEngine(step_delay=0.02)
+    keys: dict[str, Any] = {"api_key": "full", "tenant_api_key": ["acme:acme-key", "beta:beta-key"]}
+    app = create_app(Settings(model="fake", grpc_port=0, **keys), engine=engine)
+    acme, beta, full = ({"Authorization": f"Bearer {k}"} for k in ("acme-key", "beta-key", "full"))
+    with TestClient(app) as client:
+        answers: list[Any] = []
+
+        def run() -> None:
+            body = {"request_id": "long", "token_ids": [65], "sampling_params": {"max_tokens": 400}}
+            answers.append(client.post(URL, json=body, headers=acme).json())
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        until_sync(lambda: bool(engine.running), "acme's request to run")
+
+        def abort(name: str, headers: dict[str, str]) -> tuple[int, bytes, str | None]:
+            answer = client.post("/abort_requests", json={"request_ids": [name]}, headers=headers)
+            return answer.status_code, answer.content, answer.headers.get("content-type")
+
+        for other in (beta, full):  # full: the default tenant's key, not acme's
+            assert abort("long", other) == abort("nobody", other) == (200, b"", None)
+        assert engine.aborted == [] and engine.running
+        assert abort("long", acme) == (200, b"", None)
+        thread.join(20)
+    choice = answers[0]["choices"][0]
+    assert choice["finish_reason"] == "abort" and len(choice["token_ids"]) < 400
+    assert len(engine.aborted) == 1
+
+
 def test_abort_needs_request_ids(client: TestClient) -> None:
     assert client.post("/abort_requests", json={}).status_code == 400
     assert client.post("/abort_requests", json={"request_ids": ["nobody"]}).status_code == 200
@@ -155,3 +190,19 @@ def test_a_draining_server_refuses_with_503(client: TestClient) -> None:
 def test_load_and_kv_event_sources(client: TestClient) -> None:
     assert client.get("/load").json() == {"server_load": 0}
     assert client.get("/kv_event_sources").json() == {}
+
+
+def test_the_abort_registry_forgets_ended_calls_at_a_cost_shared_by_the_filings() -> None:
+    """Calls are held weakly, and the names left with none are swept; with many names
+    alive, a sweep comes only once the registry has doubled, not at every filing."""
+    named = NamedRequests(FakeEngine())
+    held = [Tickets([]) for _ in range(3000)]
+    sweeps, seen = 0, named._calls  # held, so a new registry never takes its address
+    for i, call in enumerate(held):
+        for name, filed in ((f"live{i}", call), (f"ended{i}", Tickets([]))):
+            named.add("acme", name, filed)  # the second ended at once: nothing holds it
+            if named._calls is not seen:
+                sweeps, seen = sweeps + 1, named._calls
+    assert sweeps <= 10, sweeps  # every filing past 1024 swept: thousands
+    assert {name for _, name in named._calls} >= {f"live{i}" for i in range(3000)}
+    assert len(named._calls) < 2 * 3000 + 1024

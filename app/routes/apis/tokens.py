@@ -10,8 +10,9 @@ the operational routes, each as `vllm serve` 0.32 answers it (`--enable-scale-ou
 - `POST /inference/v1/abort_requests` (and `/abort_requests`, the path `--tokens-only`
   also serves): `{"request_ids": [...]}` aborts the running calls of those client ids,
   which end with finish reason "abort" (vLLM's answers 200 and stops nothing: it runs
-  them under ids of its own). Both paths need the API key when one is set (vLLM leaves
-  the second open).
+  them under ids of its own). Only the caller's tenant's calls: another tenant's id is
+  answered as an id no call holds (200, nothing stopped). Both paths need a key when
+  keys are set (vLLM leaves the second open).
 - `GET /load`: `{"server_load": N}`, the requests this server is serving (admitted, not
   yet finished, every protocol), as vLLM's load-aware counter reports its own.
 - `GET /kv_event_sources`: the engine's KV-event publisher per data-parallel rank, as
@@ -32,7 +33,7 @@ from app.errors import InvalidRequest
 from app.protocols.bodies import parse_json
 from app.protocols.tokens import TokensExchange, TokensRequest, units
 from app.routes.apis.openai import openai_error
-from app.routes.deps import AdmissionDep, AuthDep, EngineDep, get_objects
+from app.routes.deps import AdmissionDep, AuthDep, EngineDep, PrincipalDep, get_objects
 from app.routes.http.answers import Answers, error_answers
 from app.routes.http.bodies import json_body, read_body
 from app.routes.http.calls import answer_call
@@ -65,7 +66,9 @@ def _ok(description: str) -> Answers:
         "server-sent events of its stream chunks, ending with `data: [DONE]`"
     ),
 )
-async def generate(request: Request, engine: EngineDep, admission: AdmissionDep) -> Response:
+async def generate(
+    request: Request, engine: EngineDep, admission: AdmissionDep, principal: PrincipalDep
+) -> Response:
     body = await read_body(request, TokensRequest)
     served = served_by(engine, body.model)
     if served.lora_name is not None:
@@ -81,18 +84,18 @@ async def generate(request: Request, engine: EngineDep, admission: AdmissionDep)
             lambda: TokensExchange(body, info, tokenizer, model=served.name)
         ),
     )
-    get_objects(request.app).named_requests.add(call.exchange.name, call.tickets)
+    get_objects(request.app).named_requests.add(principal.tenant, call.exchange.name, call.tickets)
     return await answer_call(request, engine, call, stream=bool(body.stream))
 
 
-async def _abort(request: Request) -> Response:
+async def _abort(request: Request, principal: PrincipalDep) -> Response:
     data = parse_json(await request.body())
     ids = data.get("request_ids") if isinstance(data, dict) else None
     if ids is None:
         raise InvalidRequest("Missing 'request_ids' in request body", param="request_ids")
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         raise InvalidRequest("request_ids must be a list of strings", param="request_ids")
-    await get_objects(request.app).named_requests.abort(ids)
+    await get_objects(request.app).named_requests.abort(principal.tenant, ids)
     return Response(status_code=200)
 
 

@@ -13,7 +13,8 @@ adapter: the protocol is `app.protocols.smg`'s, the road `app.sessions.calls`'.
   A client that cancels the call (SMG drops a stream whose client left) aborts its
   engine requests; a drain's cut ends the call UNAVAILABLE.
 - `Abort`: the engine requests running under the named `request_id`s end with finish
-  reason "abort" (their streams' Complete says so); unknown ids are no error.
+  reason "abort" (their streams' Complete says so), the caller's tenant's only; an
+  unknown id, or another tenant's, is no error and stops nothing (the same answer).
 - `HealthCheck`: unhealthy while the engine fails its check or the server drains, so
   SMG stops sending to a replica that is going away; the grpc.health service says the
   same for this service's name (`app.routes.grpc.server`).
@@ -58,7 +59,16 @@ from app.errors import (
 from app.metrics import kv_cache_usage
 from app.objects import AppObjects
 from app.protocols.smg import SmgGenerate, model_info
-from app.routes.grpc.calls import Context, Service, answer_id, caller_of, decode, end, register
+from app.routes.grpc.calls import (
+    Context,
+    Service,
+    answer_id,
+    caller_of,
+    decode,
+    end,
+    principal,
+    register,
+)
 from app.sessions.calls import in_prompt_thread, start_call
 from app.sessions.generations import run_generations
 from app.sessions.named import NamedRequests
@@ -182,6 +192,7 @@ class _VllmEngine:
 
     async def _generate(self, data: bytes, context: Context, record: RequestRecord) -> None:
         engine = self._engine
+        tenant = principal().tenant
         try:
             request = decode(pb.GenerateRequest, data)
             self._last_receive = time.time()
@@ -202,7 +213,7 @@ class _VllmEngine:
         # Straight to grpcio (not `calls.Writer`, whose task per write costs more than
         # the write): one writer, this task, and nothing is sent once it is cancelled.
         write = context.write
-        self._named.add(exchange.name, call.tickets)
+        self._named.add(tenant, exchange.name, call.tickets)
         with call.tickets:
             runner = asyncio.ensure_future(
                 run_generations(
@@ -238,7 +249,7 @@ class _VllmEngine:
     async def abort(self, data: bytes, context: Context) -> pb.AbortResponse:
         try:
             request = decode(pb.AbortRequest, data)
-            await self._named.abort(request.request_ids)
+            await self._named.abort(principal().tenant, request.request_ids)
         except Exception as exc:
             await abort(context, exc)
         return pb.AbortResponse()
