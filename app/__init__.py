@@ -6,7 +6,10 @@ The packages, in the order data flows (transport -> protocol core -> engine):
 - `sessions/`: the protocol cores driven on the engine, for any transport;
 - `protocols/`: the sans-IO protocol cores;
 - `engine/`: the engine seam and the only package that imports vLLM;
-- `store/`: state that outlives a request (stored responses, conversations, sessions);
+- `batches/`: the batch APIs, and the runner that answers batches in a lane that yields
+  to interactive traffic;
+- `store/`: state that outlives a request (stored responses, conversations, sessions,
+  files and batches);
 - `telemetry/`: each request's id, trace, access-log line and metrics;
 - `fleet/`: replicas of the server behind a real router, on one machine.
 

@@ -75,6 +75,7 @@ class ProtocolName(StrEnum):
     SALIENCE = "salience"
     SMG = "smg"  # SMG's gRPC workers (`vllm.grpc.engine.VllmEngine`)
     TOKENS = "tokens"  # llm-d's token-in/token-out
+    BATCH = "batch"  # a batch's requests, in the lane (`app.batches.lane`)
 
 
 # Weight of the newest sample in the queue-wait average.
@@ -212,6 +213,8 @@ class Admission:
         self._wait_s = 0.0
         self.admitted: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
+        # Told of each ticket as it is admitted (the batch lane: `app.batches.lane`).
+        self.on_admit: list[Callable[[Ticket], None]] = []
 
     # -- the rule ------------------------------------------------------------------
 
@@ -251,6 +254,8 @@ class Admission:
         self._queued_tokens += tokens
         self._live.add(ticket)
         self.admitted[protocol] += 1
+        for listener in self.on_admit:
+            listener(ticket)
         return ticket
 
     def admit_all(
@@ -289,6 +294,11 @@ class Admission:
     def queued(self) -> Counter[str]:
         """Queued tickets per protocol."""
         return Counter(t.protocol for t in self._queue)
+
+    def in_flight_before(self, priority: int) -> int:
+        """Tickets in flight (queued or running) of a priority that runs before
+        `priority`: the work a lane at `priority` yields to (`app.batches.lane`)."""
+        return sum(1 for t in self._live if t.priority < priority)
 
     @property
     def queued_tokens(self) -> int:

@@ -228,6 +228,54 @@ class Settings(BaseSettings):
         "recently used goes first.",
     )
 
+    # Batches (app.batches): OpenAI's Files and Batch APIs, Anthropic's Message Batches
+    batch_store: str = Field(
+        default="",
+        description="Where files and batches live (uploads, batches, their requests and "
+        "results): a SQLite file path, or a redis:// URL that replicas share (any replica "
+        "then advances and answers any batch). Empty: the Responses store's (--responses-store).",
+    )
+    batch_store_max_bytes: int = Field(
+        default=8 << 30,
+        gt=0,
+        description="Bound on the bytes files and batches hold in their store (uploads, a "
+        "batch's copy of its requests, results); an upload past it is refused (a batch "
+        "already accepted still writes its results).",
+    )
+    batch_max_input_bytes: int = Field(
+        default=200 * 1000 * 1000,
+        gt=0,
+        description="Largest batch input: an uploaded file (OpenAI documents 200 MB for a "
+        "batch's input file) or a Message Batches body.",
+    )
+    batch_max_requests: int = Field(
+        default=50_000,
+        gt=0,
+        description="Most requests in one batch (OpenAI documents 50,000).",
+    )
+    batch_max_running: int = Field(
+        default=64,
+        ge=1,
+        description="Batch requests in the engine at once while no interactive request is "
+        "(the lane's width on an idle server).",
+    )
+    batch_busy_running: int = Field(
+        default=0,
+        ge=0,
+        description="Batch requests in the engine at once while interactive requests are "
+        "queued or running (or were, within the last half second): the lane's width under "
+        "interactive load. Past it, the newest batch requests are taken off the engine and "
+        "run again later.",
+    )
+    batch_lease_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a replica's hold on a part of a batch (or on a background "
+        "response) lasts unrenewed; it renews it every third of this while it works. A "
+        "replica that dies leaves that work this long, then another (or it, restarted) "
+        "takes it over.",
+    )
+
     # GraphPipe
     graphpipe_max_request_bytes: int = Field(
         default=64 * 1024 * 1024, description="Largest GraphPipe request body accepted."
@@ -382,6 +430,10 @@ class Settings(BaseSettings):
             return self.responses_store
         state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         return str(Path(state) / "switchboard" / "responses.sqlite3")
+
+    def batch_store_location(self) -> str:
+        """`batch_store`, or the Responses store's location."""
+        return self.batch_store or self.responses_store_location()
 
     def salience_store_location(self) -> str:
         """`salience_store`, or the Responses store's Redis, or `memory`."""

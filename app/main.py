@@ -27,9 +27,12 @@ from app.metrics import install_metrics
 from app.objects import AppObjects
 from app.routes.apis import (
     anthropic,
+    batches,
     compaction,
     conversations,
+    files,
     graphpipe,
+    message_batches,
     openai,
     playground,
     probes,
@@ -53,6 +56,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if engine is None:
             await objects.start_engine()
+        objects.batches.start()  # batches of before a restart resume
         try:
             async with serve_grpc(objects):
                 yield
@@ -72,6 +76,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     for module in (
         probes,
         openai,
+        files,
+        batches,
+        message_batches,  # before anthropic's /v1/messages/{rest}
         anthropic,
         compaction,
         conversations,
@@ -84,7 +91,13 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         playground,
     ):
         app.include_router(module.router)
-    install_metrics(app, objects.admission, telemetry.metrics, lambda: objects.salience)
+    install_metrics(
+        app,
+        objects.admission,
+        telemetry.metrics,
+        lambda: objects.salience,
+        lambda: objects.batches,
+    )
     # Outermost: it sees every answer, the error handlers' and the metrics' included.
     app.add_middleware(HttpTelemetry, telemetry=telemetry)
     _document_bodies(app)

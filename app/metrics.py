@@ -25,6 +25,14 @@ Per API and per tenant, each inference API's requests by outcome, their tokens a
 latency histograms (`app.telemetry.metrics.RequestMetrics`: `switchboard_requests_total`,
 `switchboard_time_to_first_token_seconds`, ...).
 
+Batches (`app.batches`), read from this replica's runner at scrape time (no store read):
+`switchboard_batch_requests{state}` (its batch requests `queued` in the runner, waiting
+for the lane, and `running` in the engine), `switchboard_batch_results_total{outcome}`
+(results it wrote: succeeded, errored, expired, cancelled; with replicas, sum it over
+them), `switchboard_batches_active` (batches not ended yet, at the runner's last read of
+the store: fleet-wide with a shared store, the same on every replica). Batch work is
+admitted as protocol `batch`.
+
 Sessions that outlive connections (Salience's; `app.protocols.salience.lifecycle`), read
 from the app's runner at scrape time:
 `switchboard_sessions_evicted_total{protocol, reason}` (idle sessions this replica evicted
@@ -53,9 +61,12 @@ from prometheus_fastapi_instrumentator import metrics as http_metrics
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.admission import Admission, ProtocolName
+from app.batches.runner import BatchRunner
+from app.batches.service import Batches
 from app.errors import SwitchboardError
 from app.protocols.salience.lifecycle import Eviction
 from app.sessions.salience import SalienceRunner
+from app.store.batches import OUTCOMES
 from app.telemetry.metrics import RequestMetrics
 
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
@@ -192,6 +203,40 @@ class SessionMetrics(Collector):
         yield from (sessions, tokens)
 
 
+class BatchMetrics(Collector):
+    """This replica's batch runner, read when scraped (zeros before it exists)."""
+
+    def __init__(self, batches: Callable[[], Batches]) -> None:
+        self._batches = batches
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            runner: BatchRunner | None = self._batches().runner
+        except AttributeError:  # the app's objects are not built yet (no engine)
+            runner = None
+        requests = GaugeMetricFamily(
+            "switchboard_batch_requests",
+            "Batch requests on this replica: queued (waiting for the lane), running.",
+            labels=["state"],
+        )
+        requests.add_metric(["queued"], 0 if runner is None else runner.queued)
+        requests.add_metric(["running"], 0 if runner is None else runner.running)
+        results = CounterMetricFamily(
+            "switchboard_batch_results",
+            "Results of batch requests this replica wrote, by outcome.",
+            labels=["outcome"],
+        )
+        for outcome in OUTCOMES:
+            results.add_metric([outcome], 0 if runner is None else runner.answered.get(outcome, 0))
+        active = GaugeMetricFamily(
+            "switchboard_batches_active",
+            "Batches not ended yet, at the runner's last read (the store's: fleet-wide when "
+            "replicas share one).",
+            value=0 if runner is None else runner.active,
+        )
+        yield from (requests, results, active)
+
+
 _STATS_TIMEOUT_S = 1.0
 _UNNAMED = "none"  # a request no route took (a 404), as the instrumentator groups it
 _UNRECORDED = frozenset({"/metrics"})  # the scrapes themselves
@@ -262,14 +307,17 @@ def install_metrics(
     admission: Admission,
     requests: RequestMetrics,
     salience: Callable[[], SalienceRunner],
+    batches: Callable[[], Batches],
 ) -> None:
-    """/metrics on `app`; `salience()` is the app's runner once the app has its objects."""
+    """/metrics on `app`; `salience()` and `batches()` are the app's once the app has its
+    objects."""
     _register_legacy_alias()
     http_registry = CollectorRegistry()
     http_registry.register(AdmissionMetrics(admission))
     http_registry.register(requests)
     sessions = SessionMetrics(salience)
     http_registry.register(sessions)
+    http_registry.register(BatchMetrics(batches))
     app.add_middleware(HttpMetrics, record=http_metrics.default(registry=http_registry))
 
     @app.get("/metrics", include_in_schema=False)

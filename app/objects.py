@@ -13,8 +13,11 @@ settings first, and owns it):
 
 - `named_requests`: the engine requests their clients named (SMG's and llm-d's aborts);
 - `conversations`: the Conversations API on its store (`--responses-store`);
-- `responses`: the Responses API on the responses' store, its background runs, and the
-  conversations they continue;
+- `batches`: the batch APIs on their store (`--batch-store`) and this replica's batch
+  runner (started by the lifespan: `Batches.start`), which answers Responses requests
+  through `responses`;
+- `responses`: the Responses API on the responses' store, its background runs (their
+  leases on the batches' store), and the conversations they continue;
 - `salience`: Salience's runner on its session store (`--salience-store`), one for every
   connection of every transport: sessions outlive connections.
 
@@ -47,6 +50,7 @@ from typing import Protocol, TypeVar
 
 from app.admission import Admission
 from app.auth import Keyring
+from app.batches.service import Batches
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
@@ -70,6 +74,7 @@ class AppObjects:
     engine: Engine
     named_requests: NamedRequests
     conversations: Conversations
+    batches: Batches
     responses: Responses
     salience: SalienceRunner
 
@@ -94,6 +99,11 @@ class AppObjects:
         self.conversations = self._closing(
             Conversations(open_conversations(where, ttl_s=ttl_s, max_bytes=max_bytes))
         )
+        self.batches = self._closing(
+            Batches.from_settings(
+                settings, engine, admission, drain, lambda: self.responses, self.telemetry
+            )
+        )
         self.responses = self._closing(
             Responses(
                 engine,
@@ -102,6 +112,8 @@ class AppObjects:
                 drain,
                 self.conversations,
                 self.telemetry,
+                leases=self.batches.store,
+                lease_s=settings.batch_lease_s,
             )
         )
         self.salience = self._closing(

@@ -6,6 +6,7 @@ bodies or frames and returns engine requests and the answers to send, raising
   `accounting`: the usage and finishes every exchange counts;
 - `bodies`: JSON bodies parsed and checked, for every API; `sampling`: sampling rules
   every protocol shares beyond the engine's limits;
+- `batches`: a batch's record and lifecycle, in no API's shape;
 - `conversation/`: every chat-shaped API's one plan (templating, tools, constraint,
   sampling, images) and its output read back;
 - `openai/`: Completions, Chat and the Responses API (`openai/responses/`);

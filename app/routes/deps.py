@@ -19,6 +19,7 @@ from starlette.requests import HTTPConnection
 
 from app.admission import Admission
 from app.auth import Keyring, bearer_token, controlling, serving
+from app.batches.service import Batches
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
@@ -84,6 +85,13 @@ async def _conversations_dependency(conn: HTTPConnection) -> Conversations:
 
 
 ResponsesDep = Annotated[Responses, Depends(_responses_dependency)]
+
+
+async def _batches_dependency(conn: HTTPConnection) -> Batches:
+    return get_objects(conn.app).batches
+
+
+BatchesDep = Annotated[Batches, Depends(_batches_dependency)]
 ConversationsDep = Annotated[Conversations, Depends(_conversations_dependency)]
 
 

@@ -49,6 +49,7 @@ from app.sessions.stored_responses import (
     not_found,
 )
 from app.store.base import ResponseStore
+from app.store.batches import BatchStore
 from app.telemetry.record import RequestRecord
 from app.telemetry.reports import Telemetry
 from schemas.openai_responses import ResponsesRequest
@@ -116,12 +117,16 @@ class Responses:
         drain: Drain | None,
         conversations: Conversations | None = None,
         telemetry: Telemetry | None = None,
+        leases: BatchStore | None = None,
+        lease_s: float = 10.0,
     ) -> None:
         self.engine = engine
         self.admission = admission
         self.conversations = conversations
         self.records = ResponseRecords(store)
-        self.runs = BackgroundRuns(engine, self.records, drain, conversations, telemetry)
+        self.runs = BackgroundRuns(
+            engine, self.records, drain, conversations, telemetry, leases, lease_s
+        )
 
     async def start(
         self,
@@ -130,6 +135,7 @@ class Responses:
         *,
         kept: ConnectionResponses | None = None,
         generate: bool = True,
+        lane: tuple[ProtocolName, int] | None = None,
     ) -> Call[ResponsesExchange]:
         """Every Responses call's start, whatever carries it (HTTP, the websocket, a
         background run, compaction): the model it names (`served_by`: an unknown one is
@@ -137,7 +143,8 @@ class Responses:
         the conversation it continues read (`kept` first: a websocket connection's own),
         the exchange planned. Not to `generate` (`generate: false`): nothing for the
         engine, so nothing admitted; planned all the same, so the call is checked and
-        completes, with no output, to continue from."""
+        completes, with no output, to continue from.
+        A batch's request is admitted in its `lane` (protocol, priority)."""
         served = served_by(self.engine, body.model)
 
         async def build() -> ResponsesExchange:
@@ -162,9 +169,9 @@ class Responses:
             return await start_call(
                 self.admission,
                 record,
-                protocol=PROTOCOL,
+                protocol=PROTOCOL if lane is None else lane[0],
                 units=[prompt_bound(body)] if generate else [],
-                priority=body.priority,
+                priority=body.priority if lane is None else lane[1],
                 build=build,
             )
         except BaseException:

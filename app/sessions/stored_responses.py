@@ -36,6 +36,15 @@ ends it `cancelled`, and nothing is written after that:
 Drain: runs hold admission places, so a drain waits for them and then cuts them like any
 request (their records then say `failed`); the drain's goodbye waits for their last
 writes. `close()` (the app's shutdown) ends what is left the same way.
+
+A server that dies (SIGKILL, its machine gone) writes nothing more. So a run holds a
+lease on its response (`leases`: the store's, as batches' chunks are held), taken before
+its first record and renewed every third of `lease_s` while it runs. A response still
+queued or in progress whose lease has run out was orphaned: whoever reads it (a
+retrieval, a stream following it, a cancel, on any replica) ends it `failed`, with a
+`server_error` saying so, raising its cancel flag first, so that a run that was only
+slow to renew cannot write over it (its last write is refused, as a cancel's would be).
+A stream following such a response ends.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,12 +62,13 @@ from app.drain import Drain
 from app.engine.base import Engine
 from app.errors import InvalidRequest, NotFound, SwitchboardError
 from app.protocols.exchange import Event
-from app.protocols.openai.responses.events import Body, replay
+from app.protocols.openai.responses.events import Body, replay, response_error
 from app.protocols.openai.responses.exchange import TERMINAL, ResponsesExchange
 from app.protocols.openai.responses.record import StoredResponse
 from app.sessions.calls import Call, stream_call
 from app.sessions.conversations import Conversations
 from app.store.base import ResponseStore
+from app.store.batches import BatchStore
 from app.telemetry.reports import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -66,6 +77,7 @@ CANCEL_POLL_S = 0.25  # how often a background run reads its cancel flag
 CANCEL_WAIT_S = 10.0  # how long a cancel waits for another replica's run to end
 FOLLOW_POLL_S = 0.25  # how often a stream of another replica's run reads the record
 FOLLOW_LIMIT_S = 600.0  # how long such a stream waits for the run to end
+ORPHANED = "The server running this response stopped before it ended"
 
 
 def not_found(response_id: str, param: str = "response_id") -> NotFound:
@@ -102,17 +114,6 @@ class ResponseRecords:
             await self.save(exchange, response)
         except SwitchboardError as exc:
             logger.warning("response %s not stored: %s", exchange.id, exc.message)
-
-    async def until_ended(
-        self, record: StoredResponse, limit_s: float, poll_s: float
-    ) -> StoredResponse:
-        """`record`, read again every `poll_s` until another replica's run has ended it
-        or `limit_s` have passed."""
-        deadline = time.monotonic() + limit_s
-        while record.status not in TERMINAL and time.monotonic() < deadline:
-            await asyncio.sleep(poll_s)
-            record = await self.load(record.id)
-        return record
 
     async def input_items(
         self, response_id: str, *, after: str | None, limit: int, order: str
@@ -240,11 +241,16 @@ class BackgroundRuns:
         drain: Drain | None,
         conversations: Conversations | None,
         telemetry: Telemetry | None = None,
+        leases: BatchStore | None = None,
+        lease_s: float = 10.0,
     ) -> None:
         self.engine = engine
         self.records = records
         self.conversations = conversations
         self.telemetry = telemetry
+        self.leases = leases
+        self.lease_s = lease_s
+        self.owner = uuid.uuid4().hex
         self._runs: dict[str, _Run] = {}
         if drain is not None:
             drain.subscribe(self._settle)
@@ -256,6 +262,7 @@ class BackgroundRuns:
         exchange = call.exchange
         try:
             queued = exchange.response("queued", with_usage=False)
+            await self._hold(exchange.id)
             await self.records.save(exchange, queued)
         except BaseException:
             call.tickets.release()
@@ -300,6 +307,11 @@ class BackgroundRuns:
             self._runs.pop(exchange.id, None)
             if self.telemetry is not None:
                 self.telemetry.close(run.call.record)
+            if self.leases is not None:
+                with contextlib.suppress(SwitchboardError):
+                    await asyncio.shield(
+                        self.leases.unlease(_lease_key(exchange.id), owner=self.owner)
+                    )
 
     def _chain(self, run: _Run, response: Body) -> asyncio.Future[None]:
         """The run's record to be written with `response`, after its earlier writes,
@@ -318,9 +330,15 @@ class BackgroundRuns:
         await asyncio.shield(self._chain(run, response))
 
     async def _watch_cancel(self, run: _Run) -> None:
+        """Reads the run's cancel flag every `CANCEL_POLL_S`, renews its lease every
+        third of `lease_s`."""
+        renewed = time.monotonic()
         while True:
             await asyncio.sleep(CANCEL_POLL_S)
             try:
+                if time.monotonic() - renewed > self.lease_s / 3:
+                    renewed = time.monotonic()
+                    await self._hold(run.exchange.id)
                 flagged = await self.records.store.cancel_requested(run.exchange.id)
             except SwitchboardError:
                 continue  # the store is down: the owner still cancels what it is asked here
@@ -328,19 +346,59 @@ class BackgroundRuns:
                 run.cancel()
                 return
 
+    async def _hold(self, response_id: str) -> None:
+        if self.leases is not None:
+            now = time.time()
+            await self.leases.lease(
+                _lease_key(response_id), owner=self.owner, now=now, until=now + self.lease_s
+            )
+
+    async def current(self, response_id: str) -> StoredResponse:
+        """The stored response; an orphaned one (its server died mid-run) ended first."""
+        return await self._unorphaned(await self.records.load(response_id))
+
+    async def _unorphaned(self, record: StoredResponse) -> StoredResponse:
+        if (
+            self.leases is None
+            or record.status in TERMINAL
+            or record.id in self._runs
+            or await self.leases.leased(_lease_key(record.id), time.time())
+        ):
+            return record
+        await self.records.store.request_cancel(record.id)
+        failed = {
+            **record.response,
+            "status": "failed",
+            "error": response_error(SwitchboardError(ORPHANED)),
+        }
+        ended = StoredResponse(failed, record.input_items, record.history)
+        await self.records.store.put(record.id, ended.encode())
+        logger.warning("response %s ended failed: its server stopped", record.id)
+        return ended
+
+    async def _until_ended(self, record: StoredResponse, limit_s: float) -> StoredResponse:
+        """`record`, read again every `FOLLOW_POLL_S` until another replica's run has
+        ended it (or it is found orphaned), or `limit_s` have passed."""
+        deadline = time.monotonic() + limit_s
+        record = await self._unorphaned(record)
+        while record.status not in TERMINAL and time.monotonic() < deadline:
+            await asyncio.sleep(FOLLOW_POLL_S)
+            record = await self.current(record.id)
+        return record
+
     async def cancel(self, response_id: str) -> Body:
         run = self._runs.get(response_id)
         if run is not None and run.task is not None:
             run.cancel()
             await asyncio.wait([run.task])
             return (await self.records.load(response_id)).response
-        record = await self.records.load(response_id)
+        record = await self.current(response_id)
         if not record.response.get("background"):
             raise InvalidRequest("Only background responses can be cancelled", param="response_id")
         if record.status in TERMINAL:
             return record.response
         await self.records.store.request_cancel(response_id)
-        return (await self.records.until_ended(record, CANCEL_WAIT_S, CANCEL_POLL_S)).response
+        return (await self._until_ended(record, CANCEL_WAIT_S)).response
 
     async def stop(self, response_id: str) -> None:
         """End the run of `response_id` here, if there is one (before its deletion)."""
@@ -365,7 +423,7 @@ class BackgroundRuns:
             async for event in run.follow(starting_after):
                 yield event
             return
-        record = await self.records.until_ended(record, FOLLOW_LIMIT_S, FOLLOW_POLL_S)
+        record = await self._until_ended(record, FOLLOW_LIMIT_S)
         for event in replay(record.response):
             if _after(event, starting_after):
                 yield event
@@ -383,6 +441,10 @@ class BackgroundRuns:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+
+
+def _lease_key(response_id: str) -> str:
+    return f"response:{response_id}"
 
 
 def _stopping() -> bool:

@@ -1,5 +1,5 @@
-"""State that outlives a request: the Responses API's stored responses, and Salience's
-sessions.
+"""State that outlives a request: the Responses API's stored responses, Salience's
+sessions, files and batches.
 
 - `base`: the contract every response store keeps (records by id, time to live, a size
   bound, a cancel flag per id) and its errors;
@@ -11,6 +11,8 @@ sessions.
   `redis_sessions`: one Redis that replicas share (`--salience-store`), with how a
   session is written there (`redis_session_fields`) and its images
   (`redis_session_images`);
+- `batches`: the batches' store contract (files, batches, their requests and results,
+  chunks under leases), `sqlite_batches` and `redis_batches`;
 - `redis_connection`: one Redis as every store on it uses it (connected on first use,
   its failures mapped once).
 
@@ -18,7 +20,8 @@ sessions.
 `rediss://` URL, or a file path for SQLite (`sqlite:///abs/path` is taken too);
 `open_conversations(location, ...)` the conversations' store at the same place;
 `open_sessions(location, ...)` Salience's, from `--salience-store` ("memory" or a Redis
-URL). Each opens nothing: no file, no connection, until its first use.
+URL); `open_batches(location, ...)` the batches', from `--batch-store`. Each opens
+nothing: no file, no connection, until its first use.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from app.engine.base import VisionInfo
 from app.store.base import DEFAULT_CLOCK, Clock, ResponseStore
+from app.store.batches import BatchStore
 from app.store.conversations import ConversationStore
 from app.store.sessions import MemorySessions, SessionBackend
 
@@ -75,3 +79,15 @@ def open_sessions(
     from app.store.redis_sessions import RedisSessions
 
     return RedisSessions(location, ttl_s=ttl_s, lease_s=lease_s, vision=vision)
+
+
+def open_batches(location: str, *, max_bytes: int, clock: Clock = DEFAULT_CLOCK) -> BatchStore:
+    """The batches' store at `location` (tables or keys of their own beside the
+    responses'); nothing is opened or connected until its first use."""
+    if _redis(location):
+        from app.store.redis_batches import RedisBatches
+
+        return RedisBatches(location, max_bytes=max_bytes, clock=clock)
+    from app.store.sqlite_batches import SqliteBatches
+
+    return SqliteBatches(_path(location), max_bytes=max_bytes, clock=clock)

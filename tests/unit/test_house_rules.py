@@ -5,7 +5,8 @@ too. The layers (DESIGN.md):
 
 - `app/protocols/` (the sans-IO cores): no web framework, server, socket library, gRPC or
   vLLM;
-- `app/sessions/` (the session layer, transport-independent): the same;
+- `app/sessions/` (the session layer, transport-independent): the same; and `app/batches/`
+  (the batch lane and runner, on that layer);
 - `app/engine/` (the engine seam): no web framework, server or gRPC, and nothing of the
   layers above it (`app.routes`, `app.protocols`, `app.sessions`);
 - vLLM is imported under `app/engine/` only: nothing else in `app/` may import it;
@@ -131,7 +132,9 @@ def test_the_rules_see_every_layer() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", _sources("protocols") + _sources("sessions"), ids=lambda p: str(p.relative_to(APP))
+    "path",
+    _sources("protocols") + _sources("sessions") + _sources("batches"),
+    ids=lambda p: str(p.relative_to(APP)),
 )
 def test_cores_and_sessions_import_no_framework_server_or_engine(path: Path) -> None:
     bad = _check(path, CORE_FORBIDDEN)

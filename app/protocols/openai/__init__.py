@@ -9,6 +9,7 @@ bodies and stream chunks (plain dicts). No I/O, no framework.
   history and in the output;
 - `admission_units`: what a Completions or Chat call asks admission for;
 - `render`: llm-d's `/render` bodies; `conversations`: the Conversations API's rules;
+- `batches`: the Files and Batch APIs' objects, input lines and output lines;
 - `errors`: OpenAI's error shape for the one error tree;
 - `responses/`: the Responses API.
 """

@@ -98,7 +98,7 @@ async def retrieve_response(
     if stream:
         events = await responses.runs.replay(response_id, starting_after)
         return EventStream(_sse(events), Tickets(()))
-    return OrjsonResponse((await responses.records.load(response_id)).response)
+    return OrjsonResponse((await responses.runs.current(response_id)).response)
 
 
 @router.delete(
