@@ -444,10 +444,14 @@ class BatchRunner:
         files: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
         if record.api == "openai":
             files = await self._make_files(record, now)
-        final = {SUCCEEDED: "completed", EXPIRED: "expired", CANCELLED: "cancelled"}[outcome]
+        finals: dict[str, Status] = {
+            SUCCEEDED: "completed",
+            EXPIRED: "expired",
+            CANCELLED: "cancelled",
+        }
+        final = finals[outcome]
         ended = await self._change(
-            record.id,
-            lambda r: r.advance(final, now, **files) if r.can(final) else None,  # type: ignore[arg-type]
+            record.id, lambda r: r.advance(final, now, **files) if r.can(final) else None
         )
         if ended is not None and ended.terminal:
             await self.store.listed(ACTIVE, record.id, None)

@@ -29,6 +29,7 @@ from app.batches.lane import BATCH_PRIORITY
 from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
 from app.main import create_app
+from tests.error_bodies import body_of
 from tests.fake_engine import FakeEngine
 from tests.uvicorn_thread import uvicorn_in_thread
 
@@ -211,7 +212,7 @@ def test_files_are_listed_read_and_deleted(served: tuple[str, HeldEngine]) -> No
         client.files.retrieve(made[2].id)
     with pytest.raises(openai.BadRequestError) as purpose:
         client.files.create(file=("x.jsonl", b"{}"), purpose="fine-tune")
-    assert purpose.value.body["param"] == "purpose"  # type: ignore[index]
+    assert body_of(purpose.value)["param"] == "purpose"
     expiring = client.files.create(
         file=("e.jsonl", b"{}"),
         purpose="batch",
