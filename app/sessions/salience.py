@@ -3,11 +3,15 @@
 One `SalienceRunner` per process (sessions outlive connections), shared by every
 connection of every transport. For each RPC a transport calls:
 
-- `unary(method, request) -> response` for OpenSession, CloseSession, ForkSession,
+Every call names its principal (`app.tenants.Principal`, decided by the transport where
+the call entered): it sees its tenant's sessions only (another tenant's id is NOT_FOUND)
+and makes room within its tenant's quota, evicting only its tenant's idle sessions.
+
+- `unary(method, request, principal) -> response` for OpenSession, CloseSession, ForkSession,
   GetReadoutManifest, DumpSession (CloseSession cancels the session's running Generate,
   whichever connection runs it; on another replica, when that replica next renews the
   call's lease);
-- `start_generate(request) -> Generation`: checks the image attachments, decodes them in
+- `start_generate(request, principal) -> Generation`: checks the image attachments, decodes them in
   a worker thread (never on the event loop), then applies the call to its session. A
   transport that promises frame order (the websocket: a DumpSession sent after a
   Generate sees its append) awaits this before it reads the next call;
@@ -65,12 +69,13 @@ from app.protocols.salience.images import (
     check_attachments,
     decode_attachment,
 )
-from app.protocols.salience.lifecycle import Eviction, Lifecycle, Table
+from app.protocols.salience.lifecycle import Eviction, Lifecycle, Quota, Table
 from app.protocols.salience.service import Generation, Service
 from app.protocols.salience.sessions import Limits, Session, SessionStore
 from app.store import open_sessions
 from app.store.sessions import SessionBackend
 from app.telemetry.record import RequestRecord
+from app.tenants import DEFAULT_TENANT, Principal
 from schemas import salience_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -151,16 +156,32 @@ class SalienceRunner:
         self,
         decide: Callable[[SessionStore], T],
         *,
+        principal: Principal | None = None,
         content: Sequence[str] = (),
         lifetimes: Sequence[str] = (),
         totals: bool = False,
     ) -> T:
-        """`decide` on the sessions, kept in one step; then what it evicted is counted
-        and the Generates of the sessions it closed are cancelled."""
+        """`decide` on the sessions, as `principal`'s tenant (None: the server's own work
+        on sessions it runs, by their claims), kept in one step; then what it evicted is
+        counted and the Generates of the sessions it closed are cancelled."""
+        tenant = DEFAULT_TENANT if principal is None else principal.tenant
+        quota = None
+        if principal is not None:  # 0: no quota of its own, the server's bound
+            own = principal.limits
+            quota = Quota(
+                own.sessions or self.limits.max_sessions,
+                own.session_tokens or self.limits.max_total_tokens,
+            )
 
         def run(table: Table[Session], now: float) -> tuple[Any, Lifecycle[Session]]:
             store = SessionStore(
-                self.engine.info.model_name, self.limits, lambda: now, table, refusal=self._refusal
+                self.engine.info.model_name,
+                self.limits,
+                lambda: now,
+                table,
+                refusal=self._refusal,
+                tenant=tenant,
+                quota=quota,
             )
             try:
                 return decide(store), store.lifecycle
@@ -168,7 +189,11 @@ class SalienceRunner:
                 return refused, store.lifecycle
 
         outcome, lifecycle = await self.store.transact(
-            run, content=content, lifetimes=lifetimes, totals=totals
+            run,
+            content=content,
+            lifetimes=lifetimes,
+            totals=totals,
+            tenant=None if principal is None else tenant,
         )
         self.evicted.update(lifecycle.evicted)
         for claim in lifecycle.cancelled:
@@ -180,12 +205,14 @@ class SalienceRunner:
         result: T = outcome
         return result
 
-    async def unary(self, method: str, request: Message) -> Message:
+    async def unary(self, method: str, request: Message, principal: Principal) -> Message:
+        """`method` as `principal` (its tenant's sessions only)."""
         if self.service.stateless(method):
             return self.service.unary(None, method, request)
         session_id = str(getattr(request, "session_id", ""))
         return await self._transact(
             lambda store: self.service.unary(store, method, request),
+            principal=principal,
             content=[session_id] if session_id and method != "CloseSession" else [],
             lifetimes=[session_id] if method == "CloseSession" else [],
             totals=method in _BOUNDED,
@@ -194,9 +221,13 @@ class SalienceRunner:
     # -- Generate ----------------------------------------------------------------------
 
     async def start_generate(
-        self, request: pb.GenerateRequest, record: RequestRecord | None = None
+        self,
+        request: pb.GenerateRequest,
+        principal: Principal,
+        record: RequestRecord | None = None,
     ) -> Generation:
-        """(`record`: the call's, told of its admission, its engine request and tokens.)"""
+        """The Generate as `principal`, on its tenant's session. (`record`: the call's,
+        told of its admission, its engine request and tokens.)"""
         ticket = self.admission.admit(
             ProtocolName.SALIENCE, tokens=len(request.append_tokens), record=record
         )
@@ -208,6 +239,7 @@ class SalienceRunner:
             decoded = await self._decode(request) if request.images else []
             await self._transact(
                 lambda store: self.service.begin_generate(store, generation, request, decoded),
+                principal=principal,
                 content=[request.session_id],
                 totals=True,
             )

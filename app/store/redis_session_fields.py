@@ -2,7 +2,8 @@
 fields and its tokens' bytes, both ways.
 
 - The lifetime (`LIFETIME`: phase, last use, tokens charged and held, the claim and its
-  lease) is six fields of `s:<id>`, every call's to read; the content but the tokens
+  lease, the tenant) is seven fields of `s:<id>`, every call's to read (a record with no
+  `tenant`, written before tenants, is the default tenant's); the content but the tokens
   (images as references to `img:<digest>`, and while a Generate runs its undo: offset,
   images, tail) is three more, read only by calls on the session's content.
 - Tokens are little-endian uint32, whatever the replica's byte order, so that a Generate
@@ -24,8 +25,9 @@ import orjson
 from app.engine.base import PromptImage
 from app.protocols.salience.lifecycle import Phase
 from app.protocols.salience.sessions import Session
+from app.tenants import DEFAULT_TENANT
 
-LIFETIME = ("phase", "used", "charged", "held", "claim", "lease")
+LIFETIME = ("phase", "used", "charged", "held", "claim", "lease", "tenant")
 # An image block as the record holds it: start, end, the image's digest, its pad tokens.
 ImageRef = list[Any]
 
@@ -37,9 +39,10 @@ def pairs(flat: list[bytes]) -> dict[bytes, bytes]:
 
 def lifetime(session_id: str, values: Sequence[bytes | None]) -> Session:
     """A session with its lifetime only (no content), from the `LIFETIME` fields."""
-    phase, used, charged, held, claim, lease = (v or b"" for v in values)
+    phase, used, charged, held, claim, lease, tenant = (v or b"" for v in values)
     return Session(
         session_id,
+        tenant=tenant.decode() if values[-1] is not None else DEFAULT_TENANT,
         phase=Phase(phase.decode()),
         last_used=float(used or 0),
         charged=int(charged or 0),
@@ -57,6 +60,7 @@ def lifetime_fields(session: Session) -> dict[str, bytes]:
         str(session.held).encode(),
         session.claim.encode(),
         repr(session.lease).encode() if math.isfinite(session.lease) else b"inf",
+        session.tenant.encode(),
     )
     return dict(zip(LIFETIME, values, strict=True))
 

@@ -8,9 +8,11 @@ Keys, under a prefix (`switchboard:salience:` by default):
                   a Generate runs, its undo (undo, tail); `v`, the tokens' version
     t:<id>        the tokens, little-endian uint32: appended to, rewritten only when a
                   call cuts them
-    lru           sorted set of the held sessions by last use (the order of expiry and
-                  eviction)
+    lru           sorted set of the held sessions by last use (the order of expiry)
     n, total      the sessions held, and the tokens charged
+    lru:<tenant>  the same of one tenant's sessions (the order of its evictions: a tenant
+    n:<tenant>    makes room among its own sessions only), and its totals; a session's
+    total:<tenant>  record names its tenant (`tenant`)
     img:<digest>  an attached image as it came (mime, a newline, the bytes), shared by
                   every session and fork holding it, expiring a while after the TTL
                   (every write of a session holding it pushes that back)
@@ -39,8 +41,15 @@ Time is wall-clock (`time.time`), shared by replicas (keep them NTP-synchronised
 failures are mapped as for every store on it (`app.store.redis_connection`): unreachable
 (refused, timed out) is `store_unavailable`, out of memory `store_full`, for that call;
 run it with `maxmemory-policy noeviction`: a Redis that drops keys by itself breaks the
-totals. How a session is written in its fields: `app.store.redis_session_fields`; its
-images: `app.store.redis_session_images`.
+totals.
+
+Sessions stored before tenants (a record with no `tenant`) are the default tenant's:
+found by its calls, counted in the server-wide totals only (never in a tenant's, which
+never held them), so they are not in the default tenant's eviction order; they go on
+their TTL, or when closed or evicted for the server-wide bound.
+
+How a session is written in its fields: `app.store.redis_session_fields`; its images:
+`app.store.redis_session_images`.
 """
 
 from __future__ import annotations
@@ -104,7 +113,7 @@ out[5] = content
 local lifetimes = {}
 for i = 4 + 2 * nc, #ARGV do
     lifetimes[#lifetimes + 1] = redis.call('HMGET', prefix .. 's:' .. ARGV[i],
-        'phase', 'used', 'charged', 'held', 'claim', 'lease')
+        'phase', 'used', 'charged', 'held', 'claim', 'lease', 'tenant')
 end
 out[6] = lifetimes
 return out
@@ -127,6 +136,11 @@ class _Loaded:
     complete: bool = False
     count: int | None = None  # the totals, once watched
     total: int | None = None
+    tenant: str | None = None  # the caller's tenant, once any of its part is read
+    tenant_front: list[tuple[str, float]] | None = None
+    tenant_complete: bool = False
+    tenant_count: int | None = None  # its totals, once watched
+    tenant_total: int | None = None
     rounds: int = 0
 
 
@@ -188,11 +202,20 @@ class RedisSessions:
         content: Sequence[str] = (),
         lifetimes: Sequence[str] = (),
         totals: bool = False,
+        tenant: str | None = None,
     ) -> T:
+        first = Missing(
+            content=content,
+            lifetimes=lifetimes,
+            front=1,
+            totals=totals,
+            tenant=tenant,
+            tenant_totals=totals and tenant is not None,
+        )
         for _ in range(_ATTEMPTS):
             try:
                 async with self._redis.pipeline(transaction=True) as pipe:
-                    return await self._attempt(pipe, decide, content, lifetimes, totals)
+                    return await self._attempt(pipe, decide, first)
             except (redis_errors.WatchError, _Restart):
                 continue  # another call changed what this one read: run it again
         raise Unavailable(
@@ -201,17 +224,9 @@ class RedisSessions:
             code="store_unavailable",
         )
 
-    async def _attempt(
-        self,
-        pipe: Any,
-        decide: Decide[T],
-        content: Sequence[str],
-        lifetimes: Sequence[str],
-        totals: bool,
-    ) -> T:
+    async def _attempt(self, pipe: Any, decide: Decide[T], want: Missing) -> T:
         now = self._clock()
         loaded = _Loaded()
-        want = Missing(content=content, lifetimes=lifetimes, front=1, totals=totals)
         for _ in range(_ROUNDS):
             await self._load(pipe, loaded, want)
             snapshot = self._snapshot(loaded)
@@ -238,6 +253,26 @@ class RedisSessions:
             raw = await pipe.zrange(prefix + "lru", 0, want.front - 1, withscores=True)
             loaded.front = [(member.decode(), float(score)) for member, score in raw]
             front_ids = [session_id for session_id, _ in loaded.front]
+        tenant = want.tenant
+        if tenant is not None:
+            if loaded.tenant not in (None, tenant):
+                raise RuntimeError("one call's rules run for one tenant")
+            loaded.tenant = tenant
+        if (
+            tenant is not None
+            and want.tenant_front
+            and (
+                loaded.tenant_front is None
+                or want.tenant_front > len(loaded.tenant_front)
+                or not loaded.tenant_complete
+            )
+        ):
+            # Its order (not watched), then the records (watched), checked below.
+            size = want.tenant_front
+            raw = await pipe.zrange(prefix + "lru:" + tenant, 0, size - 1, withscores=True)
+            loaded.tenant_front = [(member.decode(), float(score)) for member, score in raw]
+            loaded.tenant_complete = len(raw) < size
+            front_ids += [session_id for session_id, _ in loaded.tenant_front]
         content = [i for i in want.content if i not in loaded.records]
         lives = [
             i
@@ -247,6 +282,10 @@ class RedisSessions:
         keys = [prefix + "s:" + i for i in (*content, *lives)]
         if want.totals:
             keys += [prefix + "n", prefix + "total"]
+        tenant_totals = []
+        if tenant is not None and want.tenant_totals and loaded.tenant_count is None:
+            tenant_totals = [prefix + "n:" + tenant, prefix + "total:" + tenant]
+            keys += tenant_totals
         keys = [key for key in keys if key not in loaded.watched]
         first = not loaded.rounds
         loaded.rounds += 1
@@ -260,6 +299,9 @@ class RedisSessions:
         count, total, front, size, records, lifetimes = await pipe.eval(_LOAD, 0, *args, *lives)
         if prefix + "total" in loaded.watched:
             loaded.count, loaded.total = int(count or 0), int(total or 0)
+        if tenant_totals:
+            own_count, own_total = await pipe.mget(*tenant_totals)
+            loaded.tenant_count, loaded.tenant_total = int(own_count or 0), int(own_total or 0)
         if first:
             front_pairs = zip(front[::2], front[1::2], strict=True)
             loaded.front = [(member.decode(), float(score)) for member, score in front_pairs]
@@ -274,7 +316,7 @@ class RedisSessions:
         for session_id, values in zip(lives, lifetimes, strict=True):
             loaded.lifetimes[session_id] = values
         # A session the order named must be there, last used when the order says.
-        for session_id, used in loaded.front:
+        for session_id, used in (*loaded.front, *(loaded.tenant_front or ())):
             values = loaded.lifetimes.get(session_id)
             if session_id in loaded.records:
                 record = loaded.records[session_id] or {}
@@ -288,9 +330,16 @@ class RedisSessions:
             ids = loaded.tokens[session_id]
             session = None if fields is None else self._session(session_id, fields, ids)
             sessions[session_id] = session
+        legacy = {
+            session_id
+            for session_id, fields in loaded.records.items()
+            if fields is not None and b"tenant" not in fields
+        }
         for session_id, values in loaded.lifetimes.items():
             if session_id not in sessions:
                 sessions[session_id] = None if values[0] is None else lifetime(session_id, values)
+                if values[0] is not None and values[-1] is None:
+                    legacy.add(session_id)
         return Snapshot(
             sessions,
             content=loaded.records,
@@ -298,6 +347,12 @@ class RedisSessions:
             complete=loaded.complete,
             count=loaded.count,
             tokens=loaded.total,
+            tenant=loaded.tenant,
+            tenant_front=loaded.tenant_front,
+            tenant_complete=loaded.tenant_complete,
+            tenant_count=loaded.tenant_count,
+            tenant_tokens=loaded.tenant_total,
+            legacy=legacy,
         )
 
     def _session(self, session_id: str, fields: Mapping[bytes, bytes], ids: array[int]) -> Session:
@@ -319,14 +374,19 @@ class RedisSessions:
         """Queue the writes of what the rules changed; the tokens of each session read or
         written with its content, with their version once these writes are done."""
         prefix = self.prefix
-        for session_id in snapshot.removed:
+        for session_id, gone in snapshot.removed.items():
             if session_id not in snapshot.added:
                 pipe.delete(prefix + "s:" + session_id, prefix + "t:" + session_id)
                 pipe.zrem(prefix + "lru", session_id)
+                if session_id not in snapshot.legacy:
+                    pipe.zrem(prefix + "lru:" + gone.tenant, session_id)
         kept = []
         for session_id, session in snapshot.dirty.items():
             old = loaded.records.get(session_id) or {}
             fields = lifetime_fields(session)
+            legacy = session_id in snapshot.legacy
+            if legacy:  # counted in no tenant's totals: it stays out of them
+                del fields["tenant"]
             if session_id in snapshot.content:
                 fields.update(content_fields(session))
                 version = int(old.get(b"v", b"0"))
@@ -341,10 +401,18 @@ class RedisSessions:
             if changed:
                 pipe.hset(prefix + "s:" + session_id, mapping=changed)
             pipe.zadd(prefix + "lru", {session_id: session.last_used})
+            if not legacy:
+                pipe.zadd(prefix + "lru:" + session.tenant, {session_id: session.last_used})
         if snapshot.count_change:
             pipe.incrby(prefix + "n", snapshot.count_change)
         if snapshot.tokens_change:
             pipe.incrby(prefix + "total", snapshot.tokens_change)
+        for tenant, change in snapshot.count_changes.items():
+            if change:
+                pipe.incrby(prefix + "n:" + tenant, change)
+        for tenant, change in snapshot.tokens_changes.items():
+            if change:
+                pipe.incrby(prefix + "total:" + tenant, change)
         for session_id, record in loaded.records.items():  # read, not changed: as read
             if record is not None and session_id not in snapshot.dirty:
                 kept.append((session_id, int(record.get(b"v", b"0")), loaded.tokens[session_id]))

@@ -10,8 +10,9 @@ they changed:
   keeps what the rules did before the refusal, as one process would). A shared store may
   run `decide` more than once (on a fresh snapshot each time: when the rules need what it
   had not loaded, or another replica changed what they read); only its last run counts.
-  `content`, `lifetimes` and `totals` say what the call will touch, so that a shared
-  store loads it in one go (a hint: what it lacks, the rules ask for).
+  `content`, `lifetimes`, `totals` and `tenant` (the caller's, whose part of the store
+  the rules count and evict in) say what the call will touch, so that a shared store
+  loads it in one go (a hint: what it lacks, the rules ask for).
 - `keep_images` stores a Generate's attachments before the call names them;
   `hydrate` gives an engine request the pixels of the session's images (a shared store
   holds them encoded, and decodes them on the replica that needs them, once).
@@ -54,6 +55,7 @@ class SessionBackend(Protocol):
         content: Sequence[str] = (),
         lifetimes: Sequence[str] = (),
         totals: bool = False,
+        tenant: str | None = None,
     ) -> T: ...
 
     async def keep_images(self, images: Sequence[Attached]) -> None: ...
@@ -82,6 +84,7 @@ class MemorySessions:
         content: Sequence[str] = (),
         lifetimes: Sequence[str] = (),
         totals: bool = False,
+        tenant: str | None = None,
     ) -> T:
         return decide(self.table, self._clock())
 

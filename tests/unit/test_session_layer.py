@@ -28,6 +28,7 @@ from tests.asgi_wire import Wire
 from tests.evergreen_client import TestClientSocket
 from tests.evergreen_frames import generate, leaf, message
 from tests.fake_engine import FakeEngine
+from tests.principals import ANYONE
 from tests.salience_client import dump, gen
 from tests.waits import until
 
@@ -86,7 +87,7 @@ async def test_a_slow_image_decode_blocks_neither_the_loop_nor_other_calls() -> 
 async def test_cancel_and_close_session_from_another_connection_as_grpc_would() -> None:
     engine = FakeEngine(step_delay=0.01)
     runner = runner_on(engine)
-    opened = await runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"))
+    opened = await runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"), ANYONE)
     assert isinstance(opened, pb.OpenSessionResponse)
     sid = opened.session_id
     events: list[pb.GenerateEvent] = []
@@ -95,11 +96,11 @@ async def test_cancel_and_close_session_from_another_connection_as_grpc_would() 
         events.append(event)
 
     request = pb.GenerateRequest(session_id=sid, append_tokens=[1], max_tokens=400)
-    generation = await runner.start_generate(request)
+    generation = await runner.start_generate(request, ANYONE)
     stream = asyncio.create_task(runner.run_generate(generation, emit))
     await until(lambda: bool(events), "the first event")
     # CloseSession from elsewhere (another socket, a gRPC call) ends the stream cleanly.
-    await runner.unary("CloseSession", pb.CloseSessionRequest(session_id=sid))
+    await runner.unary("CloseSession", pb.CloseSessionRequest(session_id=sid), ANYONE)
     await asyncio.wait_for(stream, 5)
     assert events[-1].done.finish_reason == pb.GenerateDone.FINISH_REASON_CANCELLED
     assert len(events) < 100 and engine.running == set()
@@ -108,7 +109,7 @@ async def test_cancel_and_close_session_from_another_connection_as_grpc_would() 
 async def test_a_transport_that_cancels_its_call_aborts_the_engine_request() -> None:
     engine = FakeEngine(step_delay=0.01)
     runner = runner_on(engine)
-    opened = await runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"))
+    opened = await runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"), ANYONE)
     assert isinstance(opened, pb.OpenSessionResponse)
     sid = opened.session_id
     events: list[pb.GenerateEvent] = []
@@ -117,7 +118,9 @@ async def test_a_transport_that_cancels_its_call_aborts_the_engine_request() -> 
         events.append(event)
 
     request = pb.GenerateRequest(session_id=sid, append_tokens=[1, 2], max_tokens=400)
-    stream = asyncio.create_task(runner.run_generate(await runner.start_generate(request), emit))
+    stream = asyncio.create_task(
+        runner.run_generate(await runner.start_generate(request, ANYONE), emit)
+    )
     await until(lambda: len(events) >= 3, "three events")
     stream.cancel()  # a gRPC deadline, a dropped connection
     with pytest.raises(asyncio.CancelledError):

@@ -44,8 +44,10 @@ from app.protocols.salience.sessions import Limits
 from app.sessions.salience import SalienceRunner
 from app.store.redis_sessions import RedisSessions
 from app.store.sessions import MemorySessions, SessionBackend
+from app.tenants import DEFAULT_TENANT, Principal
 from schemas import salience_pb2 as pb
 from tests.fake_engine import FakeEngine
+from tests.principals import ANYONE, caller
 from tests.redis_server import keys, redis_server, sorted_set
 from tests.waits import until
 
@@ -130,28 +132,28 @@ async def redis_fleet(redis_url: str) -> AsyncIterator[Fleet]:
         await runner.close()
 
 
-async def open_session(runner: SalienceRunner) -> str:
-    opened = await runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"))
+async def open_session(runner: SalienceRunner, who: Principal = ANYONE) -> str:
+    opened = await runner.unary("OpenSession", pb.OpenSessionRequest(model="fake"), who)
     assert isinstance(opened, pb.OpenSessionResponse)
     return str(opened.session_id)
 
 
-async def dump(runner: SalienceRunner, sid: str) -> list[int]:
-    dumped = await runner.unary("DumpSession", pb.DumpSessionRequest(session_id=sid))
+async def dump(runner: SalienceRunner, sid: str, who: Principal = ANYONE) -> list[int]:
+    dumped = await runner.unary("DumpSession", pb.DumpSessionRequest(session_id=sid), who)
     assert isinstance(dumped, pb.DumpSessionResponse)
     return list(dumped.tokens)
 
 
-async def fork(runner: SalienceRunner, sid: str, at: int) -> str:
+async def fork(runner: SalienceRunner, sid: str, at: int, who: Principal = ANYONE) -> str:
     forked = await runner.unary(
-        "ForkSession", pb.ForkSessionRequest(session_id=sid, at_position=at)
+        "ForkSession", pb.ForkSessionRequest(session_id=sid, at_position=at), who
     )
     assert isinstance(forked, pb.ForkSessionResponse)
     return str(forked.session_id)
 
 
-async def close(runner: SalienceRunner, sid: str) -> None:
-    await runner.unary("CloseSession", pb.CloseSessionRequest(session_id=sid))
+async def close(runner: SalienceRunner, sid: str, who: Principal = ANYONE) -> None:
+    await runner.unary("CloseSession", pb.CloseSessionRequest(session_id=sid), who)
 
 
 def request(sid: str, offset: int, append: list[int], max_tokens: int = 2, **fields: Any) -> Any:
@@ -160,19 +162,21 @@ def request(sid: str, offset: int, append: list[int], max_tokens: int = 2, **fie
     )
 
 
-async def generate(runner: SalienceRunner, call: pb.GenerateRequest) -> list[pb.GenerateEvent]:
+async def generate(
+    runner: SalienceRunner, call: pb.GenerateRequest, who: Principal = ANYONE
+) -> list[pb.GenerateEvent]:
     """A whole Generate; its events (the last one Done)."""
     events: list[pb.GenerateEvent] = []
 
     async def emit(event: pb.GenerateEvent) -> None:
         events.append(event)
 
-    await runner.run_generate(await runner.start_generate(call), emit)
+    await runner.run_generate(await runner.start_generate(call, who), emit)
     return events
 
 
 def running(
-    runner: SalienceRunner, call: pb.GenerateRequest
+    runner: SalienceRunner, call: pb.GenerateRequest, who: Principal = ANYONE
 ) -> tuple[asyncio.Task[None], list[pb.GenerateEvent]]:
     """A Generate started in a task; its task and the events it has streamed so far."""
     events: list[pb.GenerateEvent] = []
@@ -181,7 +185,7 @@ def running(
         events.append(event)
 
     async def run() -> None:
-        await runner.run_generate(await runner.start_generate(call), emit)
+        await runner.run_generate(await runner.start_generate(call, who), emit)
 
     return asyncio.create_task(run()), events
 
@@ -217,11 +221,11 @@ async def test_drift_is_refused_and_a_running_session_is_busy(fleet: Fleet) -> N
     sid = await open_session(runner)
     await generate(runner, request(sid, 0, [1], max_tokens=0))
     with pytest.raises(FailedPrecondition, match="does not match the session's length 1"):
-        await runner.start_generate(request(sid, 0, [2]))
+        await runner.start_generate(request(sid, 0, [2]), ANYONE)
     task, events = running(runner, request(sid, 1, [2], max_tokens=200))
     await until(lambda: len(events) >= 2, "the Generate to stream")
     with pytest.raises(Aborted, match="session busy"):
-        await runner.start_generate(request(sid, 1, [3]))
+        await runner.start_generate(request(sid, 1, [3]), ANYONE)
     await task
     assert done(events).total_tokens == 202
     await generate(runner, request(sid, 202, [3], max_tokens=1))  # free again
@@ -261,7 +265,7 @@ async def test_the_token_bound_evicts_idle_sessions_then_refuses(fleet: Fleet) -
         await dump(runner, old)
     assert runner.evicted == {Eviction.TOKENS: 1} and await runner.stats() == (1, 91)
     with pytest.raises(ResourceExhausted, match="limit of 100"):
-        await runner.start_generate(request(new, 91, [1] * 20))
+        await runner.start_generate(request(new, 91, [1] * 20), ANYONE)
     assert await runner.stats() == (1, 91) and len(await dump(runner, new)) == 91
 
 
@@ -335,6 +339,127 @@ async def test_calls_racing_for_the_last_places_keep_the_bounds_exact(fleet: Fle
         assert sum(lengths) == charged  # every session idle: charged what it holds
 
 
+# -- tenants ---------------------------------------------------------------------------
+
+ACME, BETA = caller("acme", sessions=2, session_tokens=100), caller("beta", sessions=2)
+TWO = caller("acme", sessions=2)
+
+
+async def test_another_tenants_session_is_not_found_on_every_call(fleet: Fleet) -> None:
+    runner = fleet.replica()
+    sid = await open_session(runner, ACME)
+    await generate(runner, request(sid, 0, [1, 2, 3]), ACME)
+    unknown = "0" * 24
+    for who in (BETA, ANYONE):
+        answers = []
+        for session_id in (sid, unknown):
+            for call in (
+                dump(runner, session_id, who),
+                fork(runner, session_id, 1, who),
+                generate(runner, request(session_id, 5, [4]), who),
+            ):
+                with pytest.raises(NotFound) as missing:
+                    await call
+                answers.append(missing.value.message.replace(session_id, "<id>"))
+        assert len(set(answers)) == 1, answers  # the same answer as an id never opened
+        await close(runner, sid, who)  # as for an unknown id: nothing, and nothing said
+    assert len(await dump(runner, sid, ACME)) == 5
+
+
+async def test_a_tenant_at_its_session_quota_evicts_only_its_own(fleet: Fleet) -> None:
+    runner = fleet.replica(max_sessions=10)  # room for more: the quota is the bound
+    theirs = await open_session(runner, BETA)
+    mine = [await open_session(runner, TWO) for _ in fleet.ticks(2)]
+    for _ in fleet.ticks(6):  # each past the quota of 2 evicts acme's least recently used
+        mine.append(await open_session(runner, TWO))
+        with pytest.raises(NotFound):
+            await dump(runner, mine[-3], TWO)
+    assert await dump(runner, theirs, BETA) == []
+    assert runner.evicted == {Eviction.CAP: 6}
+    # Every one of acme's sessions running: refused, and beta's untouched.
+    tasks = [running(runner, request(sid, 0, [1], max_tokens=400), TWO) for sid in mine[-2:]]
+    await until(lambda: all(events for _, events in tasks), "both to run")
+    with pytest.raises(ResourceExhausted, match="quota of 2"):
+        await open_session(runner, TWO)
+    assert await dump(runner, theirs, BETA) == []
+    for sid in mine[-2:]:
+        await close(runner, sid, TWO)
+    for task, _ in tasks:
+        await task
+
+
+async def test_a_tenant_at_its_token_quota_evicts_only_its_own(fleet: Fleet) -> None:
+    runner = fleet.replica(max_total_tokens=1000)
+    theirs = await open_session(runner, BETA)
+    await generate(runner, request(theirs, 0, [1] * 80, max_tokens=0), BETA)
+    old, new = await open_session(runner, ACME), await open_session(runner, ACME)
+    await generate(runner, request(old, 0, [1] * 40, max_tokens=0), ACME)
+    fleet.clock.now += 1
+    await generate(runner, request(new, 0, [1] * 40, max_tokens=0), ACME)
+    # 40 + 50 + 1 of acme's quota of 100, with its other 40 held: its old session goes.
+    await generate(runner, request(new, 40, [1] * 50, max_tokens=1), ACME)
+    with pytest.raises(NotFound):
+        await dump(runner, old, ACME)
+    assert runner.evicted == {Eviction.TOKENS: 1}
+    with pytest.raises(ResourceExhausted, match="quota of 100"):
+        await runner.start_generate(request(new, 91, [1] * 20), ACME)
+    assert len(await dump(runner, theirs, BETA)) == 80
+    assert await runner.stats() == (2, 80 + 91)
+
+
+async def test_at_the_servers_bound_a_tenant_evicts_nothing_of_anothers(fleet: Fleet) -> None:
+    # Quotas that together exceed the server's bound (the operator's choice): the server's
+    # bound then refuses a tenant with nothing of its own to evict.
+    greedy = caller("acme", sessions=3)
+    runner = fleet.replica(max_sessions=3)
+    theirs = [await open_session(runner, BETA) for _ in fleet.ticks(2)]
+    first = await open_session(runner, greedy)
+    fleet.clock.now += 1
+    second = await open_session(runner, greedy)  # at the server's cap: acme's own goes
+    with pytest.raises(NotFound):
+        await dump(runner, first, greedy)
+    task, events = running(runner, request(second, 0, [1], max_tokens=400), greedy)
+    await until(lambda: bool(events), "acme's session to run")
+    with pytest.raises(ResourceExhausted, match=r"too many sessions \(3\)"):
+        await open_session(runner, greedy)
+    for sid in theirs:
+        assert await dump(runner, sid, BETA) == []
+    await close(runner, second, greedy)
+    await task
+
+
+async def test_tenants_racing_keep_their_own_bounds(fleet: Fleet) -> None:
+    replicas = [fleet.replica(max_sessions=8, max_total_tokens=200) for _ in range(3)]
+    tenants = [caller(name, sessions=3, session_tokens=60) for name in ("a", "b")]
+
+    async def churn(index: int) -> None:
+        runner, who = replicas[index % 3], tenants[index % 2]
+        for turn in range(4):
+            try:
+                sid = await open_session(runner, who)
+                await generate(runner, request(sid, 0, [1] * (index + turn + 1)), who)
+            except (NotFound, ResourceExhausted, Aborted):
+                pass  # evicted by its own tenant, or no room: the bounds at work
+
+    await asyncio.gather(*(churn(i) for i in range(8)))
+    held, charged = await replicas[0].stats()
+    assert held <= 6 and charged <= 120
+    if fleet.kind == "redis":
+        client = redis.Redis.from_url(fleet.url)
+        prefix = "switchboard:salience:"
+        for who in tenants:
+            ids = set(sorted_set(client, prefix + "lru:" + who.tenant))
+            records = {
+                k.removeprefix(prefix + "s:")
+                for k in keys(client, prefix + "s:*")
+                if client.hget(k, "tenant") == who.tenant.encode()
+            }
+            assert ids == records and 0 < len(ids) <= 3
+            assert int(client.get(prefix + "n:" + who.tenant) or 0) == len(ids)
+            lengths = [client.strlen(prefix + "t:" + i) // 4 for i in ids]
+            assert int(client.get(prefix + "total:" + who.tenant) or 0) == sum(lengths) <= 60
+
+
 # -- replicas on one Redis ----------------------------------------------------------
 
 
@@ -361,10 +486,10 @@ async def test_a_generate_on_one_replica_makes_the_session_busy_on_every_other(
     task, events = running(a, request(sid, 0, [1], max_tokens=5000))
     await until(lambda: len(events) >= 2, "A's Generate to stream")
     with pytest.raises(Aborted, match="session busy"):
-        await b.start_generate(request(sid, 0, [1]))
+        await b.start_generate(request(sid, 0, [1]), ANYONE)
     await asyncio.sleep(0.6)  # past one lease: A's keeper renews it
     with pytest.raises(Aborted, match="session busy"):
-        await b.start_generate(request(sid, 0, [1]))
+        await b.start_generate(request(sid, 0, [1]), ANYONE)
     # CloseSession on B: A learns it when it next renews (a fifth of the lease).
     await close(b, sid)
     await asyncio.wait_for(task, 5)
@@ -380,11 +505,13 @@ async def test_a_vanished_owner_leaves_the_session_as_it_was_once_its_lease_laps
     await generate(owner, request(sid, 0, [1, 2, 3], max_tokens=1))
     # The owner applies a truncating Generate, then vanishes before running it: no
     # renewal, no end (as a replica killed mid-call).
-    generation = await owner.start_generate(request(sid, 2, [7], truncating=True, max_tokens=9))
+    generation = await owner.start_generate(
+        request(sid, 2, [7], truncating=True, max_tokens=9), ANYONE
+    )
     await owner.close()  # its keeper stops
     assert await dump(other, sid) == [1, 2, 7]  # the append, applied at once
     with pytest.raises(Aborted, match="session busy"):
-        await other.start_generate(request(sid, 3, [8]))
+        await other.start_generate(request(sid, 3, [8]), ANYONE)
     redis_fleet.clock.now += 5.1  # the lease runs out
     assert await dump(other, sid) == [1, 2, 3, 4]
     events = await generate(other, request(sid, 4, [8], max_tokens=1))
@@ -475,6 +602,32 @@ async def test_images_are_decoded_on_the_replica_that_needs_them(redis_fleet: Fl
     assert a_engine.requests[-1].images == ()
 
 
+async def test_sessions_stored_before_tenants_are_the_default_tenants(
+    redis_fleet: Fleet,
+) -> None:
+    runner = redis_fleet.replica()
+    client = redis.Redis.from_url(redis_fleet.url)
+    prefix = "switchboard:salience:"
+    old = await open_session(runner)
+    await generate(runner, request(old, 0, [1, 2, 3], max_tokens=0))
+    # As a release before tenants left it: no tenant on the record, in no tenant's order
+    # or totals.
+    client.hdel(prefix + "s:" + old, "tenant")
+    client.delete(prefix + "lru:" + DEFAULT_TENANT, prefix + "n:" + DEFAULT_TENANT)
+    client.delete(prefix + "total:" + DEFAULT_TENANT)
+    with pytest.raises(NotFound):
+        await dump(runner, old, ACME)
+    await generate(runner, request(old, 3, [4], max_tokens=0))
+    assert await dump(runner, old) == [1, 2, 3, 4]
+    assert client.hget(prefix + "s:" + old, "tenant") is None  # still outside the totals
+    new = await open_session(runner)
+    assert sorted_set(client, prefix + "lru:" + DEFAULT_TENANT) == [new]
+    await close(runner, old)
+    assert await runner.stats() == (1, 0)
+    assert client.get(prefix + "n:" + DEFAULT_TENANT) == b"1"
+    assert int(client.get(prefix + "total:" + DEFAULT_TENANT) or 0) == 0
+
+
 async def test_a_store_that_cannot_be_reached_fails_the_call_unavailable() -> None:
     import socket
 
@@ -489,7 +642,7 @@ async def test_a_store_that_cannot_be_reached_fails_the_call_unavailable() -> No
             await open_session(runner)
         assert failed.value.grpc_status == "UNAVAILABLE"
         # A call that needs no session still works.
-        manifest = await runner.unary("GetReadoutManifest", pb.GetReadoutManifestRequest())
+        manifest = await runner.unary("GetReadoutManifest", pb.GetReadoutManifestRequest(), ANYONE)
         assert isinstance(manifest, pb.ReadoutManifest)
         assert runner.evicted == {}
     finally:

@@ -349,3 +349,64 @@ async def test_runtime_lora_loading_is_confined_to_its_root_with_one_message(
         for path in ("good", str(root / "good"), os.path.join("good", ".")):
             body = {"lora_name": f"ok-{len(path)}", "lora_path": path}
             assert (await c.post("/v1/load_lora_adapter", json=body)).status_code == 200
+
+
+# -- what a tenant stores is its own: Salience, both transports ----------------------------
+
+
+def test_salience_sessions_are_their_tenants_on_the_websocket_and_grpc() -> None:
+    port = free_port()
+    app = create_app(_settings(grpc_port=port, **KEYS), engine=FakeEngine())
+    with TestClient(app) as c, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with c.websocket_connect("/salience/ws?token=acme-key") as ws:
+            ws.send_json({"id": "o", "method": "OpenSession", "request": {"model": "fake"}})
+            sid = ws.receive_json()["response"]["sessionId"]
+        unknown = "0" * 24
+        # Over the websocket: beta (and the default tenant) find nothing by acme's id,
+        # with the answer an id never opened gets.
+        for key in ("beta-key", "full"):
+            with c.websocket_connect(f"/salience/ws?token={key}") as ws:
+                answers = []
+                for session_id in (sid, unknown):
+                    for method, request in (
+                        ("DumpSession", {"sessionId": session_id}),
+                        ("ForkSession", {"sessionId": session_id, "atPosition": 0}),
+                        ("Generate", {"sessionId": session_id, "appendTokens": [1]}),
+                    ):
+                        ws.send_json({"id": "x", "method": method, "request": request})
+                        error = ws.receive_json()["error"]
+                        answers.append((error["code"], error["message"].replace(session_id, "")))
+                assert set(answers) == {("NOT_FOUND", answers[0][1])}, answers
+                ws.send_json({"id": "c", "method": "CloseSession", "request": {"sessionId": sid}})
+                assert ws.receive_json() == {"id": "c", "response": {}}
+        # Over gRPC: the same for beta; acme's own calls find it, from either transport.
+        salience = salience_grpc.SalienceStub(channel)
+        beta = (("authorization", "Bearer beta-key"),)
+        for session_id in (sid, unknown):
+            with pytest.raises(grpc.RpcError) as missing:
+                salience.DumpSession(pb.DumpSessionRequest(session_id=session_id), metadata=beta)
+            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+            stream = salience.Generate(
+                pb.GenerateRequest(session_id=session_id, append_tokens=[1], max_tokens=1),
+                metadata=beta,
+            )
+            with pytest.raises(grpc.RpcError) as missing:
+                list(stream)
+            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        acme = (("authorization", "Bearer acme-key"),)
+        events = list(
+            salience.Generate(
+                pb.GenerateRequest(session_id=sid, append_tokens=[65], max_tokens=1),
+                metadata=acme,
+                timeout=10,
+            )
+        )
+        assert events[-1].HasField("done")
+        dumped = salience.DumpSession(pb.DumpSessionRequest(session_id=sid), metadata=acme)
+        assert list(dumped.tokens)[:1] == [65]
+        opened = salience.OpenSession(pb.OpenSessionRequest(model="fake"), metadata=beta)
+        with c.websocket_connect("/salience/ws?token=acme-key") as ws:
+            ws.send_json(
+                {"id": "d", "method": "DumpSession", "request": {"sessionId": opened.session_id}}
+            )
+            assert ws.receive_json()["error"]["code"] == "NOT_FOUND"

@@ -38,18 +38,29 @@ Using a session (`use`: every call that names it) makes it the most recently use
 restarts its TTL; so does the end of its Generate. Sessions are kept least recently used
 first, which is also oldest `last_used` first, so expiry and eviction read from the front.
 
-Room, server-wide (what one careless client could otherwise take from every other; with
-a shared store, fleet-wide):
+Tenants. Every session is its tenant's (`app.tenants`: the caller that opened it), and a
+`Lifecycle` runs the rules for one caller's tenant: a session of another tenant is, to
+it, a session that does not exist (NOT_FOUND, never a refusal that says it exists; its
+CloseSession does nothing, as for an unknown id). Expiry is the TTL's, whoever's.
 
-- `max_sessions`: a new session (OpenSession, ForkSession) at the cap first drops what
-  the TTL has expired, then evicts the least recently used IDLE session. Only when every
-  session is RUNNING is it RESOURCE_EXHAUSTED.
-- `max_total_tokens`: every session is charged what it holds, and while a Generate runs,
-  what the call may still add (its `max_tokens`) and the tail it would put back on
-  failure (what a truncating call cut). A session that would take more than the room
-  left (a Generate's charge, a fork's inheritance) first evicts least recently used IDLE
-  sessions, never itself (nor a fork's source); if those cannot free enough, it is
-  RESOURCE_EXHAUSTED and nobody is evicted.
+Room, per tenant and server-wide (what one careless client could otherwise take from
+every other; with a shared store, fleet-wide). A tenant makes room only among its own
+sessions: one tenant's sessions never evict another's.
+
+- `max_sessions` (server-wide) and the tenant's `Quota.sessions`: a new session
+  (OpenSession, ForkSession) at either first drops what the TTL has expired, then evicts
+  the tenant's least recently used IDLE session. Only when none of its sessions is idle
+  is it RESOURCE_EXHAUSTED.
+- `max_total_tokens` (server-wide) and the tenant's `Quota.tokens`: every session is
+  charged what it holds, and while a Generate runs, what the call may still add (its
+  `max_tokens`) and the tail it would put back on failure (what a truncating call cut).
+  A session that would take more than the room left (a Generate's charge, a fork's
+  inheritance) first evicts the tenant's least recently used IDLE sessions, never itself
+  (nor a fork's source); if those cannot free enough, it is RESOURCE_EXHAUSTED and
+  nobody is evicted.
+
+With the quotas an equal share of the server's bounds (the default), a tenant never
+meets the server-wide bound before its own; with one tenant the two are the same.
 
 A session whose claim has lapsed counts as IDLE for expiry and eviction. Evictions are
 counted by reason (`evicted`, for /metrics); expiries are not evictions. The claims of
@@ -71,6 +82,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from app.errors import Aborted, NotFound, ResourceExhausted, SwitchboardError
+from app.tenants import DEFAULT_TENANT
 
 Clock = Callable[[], float]
 
@@ -127,11 +139,20 @@ REFUSED: Mapping[tuple[Phase, Cause], Callable[[str], SwitchboardError]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """What one tenant's sessions may hold."""
+
+    sessions: int
+    tokens: int
+
+
 @dataclass(slots=True, eq=False)
 class Lifetime:
     """A session's lifetime fields; changed only by `Lifecycle`."""
 
     session_id: str
+    tenant: str = DEFAULT_TENANT
     phase: Phase = Phase.IDLE
     last_used: float = 0.0
     charged: int = 0  # tokens counted against the server-wide bound
@@ -152,9 +173,10 @@ S = TypeVar("S", bound=Lifetime)
 
 
 class Table(Protocol[S]):
-    """The sessions the rules run over: held sessions least recently used first, and the
-    tokens all of them are charged. A session the rules change is handed back through
-    `add`, `remove`, `touch` or `changed`; the total, through `charge`.
+    """The sessions the rules run over: held sessions least recently used first (all of
+    them, or one tenant's), and the tokens they are charged (in all, and per tenant). A
+    session the rules change is handed back through `add`, `remove`, `touch` or
+    `changed`; a charge, through `charge`.
 
     A table that holds only part of a shared store raises `tables.Missing` for what it
     has not loaded; its caller loads that and runs the rules again."""
@@ -164,15 +186,21 @@ class Table(Protocol[S]):
     @property
     def tokens(self) -> int: ...  # charged in all
 
+    def count(self, tenant: str) -> int:
+        """The sessions `tenant` holds."""
+
+    def charged(self, tenant: str) -> int:
+        """The tokens `tenant`'s sessions are charged."""
+
     def get(self, session_id: str) -> S | None:
         """The held session with its content, or None."""
 
     def lifetime(self, session_id: str) -> S | None:
         """The held session, its lifetime fields at least, or None."""
 
-    def by_use(self, before: float = math.inf) -> Iterator[S]:
-        """Held sessions least recently used first, up to the first used at `before` or
-        later. The caller changes none while it iterates."""
+    def by_use(self, before: float = math.inf, tenant: str | None = None) -> Iterator[S]:
+        """Held sessions (`tenant`'s only, if given) least recently used first, up to the
+        first used at `before` or later. The caller changes none while it iterates."""
 
     def add(self, session: S) -> None: ...
 
@@ -183,12 +211,14 @@ class Table(Protocol[S]):
 
     def changed(self, session: S) -> None: ...
 
-    def charge(self, tokens: int) -> None:
-        """Add `tokens` (negative to release) to the total."""
+    def charge(self, tokens: int, session: S) -> None:
+        """Add `tokens` (negative to release), `session`'s, to the total and to its
+        tenant's."""
 
 
 class Lifecycle(Generic[S]):
-    """The rules above, over one table."""
+    """The rules above, over one table, for one caller's `tenant` (under its `quota`: by
+    default the server's own bounds)."""
 
     def __init__(
         self,
@@ -200,6 +230,8 @@ class Lifecycle(Generic[S]):
         max_total_tokens: int,
         lease_s: float = math.inf,
         refusal: Callable[[], SwitchboardError] | None = None,
+        tenant: str = DEFAULT_TENANT,
+        quota: Quota | None = None,
     ) -> None:
         self.table = table
         self._clock = clock
@@ -208,6 +240,8 @@ class Lifecycle(Generic[S]):
         self.max_total_tokens = max_total_tokens
         self.lease_s = lease_s
         self._refusal = refusal
+        self.tenant = tenant
+        self.quota = quota or Quota(max_sessions, max_total_tokens)
         self.evicted: Counter[Eviction] = Counter()
         self.cancelled: list[str] = []  # claims whose session was closed under them
 
@@ -257,34 +291,45 @@ class Lifecycle(Generic[S]):
     # -- opening, using, closing ---------------------------------------------------
 
     def open(self, make: Callable[[str], S], tokens: int = 0, *, keep: S | None = None) -> S:
-        """A new session holding `tokens` (`make` builds it from its id), made room for
-        by evicting idle sessions other than `keep` (a fork's source)."""
+        """A new session of this tenant holding `tokens` (`make` builds it from its id),
+        made room for by evicting the tenant's idle sessions other than `keep` (a fork's
+        source)."""
         if self._refusal is not None:
             raise self._refusal()
         self.expire()
-        slots = max(0, len(self.table) + 1 - self.max_sessions)
-        self._evict(slots, self.table.tokens + tokens - self.max_total_tokens, keep)
+        table, tenant = self.table, self.tenant
+        slots = _Need(
+            len(table) + 1 - self.max_sessions, table.count(tenant) + 1 - self.quota.sessions
+        )
+        room = _Need(
+            table.tokens + tokens - self.max_total_tokens,
+            table.charged(tenant) + tokens - self.quota.tokens,
+        )
+        self._evict(slots, room, keep)
         session = make(secrets.token_hex(12))
+        session.tenant = tenant
         session.last_used = self._clock()
-        self.table.add(session)
+        table.add(session)
         self._charge(session, tokens)
         return session
 
     def use(self, session_id: str) -> S:
-        """The session with its content, now the most recently used; NOT_FOUND once it
-        is gone. A lapsed claim on it is lapsed first."""
+        """This tenant's session with its content, now the most recently used;
+        NOT_FOUND once it is gone, or if it is another tenant's. A lapsed claim on it is
+        lapsed first."""
         self.expire()
         session = self.table.get(session_id)
-        if session is None:
+        if session is None or session.tenant != self.tenant:
             raise _not_found(session_id)
         self._settle(session)
         self._touch(session)
         return session
 
     def close(self, session_id: str) -> None:
-        """Idempotent; cancels the session's running Generate (`cancelled`)."""
+        """Idempotent; cancels the session's running Generate (`cancelled`). Another
+        tenant's session is left as it is, as an unknown one."""
         session = self.table.lifetime(session_id)
-        if session is None:
+        if session is None or session.tenant != self.tenant:
             return
         claim = session.claim
         self._step(session, Cause.CLOSE)
@@ -309,9 +354,12 @@ class Lifecycle(Generic[S]):
         """A Generate starts on the session under `claim`; the session is charged
         `tokens` while it runs (room made as for a new session's tokens)."""
         self.check(session, Cause.BEGIN)
-        self._evict(
-            0, self.table.tokens - session.charged + tokens - self.max_total_tokens, session
+        grown = tokens - session.charged
+        room = _Need(
+            self.table.tokens + grown - self.max_total_tokens,
+            self.table.charged(session.tenant) + grown - self.quota.tokens,
         )
+        self._evict(_Need(0, 0), room, session)
         session.held = session.charged
         self._step(session, Cause.BEGIN)
         self._charge(session, tokens)
@@ -347,43 +395,62 @@ class Lifecycle(Generic[S]):
 
     # -- room ----------------------------------------------------------------------
 
-    def _evict(self, slots: int, tokens: int, keep: S | None) -> None:
-        """Evict idle sessions, least recently used first (never `keep`), until `slots`
-        sessions and `tokens` tokens are free; all or nothing."""
-        if slots <= 0 and tokens <= 0:
+    def _evict(self, slots: _Need, room: _Need, keep: S | None) -> None:
+        """Evict this tenant's idle sessions, least recently used first (never `keep`),
+        until `slots` sessions and `room` tokens are free; all or nothing."""
+        if slots.most <= 0 and room.most <= 0:
             return
         kept = None if keep is None else keep.session_id
         chosen: list[S] = []
         freed = 0
-        for session in self.table.by_use():
-            if len(chosen) >= slots and freed >= tokens:
+        for session in self.table.by_use(tenant=self.tenant):
+            if len(chosen) >= slots.most and freed >= room.most:
                 break
             if self._idle(session) and session.session_id != kept:
                 chosen.append(session)
                 freed += session.charged
-        if len(chosen) < slots:
+        if len(chosen) < slots.most:
             raise ResourceExhausted(
-                f"too many sessions ({self.max_sessions}), each running a Generate; "
-                "close some first"
+                f"your sessions are at your quota of {self.quota.sessions}, each running a "
+                "Generate; close some first"
+                if slots.own > slots.server
+                else f"too many sessions ({self.max_sessions}), each of yours running a "
+                "Generate; close some first"
             )
-        if freed < tokens:
+        if freed < room.most:
             raise ResourceExhausted(
-                f"the server's sessions would hold {tokens + self.max_total_tokens} tokens, "
-                f"over its limit of {self.max_total_tokens}, even with every idle session "
-                "evicted"
+                f"your sessions would hold {room.own + self.quota.tokens} tokens, over your "
+                f"quota of {self.quota.tokens}, even with every idle one evicted"
+                if room.own > room.server
+                else f"the server's sessions would hold {room.server + self.max_total_tokens} "
+                f"tokens, over its limit of {self.max_total_tokens}, even with every idle "
+                "session of yours evicted"
             )
         for index, session in enumerate(chosen):
             self._gone(session, Cause.EVICT)
-            self.evicted[Eviction.CAP if index < slots else Eviction.TOKENS] += 1
+            self.evicted[Eviction.CAP if index < slots.most else Eviction.TOKENS] += 1
 
     def _charge(self, session: S, tokens: int) -> None:
-        self.table.charge(tokens - session.charged)
+        self.table.charge(tokens - session.charged, session)
         session.charged = tokens
         self.table.changed(session)
 
     def _touch(self, session: S) -> None:
         session.last_used = self._clock()
         self.table.touch(session)
+
+
+@dataclass(frozen=True, slots=True)
+class _Need:
+    """How much must be freed (sessions or tokens) for the server's bound and for the
+    tenant's quota; `most`, the larger."""
+
+    server: int
+    own: int
+
+    @property
+    def most(self) -> int:
+        return max(self.server, self.own, 0)
 
 
 def _not_found(session_id: str) -> NotFound:

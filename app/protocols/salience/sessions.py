@@ -1,10 +1,10 @@
 """Salience sessions: the token list each session holds, and every rule that changes it.
 
 Sans-IO: no engine, no sockets, no event loop. Whether a session exists, runs or goes
-(open, TTL, the session cap and the server's token bound, eviction, close, claims and
-their leases, drain) is the lifecycle's (`lifecycle.py`); `SessionStore` drives it over a
-table (`tables.py`: the process's sessions, or what one call loaded of a shared store)
-and holds the content rules:
+(open, TTL, the session cap and the server's token bound, a tenant's quota, eviction,
+close, claims and their leases, drain) is the lifecycle's (`lifecycle.py`);
+`SessionStore` drives it over a table (`tables.py`: the process's sessions, or what one
+call loaded of a shared store), for one caller's tenant, and holds the content rules:
 
 - open (model: the base model's served name, or empty; `app.engine.models`, the one
   lookup), close (idempotent), fork (inherits tokens [0, at_position) and the images
@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from app.engine.base import PromptImage
 from app.engine.models import resolve_model
 from app.errors import FailedPrecondition, InvalidRequest, ResourceExhausted, SwitchboardError
-from app.protocols.salience.lifecycle import Cause, Clock, Lifecycle, Lifetime, Table
+from app.protocols.salience.lifecycle import Cause, Clock, Lifecycle, Lifetime, Quota, Table
 from app.protocols.salience.tables import MemoryTable
+from app.tenants import DEFAULT_TENANT
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +112,8 @@ class SessionStore:
         table: Table[Session] | None = None,
         *,
         refusal: Callable[[], SwitchboardError] | None = None,
+        tenant: str = DEFAULT_TENANT,
+        quota: Quota | None = None,
     ) -> None:
         self._model = model
         self._limits = limits
@@ -123,6 +126,8 @@ class SessionStore:
             max_total_tokens=limits.max_total_tokens,
             lease_s=limits.lease_s,
             refusal=refusal,
+            tenant=tenant,
+            quota=quota,
         )
 
     @property

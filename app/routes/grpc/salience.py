@@ -87,8 +87,9 @@ class _Salience:
             try:
                 with logging_as(record.request_id):
                     await answer_id(context, record.request_id)
-                    SessionLifetime(self._drain).open(principal)
-                    return await self._runner.unary(method.name, decode(method.request, data))
+                    who = SessionLifetime(self._drain).open(principal)
+                    request = decode(method.request, data)
+                    return await self._runner.unary(method.name, request, who)
             except Exception as exc:
                 record.failed(client_error(exc))
                 await abort(context, exc)
@@ -114,13 +115,13 @@ class _Salience:
         with logging_as(record.request_id):
             try:
                 try:
-                    lifetime.open(principal)
+                    who = lifetime.open(principal)
                 except Exception as exc:
                     await self._failed(record, context, exc)
                 async with lifetime.serving(goodbye):
                     try:
                         request = decode(pb.GenerateRequest, data)
-                        generation = await runner.start_generate(request, record)
+                        generation = await runner.start_generate(request, who, record)
                         streaming = True
                         try:
                             await runner.run_generate(

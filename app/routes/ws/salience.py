@@ -35,6 +35,7 @@ from app.telemetry.http import caller_of
 from app.telemetry.logs import logging_as
 from app.telemetry.record import RequestRecord
 from app.telemetry.reports import Telemetry
+from app.tenants import Principal
 from schemas import salience_pb2 as pb
 
 router = APIRouter()
@@ -45,7 +46,7 @@ async def salience_socket(websocket: WebSocket) -> None:
     await websocket.accept()
     pump, lifetime = WebSocketPump(websocket), SessionLifetime(get_drain(websocket))
     try:
-        lifetime.open(lambda: caller(websocket))
+        principal = lifetime.open(lambda: caller(websocket))
     except SwitchboardError as refused:
         await pump.send(envelope.error("", False, refused))
         await pump.close(refusal_close_code(refused))
@@ -80,7 +81,7 @@ async def salience_socket(websocket: WebSocket) -> None:
 
             with logging_as(record.request_id):
                 try:
-                    work = _call(pump, runner, calls, call, record, calls_of)
+                    work = _call(pump, runner, calls, call, principal, record, calls_of)
                     await pump.guard(work, failed)
                 finally:
                     if record not in calls_of.streaming:  # else its stream's end
@@ -111,14 +112,16 @@ async def _call(
     runner: SalienceRunner,
     calls: CallIds,
     call: Call,
+    principal: Principal,
     record: RequestRecord,
     records: _Records,
 ) -> None:
     if call.method != "Generate":
-        await pump.send(envelope.response(call, await runner.unary(call.method, call.request)))
+        answer = await runner.unary(call.method, call.request, principal)
+        await pump.send(envelope.response(call, answer))
         return
     calls.check(call)
-    generation = await runner.start_generate(call.request, record)
+    generation = await runner.start_generate(call.request, principal, record)
     calls.add(call, generation)
 
     async def emit(event: pb.GenerateEvent) -> None:
