@@ -220,6 +220,13 @@ class Settings(BaseSettings):
         description="Bound on the bytes all stored responses hold; past it the responses "
         "written longest ago are evicted first.",
     )
+    responses_store_max_record_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        description="Bound on one stored response, and apart on one conversation (its "
+        "object and items), below the store's own: one record cannot take the whole store "
+        "and evict everyone's. A write past it is refused (429 store_full).",
+    )
     responses_ws_kept: int = Field(
         default=8,
         ge=1,

@@ -96,19 +96,30 @@ class AppObjects:
         self.named_requests = NamedRequests(engine)
         where = settings.responses_store_location()
         ttl_s, max_bytes = settings.responses_store_ttl_s, settings.responses_store_max_bytes
+        record_bytes = settings.responses_store_max_record_bytes
         self.conversations = self._closing(
-            Conversations(open_conversations(where, ttl_s=ttl_s, max_bytes=max_bytes))
+            Conversations(
+                open_conversations(
+                    where, ttl_s=ttl_s, max_bytes=max_bytes, max_record_bytes=record_bytes
+                )
+            )
         )
         self.batches = self._closing(
             Batches.from_settings(
-                settings, engine, admission, drain, lambda: self.responses, self.telemetry
+                settings,
+                engine,
+                admission,
+                drain,
+                lambda: self.responses,
+                self.keyring.tenants,
+                self.telemetry,
             )
         )
         self.responses = self._closing(
             Responses(
                 engine,
                 admission,
-                open_store(where, ttl_s=ttl_s, max_bytes=max_bytes),
+                open_store(where, ttl_s=ttl_s, max_bytes=max_bytes, max_record_bytes=record_bytes),
                 drain,
                 self.conversations,
                 self.telemetry,

@@ -52,6 +52,7 @@ from app.sessions.calls import Call, collect_call, in_prompt_thread, start_call
 from app.sessions.responses import Responses
 from app.telemetry.record import RequestRecord
 from app.telemetry.reports import Telemetry
+from app.tenants import Principal, Role, Tenants
 from schemas.anthropic import AnthropicMessagesRequest
 from schemas.openai import ChatCompletionRequest, CompletionRequest
 from schemas.openai_responses import ResponsesRequest
@@ -115,18 +116,22 @@ def _tokens(body: Mapping[str, Any]) -> tuple[int, int]:
 
 
 class Endpoints:
-    """The endpoints a batch's requests may name, on one engine and admission."""
+    """The endpoints a batch's requests may name, on one engine and admission; each
+    request runs as its batch's tenant (`tenants`: the keyring's), as a call with that
+    tenant's key would."""
 
     def __init__(
         self,
         engine: Engine,
         admission: Admission,
         responses: Callable[[], Responses],
+        tenants: Tenants,
         telemetry: Telemetry | None = None,
     ) -> None:
         self.engine = engine
         self.admission = admission
         self.telemetry = telemetry
+        self.tenants = tenants
         self._responses = responses
 
     async def answer(self, endpoint: str, body: Any, *, request_id: str, tenant: str) -> Answer:
@@ -139,7 +144,8 @@ class Endpoints:
                 raise InvalidRequest("The request's body must be a JSON object")
             if body.get("stream"):
                 raise InvalidRequest("A batch's request is not streamed", param="stream")
-            result = await self._run(endpoint, body, record)
+            principal = self.tenants.principal(tenant, Role.TENANT)
+            result = await self._run(endpoint, body, record, principal)
         except (Overloaded, Unavailable, EngineDead) as exc:
             record.failed(exc)
             raise Retry(exc.message) from exc
@@ -173,12 +179,12 @@ class Endpoints:
         return Answer(error.http_status, openai_error_body(error))
 
     async def _run(
-        self, endpoint: str, body: dict[str, Any], record: RequestRecord
+        self, endpoint: str, body: dict[str, Any], record: RequestRecord, principal: Principal
     ) -> dict[str, Any]:
         engine = self.engine
         info, tokenizer, created = engine.info, engine.tokenizer, int(time.time())
         if endpoint == "/v1/responses":
-            return await self._response(validate(ResponsesRequest, body), record)
+            return await self._response(validate(ResponsesRequest, body), record, principal)
         if endpoint == "/v1/messages":
             message = validate(AnthropicMessagesRequest, body)
             served = served_by(engine, message.model)
@@ -233,14 +239,16 @@ class Endpoints:
         result: dict[str, Any] = await collect_call(self.engine, call)
         return result
 
-    async def _response(self, body: ResponsesRequest, record: RequestRecord) -> dict[str, Any]:
+    async def _response(
+        self, body: ResponsesRequest, record: RequestRecord, principal: Principal
+    ) -> dict[str, Any]:
         if body.background:
             raise InvalidRequest(
                 "A batch's request does not run in the background", param="background"
             )
         responses = self._responses()
-        call = await responses.start(body, record, lane=_LANE)
-        hooks = responses.hooks(call, body, None)
+        call = await responses.start(principal, body, record, lane=_LANE)
+        hooks = responses.hooks(principal, call, body, None)
         lane = Call(_InLane(call.exchange), call.tickets, record)
         result: dict[str, Any] = await collect_call(self.engine, lane, hooks)
         return result

@@ -36,6 +36,7 @@ from app.sessions.responses import Responses
 from app.store import open_batches
 from app.store.batches import BatchStore, Tally
 from app.telemetry.reports import Telemetry
+from app.tenants import Tenants
 
 ANTHROPIC_WINDOW_S = 24 * 3600  # Anthropic's batches end within a day
 ANTHROPIC_RESULTS_S = 29 * 24 * 3600  # and keep their results 29 days after creation
@@ -76,6 +77,7 @@ class Batches:
         admission: Admission,
         drain: Drain | None,
         responses: Callable[[], Responses],
+        tenants: Tenants,
         telemetry: Telemetry | None = None,
     ) -> Batches:
         """The batch APIs and this replica's runner, on the store `settings` name (nothing
@@ -92,7 +94,7 @@ class Batches:
         runner = BatchRunner(
             store,
             files,
-            Endpoints(engine, admission, responses, telemetry),
+            Endpoints(engine, admission, responses, tenants, telemetry),
             lane,
             drain,
             lease_s=settings.batch_lease_s,

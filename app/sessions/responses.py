@@ -10,6 +10,9 @@ error before anything runs), then the engine. What the call does around its end
 its terminal event (`app.sessions.stored_responses`); a websocket connection keeps what
 it made.
 
+Every call names its principal (`app.tenants.Principal`): what it continues (a stored
+response, a conversation) and what it stores are its tenant's.
+
 A websocket connection's responses (`ConnectionResponses`): each response made on it,
 `store: false` ones included, so that the next turn continues from it with only its new
 input, as the Codex CLI does, without a store read. At most `size` of them (the least
@@ -52,6 +55,7 @@ from app.store.base import ResponseStore
 from app.store.batches import BatchStore
 from app.telemetry.record import RequestRecord
 from app.telemetry.reports import Telemetry
+from app.tenants import Principal
 from schemas.openai_responses import ResponsesRequest
 
 PROTOCOL = ProtocolName.RESPONSES  # admission's and /metrics' name for this API
@@ -130,6 +134,7 @@ class Responses:
 
     async def start(
         self,
+        principal: Principal,
         body: ResponsesRequest,
         record: RequestRecord,
         *,
@@ -140,15 +145,15 @@ class Responses:
         """Every Responses call's start, whatever carries it (HTTP, the websocket, a
         background run, compaction): the model it names (`served_by`: an unknown one is
         NOT_FOUND before anything), admission (one unit, its bound `prompt_bound`'s),
-        the conversation it continues read (`kept` first: a websocket connection's own),
-        the exchange planned. Not to `generate` (`generate: false`): nothing for the
-        engine, so nothing admitted; planned all the same, so the call is checked and
-        completes, with no output, to continue from.
+        the conversation it continues read as `principal`'s tenant (`kept` first: a
+        websocket connection's own), the exchange planned. Not to `generate` (`generate:
+        false`): nothing for the engine, so nothing admitted; planned all the same, so
+        the call is checked and completes, with no output, to continue from.
         A batch's request is admitted in its `lane` (protocol, priority)."""
         served = served_by(self.engine, body.model)
 
         async def build() -> ResponsesExchange:
-            context = await self._context(body, kept)
+            context = await self._context(principal, body, kept)
             info, tokenizer = self.engine.info, self.engine.tokenizer
             response_id, created_at = new_id("resp"), int(time.time())
             return await in_prompt_thread(
@@ -181,30 +186,32 @@ class Responses:
 
     def hooks(
         self,
+        principal: Principal,
         call: Call[ResponsesExchange],
         body: ResponsesRequest,
         kept: ConnectionResponses | None,
     ) -> Hooks | None:
-        """What `call` does around its end: stored if `body` asks, its conversation
-        extended, kept by `kept`."""
+        """What `call` does around its end: stored (as `principal`'s) if `body` asks, its
+        conversation extended, kept by `kept`."""
         exchange = call.exchange
-        recording = Recording(self.records, exchange, body.store, self.conversations)
+        recording = Recording(self.records, principal, exchange, body.store, self.conversations)
         if kept is not None:
             return _Kept(exchange, kept, recording, body.previous_response_id)
         return recording if body.store or exchange.conversation is not None else None
 
     async def _context(
-        self, body: ResponsesRequest, kept: ConnectionResponses | None
+        self, principal: Principal, body: ResponsesRequest, kept: ConnectionResponses | None
     ) -> list[Item]:
         previous_id = body.previous_response_id
         if previous_id is None:
             if body.conversation is not None and self.conversations is not None:
-                return await self.conversations.context(conversation_id(body.conversation))
+                conversation = conversation_id(body.conversation)
+                return await self.conversations.context(principal, conversation)
             return []
         previous = kept.get(previous_id) if kept is not None else None
         if previous is None:
             try:
-                previous = await self.records.load(previous_id, PREVIOUS)
+                previous = await self.records.load(principal, previous_id, PREVIOUS)
             except NotFound as exc:
                 exc.code = "previous_response_not_found"
                 raise
@@ -216,9 +223,9 @@ class Responses:
             )
         return previous.context()
 
-    async def delete(self, response_id: str) -> dict[str, Any]:
-        await self.runs.stop(response_id)
-        if not await self.records.store.delete(response_id):
+    async def delete(self, principal: Principal, response_id: str) -> dict[str, Any]:
+        await self.runs.stop(principal, response_id)
+        if not await self.records.store.delete(principal.tenant, response_id):
             raise not_found(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 

@@ -1,6 +1,11 @@
 """Responses that outlive their call: their records in the store (`ResponseRecords`) and
 this process's background runs (`BackgroundRuns`), with retrieval, replay and cancel.
 
+Tenants. Every record, run and replay is its principal's tenant's (`app.tenants.Principal`,
+decided where the request entered): another tenant's id is not found, as an id never
+stored, whichever of them asks (retrieval, replay, cancel, deletion, input items, a
+continuation), and a tenant's writes count against its `stored_bytes`.
+
 Records. A stored response (`store: true`, OpenAI's default) is written once it has ended,
 before its terminal event goes out (`Recording`, the hooks of a call on the shared road,
 `app.sessions.calls`), so a client that has seen it can continue from the response on
@@ -30,7 +35,7 @@ ends it `cancelled`, and nothing is written after that:
   and the cancel waits for the `cancelled` record; once the last write has begun, the
   cancel waits for it and answers the response as it ended;
 - on another replica: the flag is raised in the store, which the owner reads every
-  `CANCEL_POLL_S` (and its last write reads atomically), and the caller waits (up to
+  `CANCEL_POLL_S` (and its last write reads atomically), and the asker waits (up to
   `CANCEL_WAIT_S`) for the record to end.
 
 Drain: runs hold admission places, so a drain waits for them and then cuts them like any
@@ -70,6 +75,7 @@ from app.sessions.conversations import Conversations
 from app.store.base import ResponseStore
 from app.store.batches import BatchStore
 from app.telemetry.reports import Telemetry
+from app.tenants import Principal
 
 logger = logging.getLogger(__name__)
 
@@ -89,36 +95,53 @@ def _after(event: Event, starting_after: int | None) -> bool:
 
 
 class ResponseRecords:
-    """The store's records of responses."""
+    """The store's records of responses, each its tenant's (`principal.tenant`): another
+    tenant's id is not found, as an id never stored."""
 
     def __init__(self, store: ResponseStore) -> None:
         self.store = store
 
-    async def load(self, response_id: str, param: str = "response_id") -> StoredResponse:
-        data = await self.store.get(response_id)
+    async def load(
+        self, principal: Principal, response_id: str, param: str = "response_id"
+    ) -> StoredResponse:
+        data = await self.store.get(principal.tenant, response_id)
         record = StoredResponse.decode(data) if data is not None else None
         if record is None:
             raise not_found(response_id, param)
         return record
 
     async def save(
-        self, exchange: ResponsesExchange, response: Body, *, unless_cancelled: bool = False
+        self,
+        principal: Principal,
+        exchange: ResponsesExchange,
+        response: Body,
+        *,
+        unless_cancelled: bool = False,
     ) -> bool:
-        """Write `exchange`'s record with `response`; False: refused, the run was cancelled."""
+        """Write `exchange`'s record with `response`, as `principal`'s tenant (within its
+        `stored_bytes`); False: refused, the run was cancelled."""
         record = StoredResponse(response, list(exchange.input_items), list(exchange.context))
-        return await self.store.put(exchange.id, record.encode(), unless_cancelled=unless_cancelled)
+        return await self.store.put(
+            principal.tenant,
+            exchange.id,
+            record.encode(),
+            quota=principal.limits.stored_bytes,
+            unless_cancelled=unless_cancelled,
+        )
 
-    async def save_quietly(self, exchange: ResponsesExchange, response: Body) -> None:
+    async def save_quietly(
+        self, principal: Principal, exchange: ResponsesExchange, response: Body
+    ) -> None:
         """A write whose failure changes nothing the client is told (it is told already)."""
         try:
-            await self.save(exchange, response)
+            await self.save(principal, exchange, response)
         except SwitchboardError as exc:
             logger.warning("response %s not stored: %s", exchange.id, exc.message)
 
     async def input_items(
-        self, response_id: str, *, after: str | None, limit: int, order: str
+        self, principal: Principal, response_id: str, *, after: str | None, limit: int, order: str
     ) -> dict[str, Any]:
-        items = list((await self.load(response_id)).input_items)
+        items = list((await self.load(principal, response_id)).input_items)
         if order == "desc":
             items.reverse()
         start = 0
@@ -138,14 +161,15 @@ class ResponseRecords:
 
 
 async def add_to_conversation(
-    conversations: Conversations | None, exchange: ResponsesExchange
+    conversations: Conversations | None, principal: Principal, exchange: ResponsesExchange
 ) -> None:
     """A response that ended in a conversation adds its input and output to it."""
     ended = exchange.ended
     if conversations is None or exchange.conversation is None or ended is None:
         return
     if ended["status"] in ("completed", "incomplete"):
-        await conversations.extend(exchange.conversation, [*exchange.input_items, *ended["output"]])
+        items = [*exchange.input_items, *ended["output"]]
+        await conversations.extend(principal, exchange.conversation, items)
 
 
 @dataclass
@@ -155,6 +179,7 @@ class Recording:
     event; its record written as `failed` after a stream's failure."""
 
     records: ResponseRecords
+    principal: Principal
     exchange: ResponsesExchange
     store: bool
     conversations: Conversations | None
@@ -165,14 +190,13 @@ class Recording:
     async def ended(self) -> None:
         assert self.exchange.ended is not None
         if self.store:
-            await self.records.save(self.exchange, self.exchange.ended)
-        await add_to_conversation(self.conversations, self.exchange)
+            await self.records.save(self.principal, self.exchange, self.exchange.ended)
+        await add_to_conversation(self.conversations, self.principal, self.exchange)
 
     async def failed(self, error: SwitchboardError) -> None:
         if self.store:
-            await self.records.save_quietly(
-                self.exchange, self.exchange.response("failed", error=error)
-            )
+            failed = self.exchange.response("failed", error=error)
+            await self.records.save_quietly(self.principal, self.exchange, failed)
 
 
 class _Cancelled(BaseException):
@@ -182,8 +206,10 @@ class _Cancelled(BaseException):
 
 @dataclass
 class _Run:
-    """A background response of this process: its task, its events so far, its writes."""
+    """A background response of this process: its principal, its task, its events so far,
+    its writes."""
 
+    principal: Principal
     call: Call[ResponsesExchange]
     events: list[Event] = field(default_factory=list)
     cancelled: bool = False  # by a client (not by the process stopping)
@@ -255,15 +281,20 @@ class BackgroundRuns:
         if drain is not None:
             drain.subscribe(self._settle)
 
-    async def start(self, call: Call[ResponsesExchange]) -> Body:
-        """Start `call` in the background (the run owns its admission places from here,
-        or gives them back if this fails; with `telemetry`, it is reported as a request
-        of its own, once it ends); the response object as queued."""
+    def _run_of(self, principal: Principal, response_id: str) -> _Run | None:
+        """This process's run of `response_id`, if it is `principal`'s tenant's."""
+        run = self._runs.get(response_id)
+        return run if run is not None and run.principal.tenant == principal.tenant else None
+
+    async def start(self, principal: Principal, call: Call[ResponsesExchange]) -> Body:
+        """Start `call` in the background for `principal` (the run owns its admission places
+        from here, or gives them back if this fails; with `telemetry`, it is reported as a
+        request of its own, once it ends); the response object as queued."""
         exchange = call.exchange
         try:
             queued = exchange.response("queued", with_usage=False)
             await self._hold(exchange.id)
-            await self.records.save(exchange, queued)
+            await self.records.save(principal, exchange, queued)
         except BaseException:
             call.tickets.release()
             raise
@@ -271,7 +302,7 @@ class BackgroundRuns:
             call = call.handed_to(
                 self.telemetry.hand_off(call.record, name="background response", api="responses")
             )
-        run = _Run(call)
+        run = _Run(principal, call)
         run.push(exchange.queued())
         self._runs[exchange.id] = run
         run.task = asyncio.create_task(self._run(run), name=f"response {exchange.id}")
@@ -315,13 +346,13 @@ class BackgroundRuns:
 
     def _chain(self, run: _Run, response: Body) -> asyncio.Future[None]:
         """The run's record to be written with `response`, after its earlier writes,
-        quietly (the write goes on if its caller is cancelled)."""
+        quietly (the write goes on if its principal is cancelled)."""
         previous = run._writing
 
         async def write() -> None:
             if previous is not None:
                 await asyncio.wait([previous])
-            await self.records.save_quietly(run.exchange, response)
+            await self.records.save_quietly(run.principal, run.exchange, response)
 
         run._writing = asyncio.ensure_future(write())
         return run._writing
@@ -353,11 +384,12 @@ class BackgroundRuns:
                 _lease_key(response_id), owner=self.owner, now=now, until=now + self.lease_s
             )
 
-    async def current(self, response_id: str) -> StoredResponse:
-        """The stored response; an orphaned one (its server died mid-run) ended first."""
-        return await self._unorphaned(await self.records.load(response_id))
+    async def current(self, principal: Principal, response_id: str) -> StoredResponse:
+        """`principal`'s stored response; an orphaned one (its server died mid-run) ended
+        first."""
+        return await self._unorphaned(principal, await self.records.load(principal, response_id))
 
-    async def _unorphaned(self, record: StoredResponse) -> StoredResponse:
+    async def _unorphaned(self, principal: Principal, record: StoredResponse) -> StoredResponse:
         if (
             self.leases is None
             or record.status in TERMINAL
@@ -372,58 +404,67 @@ class BackgroundRuns:
             "error": response_error(SwitchboardError(ORPHANED)),
         }
         ended = StoredResponse(failed, record.input_items, record.history)
-        await self.records.store.put(record.id, ended.encode())
+        await self.records.store.put(
+            principal.tenant, record.id, ended.encode(), quota=principal.limits.stored_bytes
+        )
         logger.warning("response %s ended failed: its server stopped", record.id)
         return ended
 
-    async def _until_ended(self, record: StoredResponse, limit_s: float) -> StoredResponse:
+    async def _until_ended(
+        self, principal: Principal, record: StoredResponse, limit_s: float
+    ) -> StoredResponse:
         """`record`, read again every `FOLLOW_POLL_S` until another replica's run has
         ended it (or it is found orphaned), or `limit_s` have passed."""
         deadline = time.monotonic() + limit_s
-        record = await self._unorphaned(record)
+        record = await self._unorphaned(principal, record)
         while record.status not in TERMINAL and time.monotonic() < deadline:
             await asyncio.sleep(FOLLOW_POLL_S)
-            record = await self.current(record.id)
+            record = await self.current(principal, record.id)
         return record
 
-    async def cancel(self, response_id: str) -> Body:
-        run = self._runs.get(response_id)
+    async def cancel(self, principal: Principal, response_id: str) -> Body:
+        run = self._run_of(principal, response_id)
         if run is not None and run.task is not None:
             run.cancel()
             await asyncio.wait([run.task])
-            return (await self.records.load(response_id)).response
-        record = await self.current(response_id)
+            return (await self.records.load(principal, response_id)).response
+        record = await self.current(principal, response_id)
         if not record.response.get("background"):
             raise InvalidRequest("Only background responses can be cancelled", param="response_id")
         if record.status in TERMINAL:
             return record.response
         await self.records.store.request_cancel(response_id)
-        return (await self._until_ended(record, CANCEL_WAIT_S)).response
+        return (await self._until_ended(principal, record, CANCEL_WAIT_S)).response
 
-    async def stop(self, response_id: str) -> None:
-        """End the run of `response_id` here, if there is one (before its deletion)."""
-        run = self._runs.get(response_id)
+    async def stop(self, principal: Principal, response_id: str) -> None:
+        """End the run of `response_id` here, if there is one of `principal`'s tenant (before
+        its deletion)."""
+        run = self._run_of(principal, response_id)
         if run is not None and run.task is not None:
             run.cancel()
             await asyncio.wait([run.task])
 
     async def replay(
-        self, response_id: str, starting_after: int | None
+        self, principal: Principal, response_id: str, starting_after: int | None
     ) -> AsyncGenerator[Event, None]:
         """The response's events: live while it runs here, else replayed from the store
         once it has ended (waiting up to `FOLLOW_LIMIT_S` for another replica's run)."""
-        run = self._runs.get(response_id)
-        record = await self.records.load(response_id)
-        return self._replay(run, record, starting_after)
+        run = self._run_of(principal, response_id)
+        record = await self.records.load(principal, response_id)
+        return self._replay(principal, run, record, starting_after)
 
     async def _replay(
-        self, run: _Run | None, record: StoredResponse, starting_after: int | None
+        self,
+        principal: Principal,
+        run: _Run | None,
+        record: StoredResponse,
+        starting_after: int | None,
     ) -> AsyncGenerator[Event, None]:
         if run is not None:
             async for event in run.follow(starting_after):
                 yield event
             return
-        record = await self._until_ended(record, FOLLOW_LIMIT_S)
+        record = await self._until_ended(principal, record, FOLLOW_LIMIT_S)
         for event in replay(record.response):
             if _after(event, starting_after):
                 yield event
@@ -473,10 +514,12 @@ class _RunHooks:
         if run._writing is not None:
             await asyncio.wait([run._writing])
         assert exchange.ended is not None
-        if not await self.runs.records.save(exchange, exchange.ended, unless_cancelled=True):
+        if not await self.runs.records.save(
+            run.principal, exchange, exchange.ended, unless_cancelled=True
+        ):
             run.cancelled = True
             raise _Cancelled
-        await add_to_conversation(self.runs.conversations, exchange)
+        await add_to_conversation(self.runs.conversations, run.principal, exchange)
 
     async def failed(self, error: SwitchboardError) -> None:
         await self.runs._write(self.run, self.run.exchange.response("failed", error=error))

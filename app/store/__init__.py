@@ -44,30 +44,64 @@ def _path(location: str) -> Path:
 
 
 def open_store(
-    location: str, *, ttl_s: float, max_bytes: int, clock: Clock = DEFAULT_CLOCK
+    location: str,
+    *,
+    ttl_s: float,
+    max_bytes: int,
+    max_record_bytes: int = 0,
+    clock: Clock = DEFAULT_CLOCK,
 ) -> ResponseStore:
     """The store at `location`; nothing is opened or connected until its first use."""
     if _redis(location):
         from app.store.redis import RedisStore
 
-        return RedisStore(location, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+        return RedisStore(
+            location,
+            ttl_s=ttl_s,
+            max_bytes=max_bytes,
+            max_record_bytes=max_record_bytes,
+            clock=clock,
+        )
     from app.store.sqlite import SqliteStore
 
-    return SqliteStore(_path(location), ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+    return SqliteStore(
+        _path(location),
+        ttl_s=ttl_s,
+        max_bytes=max_bytes,
+        max_record_bytes=max_record_bytes,
+        clock=clock,
+    )
 
 
 def open_conversations(
-    location: str, *, ttl_s: float, max_bytes: int, clock: Clock = DEFAULT_CLOCK
+    location: str,
+    *,
+    ttl_s: float,
+    max_bytes: int,
+    max_record_bytes: int = 0,
+    clock: Clock = DEFAULT_CLOCK,
 ) -> ConversationStore:
     """The conversations' store at `location` (tables or keys of their own beside the
     responses'); nothing is opened or connected until its first use."""
     if _redis(location):
         from app.store.redis_conversations import RedisConversations
 
-        return RedisConversations(location, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+        return RedisConversations(
+            location,
+            ttl_s=ttl_s,
+            max_bytes=max_bytes,
+            max_record_bytes=max_record_bytes,
+            clock=clock,
+        )
     from app.store.sqlite_conversations import SqliteConversations
 
-    return SqliteConversations(_path(location), ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+    return SqliteConversations(
+        _path(location),
+        ttl_s=ttl_s,
+        max_bytes=max_bytes,
+        max_record_bytes=max_record_bytes,
+        clock=clock,
+    )
 
 
 def open_sessions(

@@ -1,26 +1,36 @@
-"""The response store's contract: opaque records by id, bounded in time and in size, and
-a cancel flag per id that any replica may raise and the owner of a background run reads.
+"""The response store's contract: opaque records by (tenant, id), bounded in time and in
+size (the store's, each tenant's, each record's), and a cancel flag per id that any
+replica may raise and the owner of a background run reads.
 
 Every implementation (`app.store.sqlite`, `app.store.redis`) keeps these rules, and the
 tests hold both to them (tests/unit/test_response_store.py):
 
-- `put(id, data)` stores or replaces a record; its time to live starts again. A record
-  lives `ttl_s` seconds: past that `get` no longer returns it, and the next `put` (of any
-  record) removes it. The records' total size stays within `max_bytes`: a `put` that
-  would exceed it first evicts the records written longest ago; a record larger than
-  `max_bytes` alone is refused (`ResourceExhausted`, code `store_full`), as is a write
-  the backing store refuses for lack of room.
-- `get(id)` is the record or None (never stored, expired, evicted or deleted);
-  `delete(id)` says whether there was one.
+- A record is its tenant's (`app.tenants`): `get`, `put` and `delete` name the tenant
+  with the id, and another tenant's record is, to them, a record that does not exist.
+- `put(tenant, id, data, quota=)` stores or replaces a record; its time to live starts
+  again. A record lives `ttl_s` seconds: past that `get` no longer returns it, and the
+  next `put` (of any record) removes it. The tenant's records stay within its `quota`
+  (0: none of its own) and all records within `max_bytes`: a `put` that would exceed
+  either first evicts the tenant's own records written longest ago, never another
+  tenant's; if that cannot make room (the store's bound taken by other tenants'
+  records), it is refused. A record larger than `max_record_bytes` (below the store's
+  bound: one record cannot take the whole store) or than the tenant's quota is refused
+  (`ResourceExhausted`, code `store_full`), as is a write the backing store refuses for
+  lack of room.
+- `get(tenant, id)` is the record or None (never stored, expired, evicted, deleted, or
+  another tenant's); `delete(tenant, id)` says whether there was one.
 - `request_cancel(id)` raises the flag; `cancel_requested(id)` reads it (flags expire with
-  the record's time to live). `put(id, data, unless_cancelled=True)` writes only while the
-  flag is down, in the same transaction as it reads it, and says whether it wrote: the
-  one moment a background run's end is decided, whichever replica raised the flag.
+  the record's time to live). `put(..., unless_cancelled=True)` writes only while the flag
+  is down, in the same transaction as it reads it, and says whether it wrote: the one
+  moment a background run's end is decided, whichever replica raised the flag. (The
+  caller raises a flag only for a record it has found as its tenant's.)
 - A backing store that cannot be reached raises `Unavailable` (code
   `store_unavailable`), for that call only: nothing else in the server depends on the
   store, and the next call tries again.
 - Concurrent writers (coroutines, threads, processes, replicas) never corrupt the
   bookkeeping: each `put` and `delete` is one transaction (SQLite) or one script (Redis).
+- Records stored before tenants are the default tenant's (`DEFAULT_TENANT`): a store
+  moves them into its order and totals when it is first opened.
 
 Time is the caller's clock (`clock`, wall time by default, shared by replicas), so
 expiry is tested without waiting. No framework imports; blocking I/O never runs on the
@@ -42,12 +52,21 @@ DEFAULT_CLOCK: Clock = time.time
 class ResponseStore(Protocol):
     ttl_s: float
     max_bytes: int
+    max_record_bytes: int
 
-    async def get(self, key: str) -> bytes | None: ...
+    async def get(self, tenant: str, key: str) -> bytes | None: ...
 
-    async def put(self, key: str, data: bytes, *, unless_cancelled: bool = False) -> bool: ...
+    async def put(
+        self,
+        tenant: str,
+        key: str,
+        data: bytes,
+        *,
+        quota: int = 0,
+        unless_cancelled: bool = False,
+    ) -> bool: ...
 
-    async def delete(self, key: str) -> bool: ...
+    async def delete(self, tenant: str, key: str) -> bool: ...
 
     async def request_cancel(self, key: str) -> None: ...
 
@@ -68,3 +87,27 @@ def full(where: str, why: str, *, store: str = "response store") -> ResourceExha
 
 def too_large(size: int, max_bytes: int) -> str:
     return f"a record of {size} bytes exceeds the store's bound of {max_bytes} bytes"
+
+
+def record_bound(max_bytes: int, max_record_bytes: int) -> int:
+    """The bound of one record: `max_record_bytes`, at most the store's own."""
+    return min(max_bytes, max_record_bytes) if max_record_bytes > 0 else max_bytes
+
+
+def refusal(size: int, quota: int, max_record_bytes: int) -> str | None:
+    """Why a record of `size` bytes cannot be stored whatever is evicted (over one
+    record's bound, or over its tenant's whole quota), or None."""
+    if size > max_record_bytes:
+        return f"a record of {size} bytes exceeds the bound of one record, {max_record_bytes} bytes"
+    if quota and size > quota:
+        return f"a record of {size} bytes exceeds your quota of {quota} bytes"
+    return None
+
+
+def no_room(size: int, max_bytes: int) -> str:
+    """Why a record could not be stored: what is left of the store's bound is other
+    tenants' records, which a tenant never evicts."""
+    return (
+        f"no room for a record of {size} bytes within the store's bound of {max_bytes} "
+        "bytes: the rest is held by other tenants' records"
+    )

@@ -5,10 +5,13 @@ SQLite file, or the Redis every replica shares) and under the same bounds, count
 Every implementation (`app.store.sqlite_conversations`, `app.store.redis_conversations`)
 keeps these rules, and the tests hold both to them (tests/unit/test_conversation_store.py):
 
-- `create(id, data, items)` stores a conversation with its first items; `get(id)` is its
-  object (None: never stored, expired, evicted or deleted); `update(id, data)` replaces
-  the object and says whether there was one; `delete(id)` removes the conversation and
-  its items and says whether there was one.
+- A conversation is its tenant's (`app.tenants`): every call names the tenant with the
+  id, and another tenant's conversation is, to it, one that does not exist.
+- `create(tenant, id, data, items)` stores a conversation with its first items;
+  `get(tenant, id)` is its object (None: never stored, expired, evicted, deleted, or
+  another tenant's); `update(tenant, id, data)` replaces the object and says whether
+  there was one; `delete(tenant, id)` removes the conversation and its items and says
+  whether there was one.
 - `append(id, items)` adds items at the end, all or none, in one transaction; False if
   the conversation is gone. An item's id is unique in its conversation: an append (or a
   create) that repeats one, of the conversation's or within itself, is refused whole
@@ -18,11 +21,15 @@ keeps these rules, and the tests hold both to them (tests/unit/test_conversation
   `InvalidRequest` (param `after`). `item(id, item_id)` is one item; `delete_item` removes
   one and says whether it was there.
 - A conversation lives `ttl_s` seconds from its last write (any of the above but reads);
-  past that it reads as gone, and the next write removes it. The conversations' total
-  size (objects and items) stays within `max_bytes`: a write that would exceed it first
-  evicts the conversations written longest ago, whole; a write that alone would exceed it
-  is refused (`ResourceExhausted`, code `store_full`), as is one the backing store refuses
-  for lack of room.
+  past that it reads as gone, and the next write removes it. A conversation's size
+  (object and items) stays within `max_record_bytes` (below the store's bound), its
+  tenant's conversations within the tenant's `quota` (0: none of its own), and all
+  conversations within `max_bytes`: a write that would exceed either first evicts the
+  tenant's own conversations written longest ago, whole, never another tenant's; a write
+  that cannot fit so is refused (`ResourceExhausted`, code `store_full`), as is one the
+  backing store refuses for lack of room.
+- Conversations stored before tenants are the default tenant's: the store moves them
+  into its order and totals when it is first opened.
 - A backing store that cannot be reached raises `Unavailable` (code `store_unavailable`),
   for that call only.
 - Concurrent writers (coroutines, processes, replicas) never corrupt the order, the ids
@@ -56,24 +63,29 @@ class Page:
 class ConversationStore(Protocol):
     ttl_s: float
     max_bytes: int
+    max_record_bytes: int
 
-    async def create(self, key: str, data: bytes, items: Sequence[Item]) -> None: ...
+    async def create(
+        self, tenant: str, key: str, data: bytes, items: Sequence[Item], *, quota: int = 0
+    ) -> None: ...
 
-    async def get(self, key: str) -> bytes | None: ...
+    async def get(self, tenant: str, key: str) -> bytes | None: ...
 
-    async def update(self, key: str, data: bytes) -> bool: ...
+    async def update(self, tenant: str, key: str, data: bytes, *, quota: int = 0) -> bool: ...
 
-    async def delete(self, key: str) -> bool: ...
+    async def delete(self, tenant: str, key: str) -> bool: ...
 
-    async def append(self, key: str, items: Sequence[Item]) -> bool: ...
+    async def append(
+        self, tenant: str, key: str, items: Sequence[Item], *, quota: int = 0
+    ) -> bool: ...
 
     async def items(
-        self, key: str, *, after: str | None, limit: int, order: Order
+        self, tenant: str, key: str, *, after: str | None, limit: int, order: Order
     ) -> Page | None: ...
 
-    async def item(self, key: str, item_id: str) -> Item | None: ...
+    async def item(self, tenant: str, key: str, item_id: str) -> Item | None: ...
 
-    async def delete_item(self, key: str, item_id: str) -> bool: ...
+    async def delete_item(self, tenant: str, key: str, item_id: str) -> bool: ...
 
     async def close(self) -> None: ...
 

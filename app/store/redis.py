@@ -3,16 +3,23 @@ follow-up (`previous_response_id`), a retrieval or a cancel may land on any of t
 
 Keys, under a prefix (`switchboard:responses:` by default):
 
-    r:<id>        hash {exp: expiry in ms of the callers' clock, data: the record}, with
-                  a Redis expiry of the time to live (Redis frees it by itself)
-    index         sorted set of ids by expiry: the order of eviction and of expiry
-    sizes         hash id -> bytes
-    total         the bytes all records hold
-    cancel:<id>   a raised cancel flag, expiring with the time to live
+    r:<id>            hash {exp: expiry in ms of the callers' clock, data: the record,
+                      tenant: its tenant}, with a Redis expiry of the time to live (Redis
+                      frees it by itself)
+    index             sorted set of ids by expiry: the order of expiry
+    index:<tenant>    the same of one tenant's records: the order of its evictions
+    sizes, tenants    hashes id -> bytes, id -> tenant
+    total             the bytes all records hold
+    total:<tenant>    the bytes one tenant's records hold
+    cancel:<id>       a raised cancel flag, expiring with the time to live
+    schema            "2" once records stored before tenants are the default tenant's
 
 `put` and `delete` are Lua scripts, so concurrent writers (any number of replicas) keep
-`index`, `sizes` and `total` exact: the script removes expired ids, replaces the record,
-evicts the oldest until the total fits, and writes, atomically. `get` compares the
+the orders, sizes and totals exact: the script removes expired ids, replaces the record,
+evicts its tenant's oldest until the record fits the tenant's quota and the store's
+bound (or refuses it, other tenants' records untouched), and writes, atomically. A store
+from before tenants is brought up to date the first time a replica uses it: its records
+become the default tenant's, in chunks (each one script), counted in its total. `get` compares the
 record's expiry with the caller's clock (not only Redis's), so every replica sees the
 same time to live as the SQLite store does.
 
@@ -23,62 +30,94 @@ memory (`OOM` under `maxmemory` with `noeviction`) is `store_full`
 
 from __future__ import annotations
 
-from app.store.base import DEFAULT_CLOCK, Clock, full, too_large
+from app.store.base import (
+    DEFAULT_CLOCK,
+    Clock,
+    full,
+    no_room,
+    record_bound,
+    refusal,
+)
 from app.store.redis_connection import RedisConnection
+from app.tenants import DEFAULT_TENANT
 
 _DROP = """
 local function drop(prefix, id)
     local size = redis.call('HGET', prefix .. 'sizes', id)
+    local tenant = redis.call('HGET', prefix .. 'tenants', id)
     redis.call('DEL', prefix .. 'r:' .. id)
     redis.call('ZREM', prefix .. 'index', id)
     redis.call('HDEL', prefix .. 'sizes', id)
+    redis.call('HDEL', prefix .. 'tenants', id)
+    if tenant then
+        redis.call('ZREM', prefix .. 'index:' .. tenant, id)
+        if size then redis.call('DECRBY', prefix .. 'total:' .. tenant, size) end
+    end
     if size then
         redis.call('DECRBY', prefix .. 'total', size)
         return 1
     end
     return 0
 end
+local function owner(prefix, id, default)
+    return redis.call('HGET', prefix .. 'tenants', id)
+        or redis.call('HGET', prefix .. 'r:' .. id, 'tenant') or default
+end
 """
 
-# ARGV: prefix, id, data, exp_ms, now_ms, ttl_ms, max_bytes, unless_cancelled ("1": not
-# when the id's cancel flag is raised; 0 is returned). The shebang makes Redis refuse the
-# script when it is out of memory (a script without one writes past maxmemory).
+# ARGV: prefix, tenant, id, data, exp_ms, now_ms, ttl_ms, max_bytes, quota,
+# unless_cancelled ("1": not when the id's cancel flag is raised; 0 is returned), the
+# default tenant. -1: no room its tenant may make; -2: the id is another tenant's. The
+# shebang makes Redis refuse the script when it is out of memory (a script without one
+# writes past maxmemory).
 _PUT = (
     "#!lua\n"
     + _DROP
     + """
-local prefix, id, data = ARGV[1], ARGV[2], ARGV[3]
-local exp, now = tonumber(ARGV[4]), tonumber(ARGV[5])
-local ttl, max = tonumber(ARGV[6]), tonumber(ARGV[7])
-if ARGV[8] == '1' and redis.call('EXISTS', prefix .. 'cancel:' .. id) == 1 then
+local prefix, tenant, id, data = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local exp, now = tonumber(ARGV[5]), tonumber(ARGV[6])
+local ttl, max, quota = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+if ARGV[10] == '1' and redis.call('EXISTS', prefix .. 'cancel:' .. id) == 1 then
     return 0
 end
 for _, old in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'index', '-inf', now)) do
     drop(prefix, old)
 end
+if owner(prefix, id, ARGV[11]) ~= tenant and redis.call('HEXISTS', prefix .. 'sizes', id) == 1 then
+    return -2  -- another tenant's id: never replaced (ids are the server's own, random)
+end
 drop(prefix, id)
 local size = string.len(data)
-local total = tonumber(redis.call('GET', prefix .. 'total') or '0')
-while total + size > max do
-    local oldest = redis.call('ZRANGE', prefix .. 'index', 0, 0)
-    if #oldest == 0 then break end
-    drop(prefix, oldest[1])
-    total = tonumber(redis.call('GET', prefix .. 'total') or '0')
+local function totals()
+    return tonumber(redis.call('GET', prefix .. 'total') or '0'),
+        tonumber(redis.call('GET', prefix .. 'total:' .. tenant) or '0')
 end
-redis.call('HSET', prefix .. 'r:' .. id, 'exp', exp, 'data', data)
+local total, own = totals()
+if total - own + size > max then return -1 end  -- all or nothing: its own cannot make room
+while total + size > max or own + size > quota do
+    local oldest = redis.call('ZRANGE', prefix .. 'index:' .. tenant, 0, 0)
+    if #oldest == 0 then return -1 end
+    drop(prefix, oldest[1])
+    total, own = totals()
+end
+redis.call('HSET', prefix .. 'r:' .. id, 'exp', exp, 'data', data, 'tenant', tenant)
 redis.call('PEXPIRE', prefix .. 'r:' .. id, ttl)
 redis.call('ZADD', prefix .. 'index', exp, id)
+redis.call('ZADD', prefix .. 'index:' .. tenant, exp, id)
 redis.call('HSET', prefix .. 'sizes', id, size)
+redis.call('HSET', prefix .. 'tenants', id, tenant)
 redis.call('INCRBY', prefix .. 'total', size)
+redis.call('INCRBY', prefix .. 'total:' .. tenant, size)
 return 1
 """
 )
 
-# ARGV: prefix, id, now_ms
+# ARGV: prefix, tenant, id, now_ms, the default tenant
 _DELETE = (
     _DROP
     + """
-local prefix, id, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local prefix, tenant, id, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+if owner(prefix, id, ARGV[5]) ~= tenant then return 0 end
 local exp = tonumber(redis.call('HGET', prefix .. 'r:' .. id, 'exp') or '-1')
 redis.call('DEL', prefix .. 'cancel:' .. id)
 local existed = drop(prefix, id)
@@ -86,6 +125,31 @@ if exp < now then return 0 end
 return existed
 """
 )
+
+# ARGV: prefix, the default tenant, first rank, count. Records stored before tenants
+# (no owner in `tenants`) become the default tenant's; the number it moved.
+_MIGRATE = """
+local prefix, tenant = ARGV[1], ARGV[2]
+local first, count = tonumber(ARGV[3]), tonumber(ARGV[4])
+local moved = 0
+local ids = redis.call('ZRANGE', prefix .. 'index', first, first + count - 1, 'WITHSCORES')
+for i = 1, #ids, 2 do
+    local id, exp = ids[i], ids[i + 1]
+    if redis.call('HEXISTS', prefix .. 'tenants', id) == 0 then
+        redis.call('HSET', prefix .. 'tenants', id, tenant)
+        redis.call('ZADD', prefix .. 'index:' .. tenant, exp, id)
+        local size = redis.call('HGET', prefix .. 'sizes', id)
+        if size then redis.call('INCRBY', prefix .. 'total:' .. tenant, size) end
+        if redis.call('EXISTS', prefix .. 'r:' .. id) == 1 then
+            redis.call('HSET', prefix .. 'r:' .. id, 'tenant', tenant)
+        end
+        moved = moved + 1
+    end
+end
+return {#ids / 2, moved}
+"""
+_MIGRATE_CHUNK = 1000
+_SCHEMA = "2"  # records by tenant
 
 
 class RedisStore:
@@ -95,39 +159,85 @@ class RedisStore:
         *,
         ttl_s: float,
         max_bytes: int,
+        max_record_bytes: int = 0,
         clock: Clock = DEFAULT_CLOCK,
         prefix: str = "switchboard:responses:",
     ) -> None:
         self.url = url
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
+        self.max_record_bytes = record_bound(max_bytes, max_record_bytes)
         self.prefix = prefix
         self._clock = clock
         self._redis = RedisConnection(url, store="response store")
         self._call = self._redis.call
         self._where = self._redis.where
+        self._migrated = False
 
     def _ms(self) -> int:
         return int(self._clock() * 1000)
 
+    async def _ready(self) -> None:
+        """Records stored before tenants made the default tenant's, once per store (every
+        replica checks once; moving a record twice is moving it once)."""
+        if self._migrated:
+            return
+        if await self._call("get", self.prefix + "schema") != _SCHEMA.encode():
+            while True:  # passes until one moves nothing (evictions meanwhile shift ranks)
+                first = moved = 0
+                while True:
+                    args = (self.prefix, DEFAULT_TENANT, first, _MIGRATE_CHUNK)
+                    seen, chunk_moved = await self._call("eval", _MIGRATE, 0, *args)
+                    moved += int(chunk_moved)
+                    first += _MIGRATE_CHUNK
+                    if int(seen) < _MIGRATE_CHUNK:
+                        break
+                if not moved:
+                    break
+            await self._call("set", self.prefix + "schema", _SCHEMA)
+        self._migrated = True
+
     # -- the contract (app.store.base) ------------------------------------------------
 
-    async def get(self, key: str) -> bytes | None:
-        exp, data = await self._call("hmget", self.prefix + "r:" + key, "exp", "data")
+    async def get(self, tenant: str, key: str) -> bytes | None:
+        await self._ready()
+        exp, data, owner = await self._call(
+            "hmget", self.prefix + "r:" + key, "exp", "data", "tenant"
+        )
         if data is None or exp is None or int(exp) <= self._ms():
+            return None
+        if (owner.decode() if owner is not None else DEFAULT_TENANT) != tenant:
             return None
         return bytes(data)
 
-    async def put(self, key: str, data: bytes, *, unless_cancelled: bool = False) -> bool:
-        if len(data) > self.max_bytes:
-            raise full(self._where, too_large(len(data), self.max_bytes))
+    async def put(
+        self,
+        tenant: str,
+        key: str,
+        data: bytes,
+        *,
+        quota: int = 0,
+        unless_cancelled: bool = False,
+    ) -> bool:
+        quota = min(quota or self.max_bytes, self.max_bytes)
+        why = refusal(len(data), quota, self.max_record_bytes)
+        if why is not None:
+            raise full(self._where, why)
+        await self._ready()
         now, ttl = self._ms(), int(self.ttl_s * 1000)
         conditional = "1" if unless_cancelled else "0"
-        args = (self.prefix, key, data, now + ttl, now, ttl, self.max_bytes, conditional)
-        return bool(await self._call("eval", _PUT, 0, *args))
+        args = (self.prefix, tenant, key, data, now + ttl, now, ttl, self.max_bytes, quota)
+        written = int(await self._call("eval", _PUT, 0, *args, conditional, DEFAULT_TENANT))
+        if written == -2:
+            raise RuntimeError(f"record {key} is another tenant's: ids must not collide")
+        if written < 0:
+            raise full(self._where, no_room(len(data), self.max_bytes))
+        return bool(written)
 
-    async def delete(self, key: str) -> bool:
-        return bool(await self._call("eval", _DELETE, 0, self.prefix, key, self._ms()))
+    async def delete(self, tenant: str, key: str) -> bool:
+        await self._ready()
+        args = (self.prefix, tenant, key, self._ms(), DEFAULT_TENANT)
+        return bool(await self._call("eval", _DELETE, 0, *args))
 
     async def request_cancel(self, key: str) -> None:
         await self._call("set", self.prefix + "cancel:" + key, 1, None, int(self.ttl_s * 1000))

@@ -5,12 +5,14 @@ Every call runs in the store's own thread (one connection, in WAL mode, waiting 
 `busy_timeout_s` for another process's write lock), never on the event loop. Writes are
 committed in groups: the `put`s that arrive while none is being written, or while one
 group is, wait for the next group, and a group is one `BEGIN IMMEDIATE` transaction:
-expired rows out, then each record in turn in (its older copy out, the oldest rows out
-until the total fits); the total is kept in a one-row table inside the same transaction,
-so writers in several processes keep it exact. Why groups: streams that share engine
+expired rows out, then each record in turn in (its older copy out, its tenant's oldest
+rows out until the record fits its tenant's quota and the store's bound); the total, and
+each tenant's (`tenant_totals`), are kept in tables inside the same transaction, so
+writers in several processes keep them exact. Why groups: streams that share engine
 steps end together (16 of them at once at 16 clients), and a transaction and a thread
 hand-off each (150-200 us of CPU) were most of a stored response's cost over an unstored
-one. A group that fails fails each of its `put`s with the same error.
+one. A group that fails fails each of its `put`s with the same error. A file written
+before tenants gains the `tenant` column as it opens, its records the default tenant's.
 
 SQLite's own failures are the store's: a full disk (`SQLITE_FULL`) is `store_full`; a
 file that cannot be opened, a lock held past the timeout or a corrupt file is
@@ -26,23 +28,36 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from app.store.base import DEFAULT_CLOCK, Clock, full, too_large, unavailable
+from app.errors import ResourceExhausted
+from app.store.base import (
+    DEFAULT_CLOCK,
+    Clock,
+    full,
+    no_room,
+    record_bound,
+    refusal,
+    unavailable,
+)
+from app.tenants import DEFAULT_TENANT
 
 T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY, expires REAL NOT NULL, size INTEGER NOT NULL, data BLOB NOT NULL
+    id TEXT PRIMARY KEY, expires REAL NOT NULL, size INTEGER NOT NULL, data BLOB NOT NULL,
+    tenant TEXT NOT NULL DEFAULT '{default}'
 );
 CREATE INDEX IF NOT EXISTS responses_by_expiry ON responses (expires);
 CREATE TABLE IF NOT EXISTS total (one INTEGER PRIMARY KEY CHECK (one = 1), bytes INTEGER NOT NULL);
 INSERT OR IGNORE INTO total VALUES (1, 0);
 CREATE TABLE IF NOT EXISTS cancels (id TEXT PRIMARY KEY, expires REAL NOT NULL);
-"""
+CREATE TABLE IF NOT EXISTS tenant_totals (tenant TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
+""".replace("{default}", DEFAULT_TENANT)
 
 
 class SqliteFile:
@@ -50,11 +65,21 @@ class SqliteFile:
     own (one connection, in WAL mode, waiting up to `busy_timeout_s` for another process's
     write lock), never from the event loop. SQLite's failures become the store's: a full
     disk (`SQLITE_FULL`) is `store_full`, anything else (a file that cannot be opened, a
-    lock held past the timeout, a corrupt file) `store_unavailable`."""
+    lock held past the timeout, a corrupt file) `store_unavailable`. `migrate` brings a
+    file written by an earlier release up to `schema`, in one transaction, as it opens."""
 
-    def __init__(self, path: Path, schema: str, *, busy_timeout_s: float, name: str) -> None:
+    def __init__(
+        self,
+        path: Path,
+        schema: str,
+        *,
+        busy_timeout_s: float,
+        name: str,
+        migrate: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> None:
         self.path = path
         self._schema = schema
+        self._migrate = migrate
         self._busy_timeout_s = busy_timeout_s
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._db: sqlite3.Connection | None = None
@@ -71,6 +96,9 @@ class SqliteFile:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(self._schema)
+            if self._migrate is not None:
+                with transaction(db):
+                    self._migrate(db)
             self._db = db
         return self._db
 
@@ -103,36 +131,55 @@ class SqliteStore:
         *,
         ttl_s: float,
         max_bytes: int,
+        max_record_bytes: int = 0,
         clock: Clock = DEFAULT_CLOCK,
         busy_timeout_s: float = 5.0,
     ) -> None:
         self.path = path
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
+        self.max_record_bytes = record_bound(max_bytes, max_record_bytes)
         self._clock = clock
-        self._file = SqliteFile(path, _SCHEMA, busy_timeout_s=busy_timeout_s, name="response-store")
+        self._file = SqliteFile(
+            path,
+            _SCHEMA,
+            busy_timeout_s=busy_timeout_s,
+            name="response-store",
+            migrate=_with_tenants,
+        )
         self._run = self._file.run
-        self._waiting: list[tuple[str, bytes, bool, asyncio.Future[bool]]] = []
+        self._waiting: list[tuple[_Put, asyncio.Future[bool]]] = []
         self._writer: asyncio.Task[None] | None = None
 
     # -- the contract (app.store.base) ------------------------------------------------
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, tenant: str, key: str) -> bytes | None:
         now = self._clock()
 
         def get(db: sqlite3.Connection) -> bytes | None:
             row = db.execute(
-                "SELECT data FROM responses WHERE id = ? AND expires > ?", (key, now)
+                "SELECT data FROM responses WHERE id = ? AND tenant = ? AND expires > ?",
+                (key, tenant, now),
             ).fetchone()
             return None if row is None else bytes(row[0])
 
         return await self._run(get)
 
-    async def put(self, key: str, data: bytes, *, unless_cancelled: bool = False) -> bool:
-        if len(data) > self.max_bytes:
-            raise full(str(self.path), too_large(len(data), self.max_bytes))
+    async def put(
+        self,
+        tenant: str,
+        key: str,
+        data: bytes,
+        *,
+        quota: int = 0,
+        unless_cancelled: bool = False,
+    ) -> bool:
+        quota = min(quota or self.max_bytes, self.max_bytes)
+        why = refusal(len(data), quota, self.max_record_bytes)
+        if why is not None:
+            raise full(str(self.path), why)
         written = asyncio.get_running_loop().create_future()
-        self._waiting.append((key, data, unless_cancelled, written))
+        self._waiting.append((_Put(tenant, key, data, quota, unless_cancelled), written))
         if self._writer is None:  # it starts next turn: this turn's puts join its group
             self._writer = asyncio.create_task(self._write_groups(), name="response-store")
         return bool(await written)
@@ -141,69 +188,90 @@ class SqliteStore:
         try:
             while self._waiting:
                 group, self._waiting = self._waiting, []
-                records = [(key, data, conditional) for key, data, conditional, _ in group]
+                records = [record for record, _ in group]
                 try:
                     done = await self._run(
                         partial(self._put_all, records=records, now=self._clock())
                     )
                     results = list(zip(group, done, strict=True))
                 except Exception as exc:
-                    for *_, written in group:
+                    for _, written in group:
                         if not written.done():
                             written.set_exception(exc)
                 else:
-                    for (*_, written), stored in results:
-                        if not written.done():  # a writer that was cancelled meanwhile
+                    for (_, written), stored in results:
+                        if written.done():  # a writer that was cancelled meanwhile
+                            continue
+                        if isinstance(stored, BaseException):
+                            written.set_exception(stored)
+                        else:
                             written.set_result(stored)
         finally:
             self._writer = None
 
     def _put_all(
-        self, db: sqlite3.Connection, records: list[tuple[str, bytes, bool]], now: float
-    ) -> list[bool]:
-        done = []
+        self, db: sqlite3.Connection, records: list[_Put], now: float
+    ) -> list[bool | ResourceExhausted]:
+        """Each record in turn, in one transaction: written (True), refused by its cancel
+        flag (False), or with no room left that its tenant may make (the error)."""
+        done: list[bool | ResourceExhausted] = []
         with transaction(db):
-            freed = _remove(db, "expires <= ?", (now,))
-            total = db.execute("SELECT bytes FROM total").fetchone()[0] - freed
-            for key, data, unless_cancelled in records:
+            total = _total(db) - _remove(db, "expires <= ?", (now,))
+            for put in records:
                 if (
-                    unless_cancelled
+                    put.unless_cancelled
                     and db.execute(
-                        "SELECT 1 FROM cancels WHERE id = ? AND expires > ?", (key, now)
+                        "SELECT 1 FROM cancels WHERE id = ? AND expires > ?", (put.key, now)
                     ).fetchone()
                 ):
                     done.append(False)
                     continue
-                size = len(data)
-                total -= _remove(db, "id = ?", (key,))
-                while total + size > self.max_bytes:
+                size = len(put.data)
+                total -= _remove(db, "id = ?", (put.key,))
+                own = _tenant_total(db, put.tenant)
+                if total - own + size > self.max_bytes:  # all or nothing: its own cannot
+                    done.append(full(str(self.path), no_room(size, self.max_bytes)))
+                    continue
+                while own + size > put.quota or total + size > self.max_bytes:
                     oldest = db.execute(
-                        "SELECT id, size FROM responses ORDER BY expires, rowid LIMIT 64"
+                        "SELECT id, size FROM responses WHERE tenant = ? "
+                        "ORDER BY expires, rowid LIMIT 64",
+                        (put.tenant,),
                     ).fetchall()
+                    if not oldest:
+                        break
                     for row_id, row_size in oldest:
-                        if total + size <= self.max_bytes:
+                        if own + size <= put.quota and total + size <= self.max_bytes:
                             break
-                        db.execute("DELETE FROM responses WHERE id = ?", (row_id,))
-                        total -= row_size
+                        _remove(db, "id = ?", (row_id,))
+                        total, own = total - row_size, own - row_size
+                if own + size > put.quota or total + size > self.max_bytes:
+                    done.append(full(str(self.path), no_room(size, self.max_bytes)))
+                    continue
                 db.execute(
-                    "INSERT INTO responses VALUES (?, ?, ?, ?)", (key, now + self.ttl_s, size, data)
+                    "INSERT INTO responses VALUES (?, ?, ?, ?, ?)",
+                    (put.key, now + self.ttl_s, size, put.data, put.tenant),
                 )
+                _add_to_tenant(db, put.tenant, size)
                 total += size
                 done.append(True)
             db.execute("UPDATE total SET bytes = ?", (total,))
             db.execute("DELETE FROM cancels WHERE expires <= ?", (now,))
         return done
 
-    async def delete(self, key: str) -> bool:
+    async def delete(self, tenant: str, key: str) -> bool:
         def delete(db: sqlite3.Connection) -> bool:
             with transaction(db):
-                existed = db.execute(
-                    "SELECT 1 FROM responses WHERE id = ? AND expires > ?", (key, self._clock())
+                owned = db.execute(
+                    "SELECT expires > ? FROM responses WHERE id = ? AND tenant = ?",
+                    (self._clock(), key, tenant),
                 ).fetchone()
+                if owned is None:
+                    return False
                 freed = _remove(db, "id = ?", (key,))
                 db.execute("UPDATE total SET bytes = bytes - ?", (freed,))
                 db.execute("DELETE FROM cancels WHERE id = ?", (key,))
-            return existed is not None
+            return bool(owned[0])
 
         return await self._run(delete)
 
@@ -245,9 +313,54 @@ def transaction(db: sqlite3.Connection) -> Iterator[None]:
     db.execute("COMMIT")
 
 
+@dataclass(frozen=True, slots=True)
+class _Put:
+    tenant: str
+    key: str
+    data: bytes
+    quota: int
+    unless_cancelled: bool
+
+
+def _total(db: sqlite3.Connection) -> int:
+    return int(db.execute("SELECT bytes FROM total").fetchone()[0])
+
+
+def _tenant_total(db: sqlite3.Connection, tenant: str) -> int:
+    row = db.execute("SELECT bytes FROM tenant_totals WHERE tenant = ?", (tenant,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _add_to_tenant(db: sqlite3.Connection, tenant: str, size: int) -> None:
+    db.execute(
+        "INSERT INTO tenant_totals VALUES (?, ?) "
+        "ON CONFLICT (tenant) DO UPDATE SET bytes = bytes + excluded.bytes",
+        (tenant, size),
+    )
+
+
 def _remove(db: sqlite3.Connection, where: str, args: tuple[object, ...]) -> int:
-    """Delete the rows `where` selects; the bytes they held."""
-    freed = db.execute(f"SELECT COALESCE(SUM(size), 0) FROM responses WHERE {where}", args)
-    total = int(freed.fetchone()[0])
+    """Delete the rows `where` selects (their tenants' totals kept); the bytes they held.
+    The caller keeps the store's total."""
+    freed = db.execute(
+        f"SELECT tenant, SUM(size) FROM responses WHERE {where} GROUP BY tenant", args
+    ).fetchall()
+    for tenant, size in freed:
+        _add_to_tenant(db, tenant, -int(size))
     db.execute(f"DELETE FROM responses WHERE {where}", args)
-    return total
+    return sum(int(size) for _, size in freed)
+
+
+def _with_tenants(db: sqlite3.Connection) -> None:
+    """A file from before tenants: its records become the default tenant's (the column's
+    default), counted in its total; then the index of each tenant's order."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(responses)")}
+    if "tenant" not in columns:
+        db.execute(
+            f"ALTER TABLE responses ADD COLUMN tenant TEXT NOT NULL DEFAULT '{DEFAULT_TENANT}'"
+        )
+        db.execute(
+            "INSERT OR REPLACE INTO tenant_totals "
+            "SELECT tenant, SUM(size) FROM responses GROUP BY tenant"
+        )
+    db.execute("CREATE INDEX IF NOT EXISTS responses_by_tenant ON responses (tenant, expires)")

@@ -1,16 +1,20 @@
 """The conversations' store on SQLite: tables of their own in the response store's file
 (`--responses-store`), so one file holds a replica's stored state.
 
-    conversations        id, expires, size (the object's and its items' bytes), data
+    conversations        id, expires, size (the object's and its items' bytes), data,
+                         tenant
     conversation_items   (conversation, seq) -> id, size, data; (conversation, id) unique
     conversations_total  the bytes every conversation holds
+    conversation_tenants the bytes each tenant's conversations hold
 
 Each write is one `BEGIN IMMEDIATE` transaction, in the file's own thread
 (`app.store.sqlite.SqliteFile`): expired conversations out, the change checked (the
-conversation there, its ids new, its size within the bound), the conversations written
-longest ago out until the total fits, then the change, the conversation's expiry renewed
-and the total kept, so writers in several processes keep it exact. A page of items is
-read in one read transaction, a snapshot.
+conversation there and the caller's tenant's, its ids new, its size within one record's
+bound), the tenant's conversations written longest ago out until the change fits its
+quota and the store's bound, then the change, the conversation's expiry renewed and the
+totals kept, so writers in several processes keep them exact. A page of items is read
+in one read transaction, a snapshot. A file written before tenants gains the `tenant`
+column as it opens, its conversations the default tenant's.
 """
 
 from __future__ import annotations
@@ -22,13 +26,15 @@ from pathlib import Path
 
 import orjson
 
-from app.store.base import DEFAULT_CLOCK, Clock, full, too_large
+from app.store.base import DEFAULT_CLOCK, Clock, full, no_room, record_bound, refusal
 from app.store.conversations import Item, Order, Page, encoded, repeated, unknown_after
 from app.store.sqlite import SqliteFile, transaction
+from app.tenants import DEFAULT_TENANT
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
-    id TEXT PRIMARY KEY, expires REAL NOT NULL, size INTEGER NOT NULL, data BLOB NOT NULL
+    id TEXT PRIMARY KEY, expires REAL NOT NULL, size INTEGER NOT NULL, data BLOB NOT NULL,
+    tenant TEXT NOT NULL DEFAULT '{default}'
 );
 CREATE INDEX IF NOT EXISTS conversations_by_expiry ON conversations (expires);
 CREATE TABLE IF NOT EXISTS conversation_items (
@@ -41,7 +47,8 @@ CREATE TABLE IF NOT EXISTS conversations_total (
     one INTEGER PRIMARY KEY CHECK (one = 1), bytes INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO conversations_total VALUES (1, 0);
-"""
+CREATE TABLE IF NOT EXISTS conversation_tenants (tenant TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
+""".replace("{default}", DEFAULT_TENANT)
 
 
 class SqliteConversations:
@@ -51,86 +58,109 @@ class SqliteConversations:
         *,
         ttl_s: float,
         max_bytes: int,
+        max_record_bytes: int = 0,
         clock: Clock = DEFAULT_CLOCK,
         busy_timeout_s: float = 5.0,
     ) -> None:
         self.path = path
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
+        self.max_record_bytes = record_bound(max_bytes, max_record_bytes)
         self._clock = clock
         self._file = SqliteFile(
-            path, _SCHEMA, busy_timeout_s=busy_timeout_s, name="conversation-store"
+            path,
+            _SCHEMA,
+            busy_timeout_s=busy_timeout_s,
+            name="conversation-store",
+            migrate=_with_tenants,
         )
+
+    def _quota(self, quota: int) -> int:
+        return min(quota or self.max_bytes, self.max_bytes)
 
     # -- the contract (app.store.conversations) ----------------------------------------
 
-    async def create(self, key: str, data: bytes, items: Sequence[Item]) -> None:
+    async def create(
+        self, tenant: str, key: str, data: bytes, items: Sequence[Item], *, quota: int = 0
+    ) -> None:
         rows = encoded(items)
         size = len(data) + sum(len(row) for _, row in rows)
-        if size > self.max_bytes:
-            raise full(str(self.path), too_large(size, self.max_bytes))
+        quota = self._quota(quota)
+        self._check(size, quota)
 
         def create(db: sqlite3.Connection, now: float) -> None:
             with transaction(db):
-                total = self._fit(db, self._expire(db, now) - _drop(db, key), size, keep=key)
+                total = self._expire(db, now) - _drop(db, key)
+                total = self._fit(db, tenant, total, size, quota, keep=key)
                 db.execute(
-                    "INSERT INTO conversations VALUES (?, ?, ?, ?)",
-                    (key, now + self.ttl_s, size, data),
+                    "INSERT INTO conversations VALUES (?, ?, ?, ?, ?)",
+                    (key, now + self.ttl_s, size, data, tenant),
                 )
                 _insert(db, key, 0, rows)
+                _add_to_tenant(db, tenant, size)
                 _set_total(db, total + size)
 
         await self._file.run(partial(create, now=self._clock()))
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, tenant: str, key: str) -> bytes | None:
         now = self._clock()
 
         def get(db: sqlite3.Connection) -> bytes | None:
             row = db.execute(
-                "SELECT data FROM conversations WHERE id = ? AND expires > ?", (key, now)
+                "SELECT data FROM conversations WHERE id = ? AND tenant = ? AND expires > ?",
+                (key, tenant, now),
             ).fetchone()
             return None if row is None else bytes(row[0])
 
         return await self._file.run(get)
 
-    async def update(self, key: str, data: bytes) -> bool:
+    async def update(self, tenant: str, key: str, data: bytes, *, quota: int = 0) -> bool:
+        quota = self._quota(quota)
+
         def update(db: sqlite3.Connection, now: float) -> bool:
             with transaction(db):
                 total = self._expire(db, now)
-                row = _live(db, key, now)
+                row = _live(db, tenant, key, now)
                 if row is None:
                     return False
                 size, old = row
                 grown = len(data) - old
-                self._check(size + grown)
-                total = self._fit(db, total, grown, keep=key)
+                self._check(size + grown, quota)
+                total = self._fit(db, tenant, total, grown, quota, keep=key)
                 db.execute(
                     "UPDATE conversations SET data = ?, size = ?, expires = ? WHERE id = ?",
                     (data, size + grown, now + self.ttl_s, key),
                 )
+                _add_to_tenant(db, tenant, grown)
                 _set_total(db, total + grown)
                 return True
 
         return await self._file.run(partial(update, now=self._clock()))
 
-    async def delete(self, key: str) -> bool:
+    async def delete(self, tenant: str, key: str) -> bool:
         def delete(db: sqlite3.Connection, now: float) -> bool:
             with transaction(db):
                 total = self._expire(db, now)
-                existed = _live(db, key, now) is not None
+                owned = db.execute(
+                    "SELECT expires > ? FROM conversations WHERE id = ? AND tenant = ?",
+                    (now, key, tenant),
+                ).fetchone()
+                if owned is None:
+                    return False
                 _set_total(db, total - _drop(db, key))
-                return existed
+                return bool(owned[0])
 
         return await self._file.run(partial(delete, now=self._clock()))
 
-    async def append(self, key: str, items: Sequence[Item]) -> bool:
+    async def append(self, tenant: str, key: str, items: Sequence[Item], *, quota: int = 0) -> bool:
         rows = encoded(items)
         added = sum(len(row) for _, row in rows)
+        quota = self._quota(quota)
 
         def append(db: sqlite3.Connection, now: float) -> bool:
             with transaction(db):
                 total = self._expire(db, now)
-                row = _live(db, key, now)
+                row = _live(db, tenant, key, now)
                 if row is None:
                     return False
                 marks = ",".join("?" * len(rows))
@@ -140,8 +170,8 @@ class SqliteConversations:
                 ).fetchall()
                 if held:
                     raise repeated(sorted(item_id for (item_id,) in held))
-                self._check(row[0] + added)
-                total = self._fit(db, total, added, keep=key)
+                self._check(row[0] + added, quota)
+                total = self._fit(db, tenant, total, added, quota, keep=key)
                 last = db.execute(
                     "SELECT COALESCE(MAX(seq), -1) FROM conversation_items WHERE conversation = ?",
                     (key,),
@@ -151,18 +181,21 @@ class SqliteConversations:
                     "UPDATE conversations SET size = size + ?, expires = ? WHERE id = ?",
                     (added, now + self.ttl_s, key),
                 )
+                _add_to_tenant(db, tenant, added)
                 _set_total(db, total + added)
                 return True
 
         return await self._file.run(partial(append, now=self._clock()))
 
-    async def items(self, key: str, *, after: str | None, limit: int, order: Order) -> Page | None:
+    async def items(
+        self, tenant: str, key: str, *, after: str | None, limit: int, order: Order
+    ) -> Page | None:
         now = self._clock()
 
         def page(db: sqlite3.Connection) -> Page | None:
             db.execute("BEGIN")  # one snapshot for the checks and the page
             try:
-                if _live(db, key, now) is None:
+                if _live(db, tenant, key, now) is None:
                     return None
                 start = -1 if order == "asc" else 2**62
                 if after is not None:
@@ -185,24 +218,25 @@ class SqliteConversations:
 
         return await self._file.run(page)
 
-    async def item(self, key: str, item_id: str) -> Item | None:
+    async def item(self, tenant: str, key: str, item_id: str) -> Item | None:
         now = self._clock()
 
         def item(db: sqlite3.Connection) -> Item | None:
             row = db.execute(
                 "SELECT i.data FROM conversation_items i JOIN conversations c "
-                "ON c.id = i.conversation WHERE c.id = ? AND c.expires > ? AND i.id = ?",
-                (key, now, item_id),
+                "ON c.id = i.conversation WHERE c.id = ? AND c.tenant = ? AND c.expires > ? "
+                "AND i.id = ?",
+                (key, tenant, now, item_id),
             ).fetchone()
             return None if row is None else dict(orjson.loads(row[0]))
 
         return await self._file.run(item)
 
-    async def delete_item(self, key: str, item_id: str) -> bool:
+    async def delete_item(self, tenant: str, key: str, item_id: str) -> bool:
         def delete(db: sqlite3.Connection, now: float) -> bool:
             with transaction(db):
                 total = self._expire(db, now)
-                if _live(db, key, now) is None:
+                if _live(db, tenant, key, now) is None:
                     return False
                 row = db.execute(
                     "SELECT size FROM conversation_items WHERE conversation = ? AND id = ?",
@@ -218,6 +252,7 @@ class SqliteConversations:
                     "UPDATE conversations SET size = size - ?, expires = ? WHERE id = ?",
                     (row[0], now + self.ttl_s, key),
                 )
+                _add_to_tenant(db, tenant, -row[0])
                 _set_total(db, total - row[0])
                 return True
 
@@ -228,9 +263,10 @@ class SqliteConversations:
 
     # -- bookkeeping -------------------------------------------------------------------
 
-    def _check(self, size: int) -> None:
-        if size > self.max_bytes:
-            raise full(str(self.path), too_large(size, self.max_bytes))
+    def _check(self, size: int, quota: int) -> None:
+        why = refusal(size, quota, self.max_record_bytes)
+        if why is not None:
+            raise full(str(self.path), why)
 
     def _expire(self, db: sqlite3.Connection, now: float) -> int:
         """Expired conversations out; the total left."""
@@ -241,34 +277,49 @@ class SqliteConversations:
             total -= _drop(db, key)
         return total
 
-    def _fit(self, db: sqlite3.Connection, total: int, grown: int, *, keep: str) -> int:
-        """The conversations written longest ago (but `keep`) out until `grown` more bytes
-        fit; the total left."""
-        while total + grown > self.max_bytes:
+    def _fit(
+        self, db: sqlite3.Connection, tenant: str, total: int, grown: int, quota: int, *, keep: str
+    ) -> int:
+        """The tenant's conversations written longest ago (but `keep`) out until `grown`
+        more bytes fit its quota and the store's bound; the total left."""
+        own = _tenant_total(db, tenant)
+        kept = db.execute(
+            "SELECT size FROM conversations WHERE id = ? AND tenant = ?", (keep, tenant)
+        ).fetchone()
+        if total - own + (kept[0] if kept else 0) + grown > self.max_bytes:
+            # All or nothing: even all of its own could not make the room.
+            raise full(str(self.path), no_room(grown, self.max_bytes))
+        while total + grown > self.max_bytes or own + grown > quota:
             oldest = db.execute(
-                "SELECT id FROM conversations WHERE id != ? ORDER BY expires, rowid LIMIT 1",
-                (keep,),
+                "SELECT id FROM conversations WHERE tenant = ? AND id != ? "
+                "ORDER BY expires, rowid LIMIT 1",
+                (tenant, keep),
             ).fetchone()
             if oldest is None:
-                raise full(str(self.path), too_large(total + grown, self.max_bytes))
-            total -= _drop(db, oldest[0])
+                raise full(str(self.path), no_room(grown, self.max_bytes))
+            freed = _drop(db, oldest[0])
+            total, own = total - freed, own - freed
         return total
 
 
-def _live(db: sqlite3.Connection, key: str, now: float) -> tuple[int, int] | None:
-    """A live conversation's size and its object's size."""
+def _live(db: sqlite3.Connection, tenant: str, key: str, now: float) -> tuple[int, int] | None:
+    """A live conversation of `tenant`: its size and its object's size."""
     row = db.execute(
-        "SELECT size, LENGTH(data) FROM conversations WHERE id = ? AND expires > ?", (key, now)
+        "SELECT size, LENGTH(data) FROM conversations WHERE id = ? AND tenant = ? AND expires > ?",
+        (key, tenant, now),
     ).fetchone()
     return None if row is None else (int(row[0]), int(row[1]))
 
 
 def _drop(db: sqlite3.Connection, key: str) -> int:
-    """A conversation and its items out; the bytes they held."""
-    row = db.execute("SELECT size FROM conversations WHERE id = ?", (key,)).fetchone()
+    """A conversation and its items out (its tenant's total kept); the bytes they held."""
+    row = db.execute("SELECT size, tenant FROM conversations WHERE id = ?", (key,)).fetchone()
     db.execute("DELETE FROM conversation_items WHERE conversation = ?", (key,))
     db.execute("DELETE FROM conversations WHERE id = ?", (key,))
-    return 0 if row is None else int(row[0])
+    if row is None:
+        return 0
+    _add_to_tenant(db, row[1], -int(row[0]))
+    return int(row[0])
 
 
 def _insert(db: sqlite3.Connection, key: str, first: int, rows: list[tuple[str, bytes]]) -> None:
@@ -280,3 +331,35 @@ def _insert(db: sqlite3.Connection, key: str, first: int, rows: list[tuple[str, 
 
 def _set_total(db: sqlite3.Connection, total: int) -> None:
     db.execute("UPDATE conversations_total SET bytes = ?", (total,))
+
+
+def _tenant_total(db: sqlite3.Connection, tenant: str) -> int:
+    row = db.execute(
+        "SELECT bytes FROM conversation_tenants WHERE tenant = ?", (tenant,)
+    ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _add_to_tenant(db: sqlite3.Connection, tenant: str, size: int) -> None:
+    db.execute(
+        "INSERT INTO conversation_tenants VALUES (?, ?) "
+        "ON CONFLICT (tenant) DO UPDATE SET bytes = bytes + excluded.bytes",
+        (tenant, size),
+    )
+
+
+def _with_tenants(db: sqlite3.Connection) -> None:
+    """A file from before tenants: its conversations become the default tenant's (the
+    column's default), counted in its total; then the index of each tenant's order."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(conversations)")}
+    if "tenant" not in columns:
+        db.execute(
+            f"ALTER TABLE conversations ADD COLUMN tenant TEXT NOT NULL DEFAULT '{DEFAULT_TENANT}'"
+        )
+        db.execute(
+            "INSERT OR REPLACE INTO conversation_tenants "
+            "SELECT tenant, SUM(size) FROM conversations GROUP BY tenant"
+        )
+    db.execute(
+        "CREATE INDEX IF NOT EXISTS conversations_by_tenant ON conversations (tenant, expires)"
+    )

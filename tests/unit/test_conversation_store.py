@@ -25,10 +25,13 @@ from app.store import open_conversations, open_store
 from app.store.conversations import ConversationStore
 from app.store.redis_conversations import RedisConversations
 from app.store.sqlite_conversations import SqliteConversations
+from app.tenants import DEFAULT_TENANT
 from tests.redis_server import sorted_set
 from tests.store_backends import Clock, location
 
 Factory = Callable[..., ConversationStore]
+
+T = DEFAULT_TENANT  # the tenant of every record here but where a test names others
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -79,7 +82,7 @@ def held_bytes(store: ConversationStore) -> tuple[int, int]:
 
 
 async def _ids(store: ConversationStore, key: str, **page: Any) -> list[str]:
-    found = await store.items(key, after=page.get("after"), limit=page.get("limit", 100),
+    found = await store.items(T, key, after=page.get("after"), limit=page.get("limit", 100),
                               order=page.get("order", "asc"))  # fmt: skip
     assert found is not None
     return [item["id"] for item in found.items]
@@ -88,19 +91,19 @@ async def _ids(store: ConversationStore, key: str, **page: Any) -> list[str]:
 async def test_create_read_update_delete(make: Factory, closing: list[Any]) -> None:
     store = make(Clock())
     closing.append(store)
-    assert await store.get("conv_1") is None
-    await store.create("conv_1", b'{"a": 1}', _items("m1", "m2"))
-    assert await store.get("conv_1") == b'{"a": 1}'
-    assert await store.update("conv_1", b'{"a": 2}')
-    assert not await store.update("conv_gone", b"{}")
-    assert await store.get("conv_1") == b'{"a": 2}'
-    assert await store.item("conv_1", "m2") == _items("m2")[0]
-    assert await store.item("conv_1", "m3") is None
-    assert await store.delete("conv_1")
-    assert not await store.delete("conv_1")
-    assert await store.get("conv_1") is None
-    assert await store.items("conv_1", after=None, limit=10, order="asc") is None
-    assert await store.item("conv_1", "m2") is None
+    assert await store.get(T, "conv_1") is None
+    await store.create(T, "conv_1", b'{"a": 1}', _items("m1", "m2"))
+    assert await store.get(T, "conv_1") == b'{"a": 1}'
+    assert await store.update(T, "conv_1", b'{"a": 2}')
+    assert not await store.update(T, "conv_gone", b"{}")
+    assert await store.get(T, "conv_1") == b'{"a": 2}'
+    assert await store.item(T, "conv_1", "m2") == _items("m2")[0]
+    assert await store.item(T, "conv_1", "m3") is None
+    assert await store.delete(T, "conv_1")
+    assert not await store.delete(T, "conv_1")
+    assert await store.get(T, "conv_1") is None
+    assert await store.items(T, "conv_1", after=None, limit=10, order="asc") is None
+    assert await store.item(T, "conv_1", "m2") is None
     assert held_bytes(store) == (0, 0)  # its items went with it
 
 
@@ -109,25 +112,25 @@ async def test_items_keep_their_order_and_pages_walk_them(
 ) -> None:
     store = make(Clock())
     closing.append(store)
-    await store.create("c", b"{}", _items("a", "b"))
-    assert await store.append("c", _items("c", "d", "e"))
-    assert not await store.append("gone", _items("x"))
+    await store.create(T, "c", b"{}", _items("a", "b"))
+    assert await store.append(T, "c", _items("c", "d", "e"))
+    assert not await store.append(T, "gone", _items("x"))
     assert await _ids(store, "c") == ["a", "b", "c", "d", "e"]
     assert await _ids(store, "c", order="desc") == ["e", "d", "c", "b", "a"]
-    first = await store.items("c", after=None, limit=2, order="asc")
+    first = await store.items(T, "c", after=None, limit=2, order="asc")
     assert first is not None and [i["id"] for i in first.items] == ["a", "b"] and first.has_more
     assert await _ids(store, "c", after="b", limit=2) == ["c", "d"]
-    last = await store.items("c", after="c", limit=2, order="asc")
+    last = await store.items(T, "c", after="c", limit=2, order="asc")
     assert last is not None and [i["id"] for i in last.items] == ["d", "e"]
     assert not last.has_more
     assert await _ids(store, "c", after="c", order="desc") == ["b", "a"]
     with pytest.raises(InvalidRequest) as unknown:
-        await store.items("c", after="zz", limit=2, order="asc")
+        await store.items(T, "c", after="zz", limit=2, order="asc")
     assert unknown.value.param == "after"
-    assert await store.delete_item("c", "c")
-    assert not await store.delete_item("c", "c")
+    assert await store.delete_item(T, "c", "c")
+    assert not await store.delete_item(T, "c", "c")
     assert await _ids(store, "c") == ["a", "b", "d", "e"]
-    assert await store.append("c", _items("c"))  # an id deleted may come back, at the end
+    assert await store.append(T, "c", _items("c"))  # an id deleted may come back, at the end
     assert await _ids(store, "c") == ["a", "b", "d", "e", "c"]
     total, held = held_bytes(store)
     assert total == held
@@ -136,18 +139,18 @@ async def test_items_keep_their_order_and_pages_walk_them(
 async def test_an_id_is_held_once(make: Factory, closing: list[Any]) -> None:
     store = make(Clock())
     closing.append(store)
-    await store.create("c", b"{}", _items("a"))
+    await store.create(T, "c", b"{}", _items("a"))
     for repeat in (_items("b", "a"), _items("b", "b")):
         with pytest.raises(InvalidRequest):
-            await store.append("c", repeat)
+            await store.append(T, "c", repeat)
     assert await _ids(store, "c") == ["a"]  # all or nothing
     with pytest.raises(InvalidRequest):
-        await store.create("d", b"{}", _items("x", "x"))
+        await store.create(T, "d", b"{}", _items("x", "x"))
     # Racing appends of the same id: one wins, the other is refused.
     other = make(Clock())
     closing.append(other)
     results = await asyncio.gather(
-        store.append("c", _items("z")), other.append("c", _items("z")), return_exceptions=True
+        store.append(T, "c", _items("z")), other.append(T, "c", _items("z")), return_exceptions=True
     )
     assert sorted(type(r).__name__ for r in results) == ["InvalidRequest", "bool"]
     assert await _ids(store, "c") == ["a", "z"]
@@ -159,17 +162,17 @@ async def test_conversations_expire_from_their_last_write(
     clock = Clock()
     store = make(clock, ttl_s=10)
     closing.append(store)
-    await store.create("old", b"{}", _items("a"))
-    await store.create("kept", b"{}", _items("a"))
+    await store.create(T, "old", b"{}", _items("a"))
+    await store.create(T, "kept", b"{}", _items("a"))
     clock.now += 6
-    assert await store.append("kept", _items("b"))  # renews it
+    assert await store.append(T, "kept", _items("b"))  # renews it
     clock.now += 6
-    assert await store.get("old") is None
-    assert await store.items("old", after=None, limit=5, order="asc") is None
-    assert await store.get("kept") == b"{}"
-    await store.create("new", b"{}", [])  # the next write removes what expired
+    assert await store.get(T, "old") is None
+    assert await store.items(T, "old", after=None, limit=5, order="asc") is None
+    assert await store.get(T, "kept") == b"{}"
+    await store.create(T, "new", b"{}", [])  # the next write removes what expired
     assert held_bytes(store)[0] == held_bytes(store)[1]
-    assert not await store.update("old", b"{}") and not await store.delete("old")
+    assert not await store.update(T, "old", b"{}") and not await store.delete(T, "old")
 
 
 async def test_the_bound_evicts_the_conversations_written_longest_ago(
@@ -179,18 +182,18 @@ async def test_the_bound_evicts_the_conversations_written_longest_ago(
     store = make(clock, max_bytes=2_000)
     closing.append(store)
     for i in range(4):
-        await store.create(f"c{i}", b"{}", _items("a", pad=300))
+        await store.create(T, f"c{i}", b"{}", _items("a", pad=300))
         clock.now += 1
-    assert await store.append("c0", _items("b", pad=300))  # c0 written last now
-    await store.create("c4", b"{}", _items("a", pad=300))
-    alive = [key for key in ("c0", "c1", "c2", "c3", "c4") if await store.get(key)]
+    assert await store.append(T, "c0", _items("b", pad=300))  # c0 written last now
+    await store.create(T, "c4", b"{}", _items("a", pad=300))
+    alive = [key for key in ("c0", "c1", "c2", "c3", "c4") if await store.get(T, key)]
     assert "c0" in alive and "c4" in alive and "c1" not in alive
     total, held = held_bytes(store)
     assert total == held <= 2_000
     with pytest.raises(ResourceExhausted) as too_large:
-        await store.append("c0", _items("huge", pad=3_000))
+        await store.append(T, "c0", _items("huge", pad=3_000))
     assert too_large.value.code == "store_full"
-    assert await store.item("c0", "huge") is None
+    assert await store.item(T, "c0", "huge") is None
 
 
 async def test_concurrent_writers_keep_the_books(make: Factory, closing: list[Any]) -> None:
@@ -199,15 +202,15 @@ async def test_concurrent_writers_keep_the_books(make: Factory, closing: list[An
 
     async def writer(n: int) -> None:  # 12 conversations of ~900 bytes: evictions
         store = stores[n % 3]
-        await store.create(f"own{n}", b"{}", _items("a", pad=400))
-        await store.append(f"own{n}", _items("b", pad=400))
+        await store.create(T, f"own{n}", b"{}", _items("a", pad=400))
+        await store.append(T, f"own{n}", _items("b", pad=400))
 
     await asyncio.gather(*(writer(n) for n in range(12)))
     total, held = held_bytes(stores[0])
     assert total == held <= 6_000
-    await stores[0].create("shared", b"{}", [])
+    await stores[0].create(T, "shared", b"{}", [])
     appended = await asyncio.gather(
-        *(stores[n % 3].append("shared", _items(f"s{n}", pad=20)) for n in range(12))
+        *(stores[n % 3].append(T, "shared", _items(f"s{n}", pad=20)) for n in range(12))
     )
     assert all(appended)
     assert sorted(await _ids(stores[0], "shared")) == sorted(f"s{n}" for n in range(12))
@@ -219,7 +222,7 @@ async def test_both_live_beside_the_responses(make: Factory, closing: list[Any])
     """The conversations' tables (or keys) share the responses' file (or Redis)."""
     store = make(Clock())
     closing.append(store)
-    await store.create("conv_1", orjson.dumps({"id": "conv_1"}), _items("a"))
+    await store.create(T, "conv_1", orjson.dumps({"id": "conv_1"}), _items("a"))
     if isinstance(store, SqliteConversations):
         location = str(store.path)
     else:
@@ -227,9 +230,9 @@ async def test_both_live_beside_the_responses(make: Factory, closing: list[Any])
         location = store.url
     responses = open_store(location, ttl_s=60, max_bytes=10_000)
     closing.append(responses)
-    await responses.put("resp_1", b"r")
-    assert await responses.get("resp_1") == b"r"
-    assert await store.get("conv_1") == orjson.dumps({"id": "conv_1"})
+    await responses.put(T, "resp_1", b"r")
+    assert await responses.get(T, "resp_1") == b"r"
+    assert await store.get(T, "conv_1") == orjson.dumps({"id": "conv_1"})
 
 
 async def test_a_store_that_cannot_be_reached_is_unavailable(tmp_path: Path) -> None:
@@ -241,6 +244,6 @@ async def test_a_store_that_cannot_be_reached_is_unavailable(tmp_path: Path) -> 
     ]
     for store in stores:
         with pytest.raises(Unavailable) as raised:
-            await store.get("c")
+            await store.get(T, "c")
         assert raised.value.code == "store_unavailable"
         await store.close()

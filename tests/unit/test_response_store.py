@@ -24,8 +24,11 @@ from app.store import open_store
 from app.store.base import ResponseStore
 from app.store.redis import RedisStore
 from app.store.sqlite import SqliteStore
+from app.tenants import DEFAULT_TENANT
 from tests.redis_server import keys, redis_server, sorted_set
 from tests.store_backends import Clock, location
+
+T = DEFAULT_TENANT  # the tenant of every record here but where a test names others
 
 
 @pytest.fixture(scope="module")
@@ -87,13 +90,13 @@ def bookkeeping(store: ResponseStore) -> tuple[int, int]:
 async def test_put_get_delete(make: Factory, closing: list[Any]) -> None:
     store = make(Clock())
     closing.append(store)
-    assert await store.get("a") is None
-    await store.put("a", b"one")
-    await store.put("a", b"two")  # replaced
-    assert await store.get("a") == b"two"
-    assert await store.delete("a") is True
-    assert await store.delete("a") is False
-    assert await store.get("a") is None
+    assert await store.get(T, "a") is None
+    await store.put(T, "a", b"one")
+    await store.put(T, "a", b"two")  # replaced
+    assert await store.get(T, "a") == b"two"
+    assert await store.delete(T, "a") is True
+    assert await store.delete(T, "a") is False
+    assert await store.get(T, "a") is None
     assert bookkeeping(store) == (0, 0)
 
 
@@ -102,14 +105,14 @@ async def test_records_expire_and_are_removed(make: Factory, closing: list[Any])
     clock = Clock()
     store = make(clock, ttl_s=10)
     closing.append(store)
-    await store.put("old", b"x" * 10)
+    await store.put(T, "old", b"x" * 10)
     clock.now += 9
-    assert await store.get("old") == b"x" * 10
-    await store.put("new", b"y")
+    assert await store.get(T, "old") == b"x" * 10
+    await store.put(T, "new", b"y")
     clock.now += 2  # "old" is 11 s old, "new" 2 s
-    assert await store.get("old") is None
-    assert await store.get("new") == b"y"
-    await store.put("newer", b"z")
+    assert await store.get(T, "old") is None
+    assert await store.get(T, "new") == b"y"
+    await store.put(T, "newer", b"z")
     assert stored_ids(store) == {"new", "newer"}
     assert bookkeeping(store) == (2, 2)
 
@@ -119,14 +122,14 @@ async def test_size_bound_evicts_the_oldest(make: Factory, closing: list[Any]) -
     store = make(clock, max_bytes=1000)
     closing.append(store)
     for name in "abcd":
-        await store.put(name, name.encode() * 300)
+        await store.put(T, name, name.encode() * 300)
         clock.now += 1
     assert stored_ids(store) == {"b", "c", "d"}
-    assert await store.get("a") is None
+    assert await store.get(T, "a") is None
     total, actual = bookkeeping(store)
     assert total == actual == 900
     with pytest.raises(ResourceExhausted) as refused:
-        await store.put("huge", b"h" * 1001)
+        await store.put(T, "huge", b"h" * 1001)
     assert refused.value.code == "store_full"
     assert stored_ids(store) == {"b", "c", "d"}
 
@@ -141,9 +144,9 @@ async def test_concurrent_writers_keep_the_bound_exact(make: Factory, closing: l
 
     async def writer(n: int, store: ResponseStore) -> None:
         for i in range(40):
-            await store.put(f"w{n}-{i}", bytes([65 + n]) * (100 + 37 * (i % 7)))
+            await store.put(T, f"w{n}-{i}", bytes([65 + n]) * (100 + 37 * (i % 7)))
             if i % 5 == 0:
-                await store.delete(f"w{n}-{i - 3}")
+                await store.delete(T, f"w{n}-{i - 3}")
 
     await asyncio.gather(*(writer(n, s) for n, s in enumerate(stores)))
     total, actual = bookkeeping(stores[0])
@@ -162,20 +165,18 @@ async def test_sqlite_commits_a_burst_of_puts_together(
     groups: list[int] = []
     put_all = store._put_all
 
-    def counted(
-        db: sqlite3.Connection, records: list[tuple[str, bytes, bool]], now: float
-    ) -> list[bool]:
+    def counted(db: sqlite3.Connection, records: list[Any], now: float) -> list[Any]:
         groups.append(len(records))
         return put_all(db, records=records, now=now)
 
     monkeypatch.setattr(store, "_put_all", counted)
     try:
-        await store.put("old", b"o" * 300)
-        burst = [store.put(f"r{i}", bytes([65 + i]) * 100) for i in range(16)]
-        await asyncio.gather(*burst, store.put("r3", b"x" * 50))
+        await store.put(T, "old", b"o" * 300)
+        burst = [store.put(T, f"r{i}", bytes([65 + i]) * 100) for i in range(16)]
+        await asyncio.gather(*burst, store.put(T, "r3", b"x" * 50))
         assert len(groups) <= 3 and sum(groups) == 18
         assert stored_ids(store) == {f"r{i}" for i in range(16)}  # "old" evicted
-        assert await store.get("r3") == b"x" * 50
+        assert await store.get(T, "r3") == b"x" * 50
         assert bookkeeping(store) == (1_550, 1_550)
     finally:
         await store.close()
@@ -184,7 +185,7 @@ async def test_sqlite_commits_a_burst_of_puts_together(
     down = SqliteStore(blocker / "r.sqlite3", ttl_s=60, max_bytes=1000)
     try:
         results = await asyncio.gather(
-            *(down.put(f"r{i}", b"y") for i in range(4)), return_exceptions=True
+            *(down.put(T, f"r{i}", b"y") for i in range(4)), return_exceptions=True
         )
         assert all(isinstance(r, Unavailable) for r in results), results
     finally:
@@ -203,11 +204,11 @@ async def test_cancel_flag(make: Factory, closing: list[Any]) -> None:
 async def test_sqlite_survives_a_reopen(tmp_path: Path) -> None:
     path = tmp_path / "state" / "responses.sqlite3"
     first = SqliteStore(path, ttl_s=60, max_bytes=10_000)
-    await first.put("kept", b"data")
+    await first.put(T, "kept", b"data")
     await first.close()
     second = SqliteStore(path, ttl_s=60, max_bytes=10_000)
     try:
-        assert await second.get("kept") == b"data"
+        assert await second.get(T, "kept") == b"data"
     finally:
         await second.close()
 
@@ -221,7 +222,7 @@ async def test_a_store_that_cannot_be_reached_is_unavailable(tmp_path: Path) -> 
     redis_store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", ttl_s=60, max_bytes=1000)
     for store in (sqlite_store, redis_store):
         try:
-            for call in (store.get("x"), store.put("x", b"y"), store.delete("x")):
+            for call in (store.get(T, "x"), store.put(T, "x", b"y"), store.delete(T, "x")):
                 with pytest.raises(Unavailable) as down:
                     await call
                 assert down.value.code == "store_unavailable"
@@ -236,7 +237,7 @@ async def test_redis_out_of_memory_is_full(tmp_path: Path) -> None:
         try:
             with pytest.raises(ResourceExhausted) as refused:
                 for i in range(100):
-                    await store.put(f"r{i}", b"x" * 100_000)
+                    await store.put(T, f"r{i}", b"x" * 100_000)
             assert refused.value.code == "store_full"
         finally:
             await store.close()

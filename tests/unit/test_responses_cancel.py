@@ -34,6 +34,7 @@ from app.store.sqlite import SqliteStore
 from app.telemetry.record import RequestRecord
 from schemas.openai_responses import ResponsesRequest
 from tests.fake_engine import FakeEngine
+from tests.principals import ANYONE
 
 LONG = 400
 
@@ -66,11 +67,19 @@ class GatedStore(SqliteStore):
         self.gate = asyncio.Event()
         self.holding = asyncio.Event()
 
-    async def put(self, key: str, data: bytes, *, unless_cancelled: bool = False) -> bool:
+    async def put(
+        self,
+        tenant: str,
+        key: str,
+        data: bytes,
+        *,
+        quota: int = 0,
+        unless_cancelled: bool = False,
+    ) -> bool:
         if unless_cancelled:
             self.holding.set()
             await self.gate.wait()
-        return await super().put(key, data, unless_cancelled=unless_cancelled)
+        return await super().put(tenant, key, data, quota=quota, unless_cancelled=unless_cancelled)
 
 
 def _body(max_tokens: int = LONG) -> ResponsesRequest:
@@ -80,16 +89,16 @@ def _body(max_tokens: int = LONG) -> ResponsesRequest:
 
 
 async def _started(responses: Responses, max_tokens: int = LONG) -> dict[str, Any]:
-    call = await responses.start(_body(max_tokens), RequestRecord("test", name="test"))
-    return await responses.runs.start(call)
+    call = await responses.start(ANYONE, _body(max_tokens), RequestRecord("test", name="test"))
+    return await responses.runs.start(ANYONE, call)
 
 
 async def _record(responses: Responses, response_id: str) -> StoredResponse:
-    return await responses.records.load(response_id)
+    return await responses.records.load(ANYONE, response_id)
 
 
 async def _follow(responses: Responses, response_id: str) -> list[Any]:
-    return [body async for _, body in await responses.runs.replay(response_id, None)]
+    return [body async for _, body in await responses.runs.replay(ANYONE, response_id, None)]
 
 
 def _sqlite(tmp_path: Path) -> SqliteStore:
@@ -102,7 +111,7 @@ async def _ends_cancelled(
     """Cancel, and check what every window must end with."""
     follower = asyncio.create_task(_follow(responses, response_id))
     await asyncio.sleep(0)
-    answer = await responses.runs.cancel(response_id)
+    answer = await responses.runs.cancel(ANYONE, response_id)
     assert answer["status"] == "cancelled", answer
     assert (await _record(responses, response_id)).status == "cancelled"
     events = await asyncio.wait_for(follower, 5)
@@ -119,7 +128,7 @@ async def test_a_cancel_before_the_run_takes_a_step(tmp_path: Path) -> None:
     engine, admission = FakeEngine(step_delay=0.005), Admission(None, None)
     responses = Responses(engine, admission, _sqlite(tmp_path), None)
     queued = await _started(responses)  # its task exists, has not run
-    answer = await responses.runs.cancel(queued["id"])
+    answer = await responses.runs.cancel(ANYONE, queued["id"])
     assert answer["status"] == "cancelled"
     assert engine.requests == []  # it never reached the engine
     assert admission.in_flight == 0
@@ -170,7 +179,7 @@ async def test_a_cancel_here_while_the_last_record_is_written_answers_that_end(
     tmp_path: Path,
 ) -> None:
     responses, store, admission, queued = await _last_write_held(tmp_path)
-    cancel = asyncio.create_task(responses.runs.cancel(queued["id"]))
+    cancel = asyncio.create_task(responses.runs.cancel(ANYONE, queued["id"]))
     await asyncio.sleep(0.05)
     assert not cancel.done()  # it waits for the write
     store.gate.set()
@@ -204,7 +213,7 @@ async def test_a_cancel_on_another_replica(tmp_path: Path, monkeypatch: pytest.M
     other = Responses(FakeEngine(), Admission(None, None), _sqlite(tmp_path), None)
     queued = await _started(owner)
     await asyncio.sleep(0.05)
-    answer = await other.runs.cancel(queued["id"])
+    answer = await other.runs.cancel(ANYONE, queued["id"])
     assert answer["status"] == "cancelled"
     assert 0 < answer["usage"]["output_tokens"] < LONG
     await asyncio.sleep(0.05)

@@ -28,6 +28,7 @@ from app.telemetry.record import RequestRecord
 from schemas.openai_responses import CompactRequest, ResponsesRequest
 from tests.fake_engine import FakeEngine
 from tests.open_responses import event_errors, schema_errors
+from tests.principals import ANYONE
 
 
 def _exchange(
@@ -329,9 +330,17 @@ class SlowStore(SqliteStore):
     """Writes that take a while, as a remote store's may: a goodbye that does not wait
     for them is seen."""
 
-    async def put(self, key: str, data: bytes, *, unless_cancelled: bool = False) -> bool:
+    async def put(
+        self,
+        tenant: str,
+        key: str,
+        data: bytes,
+        *,
+        quota: int = 0,
+        unless_cancelled: bool = False,
+    ) -> bool:
         await asyncio.sleep(0.2)
-        return await super().put(key, data, unless_cancelled=unless_cancelled)
+        return await super().put(tenant, key, data, quota=quota, unless_cancelled=unless_cancelled)
 
 
 async def test_a_drain_cuts_background_runs_and_waits_for_their_records(tmp_path: Path) -> None:
@@ -345,12 +354,12 @@ async def test_a_drain_cuts_background_runs_and_waits_for_their_records(tmp_path
     body = ResponsesRequest.model_validate(
         {"input": "long", "max_output_tokens": 400, "background": True}
     )
-    call = await responses.start(body, RequestRecord("test", name="test"))
-    queued = await responses.runs.start(call)
+    call = await responses.start(ANYONE, body, RequestRecord("test", name="test"))
+    queued = await responses.runs.start(ANYONE, call)
     while not engine.running:
         await asyncio.sleep(0.01)
     await drain.run(engine.abort)
-    record = StoredResponse.decode(await store.get(queued["id"]) or b"")
+    record = StoredResponse.decode(await store.get(ANYONE.tenant, queued["id"]) or b"")
     assert record is not None and record.status == "failed"
     assert "shutting down" in record.response["error"]["message"]
     assert not engine.running

@@ -23,6 +23,7 @@ from app.store.sqlite_batches import SqliteBatches
 from app.telemetry.record import RequestRecord
 from schemas.openai_responses import ResponsesRequest
 from tests.fake_engine import FakeEngine
+from tests.principals import ANYONE
 
 
 def _responses(tmp_path: Path, engine: FakeEngine) -> tuple[Responses, SqliteBatches]:
@@ -34,12 +35,14 @@ def _responses(tmp_path: Path, engine: FakeEngine) -> tuple[Responses, SqliteBat
 async def _left_behind(responses: Responses, status: str) -> str:
     """A background response another server wrote `status` and then died."""
     body = {"id": "resp_dead", "object": "response", "status": status, "background": True}
-    await responses.records.store.put("resp_dead", StoredResponse({**body, "output": []}).encode())
+    await responses.records.store.put(
+        ANYONE.tenant, "resp_dead", StoredResponse({**body, "output": []}).encode()
+    )
     return "resp_dead"
 
 
 async def _events(responses: Responses, response_id: str) -> list[Any]:
-    return [body async for _, body in await responses.runs.replay(response_id, None)]
+    return [body async for _, body in await responses.runs.replay(ANYONE, response_id, None)]
 
 
 async def test_a_response_whose_server_died_ends_failed(tmp_path: Path) -> None:
@@ -49,11 +52,11 @@ async def test_a_response_whose_server_died_ends_failed(tmp_path: Path) -> None:
     assert await leases.lease("response:" + dead, owner="dead", now=now - 10, until=now - 1)
     follower = await asyncio.wait_for(_events(responses, dead), 10)
     assert follower[-1]["type"] == "response.failed"
-    ended = await responses.runs.current(dead)
+    ended = await responses.runs.current(ANYONE, dead)
     assert ended.status == "failed"
     assert ended.response["error"] == {"code": "server_error", "message": ORPHANED}
     assert await responses.records.store.cancel_requested(dead)  # a slow owner cannot write
-    cancelled = await responses.runs.cancel(dead)
+    cancelled = await responses.runs.cancel(ANYONE, dead)
     assert cancelled["status"] == "failed"
     await responses.close()
     await leases.close()
@@ -64,7 +67,7 @@ async def test_a_response_whose_server_lives_is_left_running(tmp_path: Path) -> 
     alive = await _left_behind(responses, "queued")
     now = time.time()
     assert await leases.lease("response:" + alive, owner="other", now=now, until=now + 60)
-    assert (await responses.runs.current(alive)).status == "queued"
+    assert (await responses.runs.current(ANYONE, alive)).status == "queued"
     assert not await responses.records.store.cancel_requested(alive)
     await responses.close()
     await leases.close()
@@ -77,13 +80,13 @@ async def test_a_run_holds_its_lease_until_it_ends(tmp_path: Path) -> None:
         {"model": "fake", "input": "a story", "max_output_tokens": 200, "background": True}
     )
     record = RequestRecord("req", name="POST /v1/responses")
-    queued = await responses.runs.start(await responses.start(body, record))
+    queued = await responses.runs.start(ANYONE, await responses.start(ANYONE, body, record))
     key = "response:" + queued["id"]
     assert await leases.leased(key, time.time())
     events = await asyncio.wait_for(_events(responses, queued["id"]), 10)
     assert events[-1]["type"] == "response.incomplete"  # at max_output_tokens
     await asyncio.sleep(0.05)  # the run's last step: its lease ended
     assert not await leases.leased(key, time.time())
-    assert (await responses.runs.current(queued["id"])).status == "incomplete"
+    assert (await responses.runs.current(ANYONE, queued["id"])).status == "incomplete"
     await responses.close()
     await leases.close()

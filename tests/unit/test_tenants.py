@@ -410,3 +410,161 @@ def test_salience_sessions_are_their_tenants_on_the_websocket_and_grpc() -> None
                 {"id": "d", "method": "DumpSession", "request": {"sessionId": opened.session_id}}
             )
             assert ws.receive_json()["error"]["code"] == "NOT_FOUND"
+
+
+# -- what a tenant stores is its own: the Responses and Conversations APIs -----------------
+
+ACME, BETA, FULL = _bearer("acme-key"), _bearer("beta-key"), _bearer("full")
+UNKNOWN_RESPONSE, UNKNOWN_CONVERSATION = "resp_" + "0" * 48, "conv_" + "0" * 48
+
+
+def _same_answer(
+    theirs: httpx.Response, unknown: httpx.Response, theirs_id: str, unknown_id: str
+) -> None:
+    """Another tenant's id answers as an id never stored: 404, the same body but the id."""
+    assert theirs.status_code == unknown.status_code == 404, (theirs.text, unknown.text)
+    assert theirs.text.replace(theirs_id, "<id>") == unknown.text.replace(unknown_id, "<id>")
+
+
+async def test_stored_responses_are_their_tenants_on_every_route(tmp_path: Path) -> None:
+    store = str(tmp_path / "r.sqlite3")
+    async with _client(**KEYS, responses_store=store) as c:
+        made = await c.post(
+            "/v1/responses",
+            json={"model": "fake", "input": "hi", "max_output_tokens": 3},
+            headers=ACME,
+        )
+        assert made.status_code == 200, made.text
+        rid = made.json()["id"]
+        routes: list[tuple[str, str, Any]] = [
+            ("GET", "/v1/responses/{}", None),
+            ("GET", "/v1/responses/{}?stream=true", None),
+            ("GET", "/v1/responses/{}/input_items", None),
+            ("POST", "/v1/responses/{}/cancel", None),
+            ("DELETE", "/v1/responses/{}", None),
+        ]
+        for headers in (BETA, FULL):
+            for method, path, _ in routes:
+                theirs = await c.request(method, path.format(rid), headers=headers)
+                unknown = await c.request(method, path.format(UNKNOWN_RESPONSE), headers=headers)
+                _same_answer(theirs, unknown, rid, UNKNOWN_RESPONSE)
+            chained = {"model": "fake", "input": "and?", "max_output_tokens": 2}
+            theirs = await c.post(
+                "/v1/responses", json={**chained, "previous_response_id": rid}, headers=headers
+            )
+            unknown = await c.post(
+                "/v1/responses",
+                json={**chained, "previous_response_id": UNKNOWN_RESPONSE},
+                headers=headers,
+            )
+            _same_answer(theirs, unknown, rid, UNKNOWN_RESPONSE)
+            assert theirs.json()["error"]["code"] == "previous_response_not_found"
+        # Untouched by the others: acme reads, chains on and deletes it.
+        assert (await c.get(f"/v1/responses/{rid}", headers=ACME)).json()["id"] == rid
+        items = await c.get(f"/v1/responses/{rid}/input_items", headers=ACME)
+        assert items.status_code == 200 and items.json()["data"]
+        follow = await c.post(
+            "/v1/responses",
+            json={"model": "fake", "input": "and?", "previous_response_id": rid},
+            headers=ACME,
+        )
+        assert follow.status_code == 200, follow.text
+        assert (await c.delete(f"/v1/responses/{rid}", headers=ACME)).status_code == 200
+
+
+async def test_a_background_run_is_its_tenants(tmp_path: Path) -> None:
+    store = str(tmp_path / "r.sqlite3")
+    engine = FakeEngine(step_delay=0.01)
+    app = create_app(_settings(**KEYS, responses_store=store), engine=engine)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        body = {"model": "fake", "input": "a story", "max_output_tokens": 400, "background": True}
+        queued = await c.post("/v1/responses", json=body, headers=ACME)
+        rid = queued.json()["id"]
+        for path in ("/v1/responses/{}/cancel", "/v1/responses/{}"):
+            method = "POST" if path.endswith("cancel") else "DELETE"
+            theirs = await c.request(method, path.format(rid), headers=BETA)
+            unknown = await c.request(method, path.format(UNKNOWN_RESPONSE), headers=BETA)
+            _same_answer(theirs, unknown, rid, UNKNOWN_RESPONSE)
+        replay = await c.get(f"/v1/responses/{rid}?stream=true", headers=BETA)
+        assert replay.status_code == 404
+        running = await c.get(f"/v1/responses/{rid}", headers=ACME)
+        assert running.json()["status"] in ("queued", "in_progress")  # beta stopped nothing
+        cancelled = await c.post(f"/v1/responses/{rid}/cancel", headers=ACME)
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+
+
+async def test_conversations_are_their_tenants_on_every_route(tmp_path: Path) -> None:
+    store = str(tmp_path / "r.sqlite3")
+    async with _client(**KEYS, responses_store=store) as c:
+        made = await c.post(
+            "/v1/conversations",
+            json={"items": [{"type": "message", "role": "user", "content": "hello"}]},
+            headers=ACME,
+        )
+        assert made.status_code == 200, made.text
+        cid = made.json()["id"]
+        listed = await c.get(f"/v1/conversations/{cid}/items", headers=ACME)
+        item_id = listed.json()["data"][0]["id"]
+        message = {"type": "message", "role": "user", "content": "more"}
+        routes: list[tuple[str, str, Any]] = [
+            ("GET", "/v1/conversations/{}", None),
+            ("POST", "/v1/conversations/{}", {"metadata": {"k": "v"}}),
+            ("GET", "/v1/conversations/{}/items", None),
+            ("POST", "/v1/conversations/{}/items", {"items": [message]}),
+            ("GET", "/v1/conversations/{}/items/" + item_id, None),
+            ("DELETE", "/v1/conversations/{}/items/" + item_id, None),
+            ("DELETE", "/v1/conversations/{}", None),
+        ]
+        for headers in (BETA, FULL):
+            for method, path, body in routes:
+                theirs = await c.request(method, path.format(cid), json=body, headers=headers)
+                unknown = await c.request(
+                    method, path.format(UNKNOWN_CONVERSATION), json=body, headers=headers
+                )
+                _same_answer(theirs, unknown, cid, UNKNOWN_CONVERSATION)
+            in_it = {"model": "fake", "input": "hi", "max_output_tokens": 2}
+            theirs = await c.post(
+                "/v1/responses", json={**in_it, "conversation": cid}, headers=headers
+            )
+            unknown = await c.post(
+                "/v1/responses",
+                json={**in_it, "conversation": UNKNOWN_CONVERSATION},
+                headers=headers,
+            )
+            _same_answer(theirs, unknown, cid, UNKNOWN_CONVERSATION)
+        # Acme's, as it left it.
+        still = await c.get(f"/v1/conversations/{cid}/items", headers=ACME)
+        assert [i["id"] for i in still.json()["data"]] == [item_id]
+        answered = await c.post(
+            "/v1/responses",
+            json={"model": "fake", "input": "hi", "max_output_tokens": 2, "conversation": cid},
+            headers=ACME,
+        )
+        assert answered.status_code == 200, answered.text
+
+
+def test_the_responses_websocket_continues_only_from_its_tenants_responses(
+    tmp_path: Path,
+) -> None:
+    store = str(tmp_path / "r.sqlite3")
+    app = create_app(_settings(**KEYS, responses_store=store), engine=FakeEngine())
+    with TestClient(app) as c:
+        made = c.post(
+            "/v1/responses",
+            json={"model": "fake", "input": "hi", "max_output_tokens": 2},
+            headers=ACME,
+        )
+        rid = made.json()["id"]
+        create = {"type": "response.create", "model": "fake", "input": "and?"}
+        with c.websocket_connect("/v1/responses?token=beta-key") as ws:
+            ws.send_json({**create, "previous_response_id": rid})
+            error = ws.receive_json()
+            assert error["type"] == "error", error
+            assert error["error"]["code"] == "previous_response_not_found"
+        with c.websocket_connect("/v1/responses?token=acme-key") as ws:
+            ws.send_json({**create, "previous_response_id": rid, "max_output_tokens": 2})
+            events = [ws.receive_json()]
+            while events[-1]["type"] not in ("response.completed", "response.incomplete"):
+                assert events[-1]["type"] != "error", events[-1]
+                events.append(ws.receive_json())

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from app.protocols.openai.responses.compaction import compacted, summary_call
 from app.routes.apis.openai import openai_error
-from app.routes.deps import AuthDep, EngineDep, ResponsesDep
+from app.routes.deps import AuthDep, EngineDep, PrincipalDep, ResponsesDep
 from app.routes.http.answers import error_answers
 from app.routes.http.bodies import json_body, read_body
 from app.routes.http.calls import collect_answer
@@ -40,10 +40,10 @@ router = api_router(openai_error, dependencies=[AuthDep])
     },
 )
 async def compact_response(
-    request: Request, engine: EngineDep, responses: ResponsesDep
+    request: Request, engine: EngineDep, responses: ResponsesDep, principal: PrincipalDep
 ) -> Response:
     body = await read_body(request, CompactRequest)
-    call = await responses.start(summary_call(body), record_of(request))
+    call = await responses.start(principal, summary_call(body), record_of(request))
     try:
         answer = await collect_answer(request, engine, call)
     except ClientGone:

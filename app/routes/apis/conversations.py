@@ -17,7 +17,7 @@ from fastapi import Query, Request
 from starlette.responses import Response
 
 from app.routes.apis.openai import openai_error
-from app.routes.deps import AuthDep, ConversationsDep
+from app.routes.deps import AuthDep, ConversationsDep, PrincipalDep
 from app.routes.http.bodies import documented, json_body, read_body
 from app.routes.http.errors import api_router
 from app.routes.http.json import OrjsonResponse
@@ -47,16 +47,20 @@ Includable = Annotated[list[str] | None, Query()]  # accepted; nothing to add to
     openapi_extra=json_body(ConversationCreate),
     responses={200: {"model": Conversation}, **_ERRORS},
 )
-async def create_conversation(request: Request, conversations: ConversationsDep) -> Response:
+async def create_conversation(
+    request: Request, conversations: ConversationsDep, principal: PrincipalDep
+) -> Response:
     body = await read_body(request, ConversationCreate)
-    return OrjsonResponse(await conversations.create(body.items, body.metadata))
+    return OrjsonResponse(await conversations.create(principal, body.items, body.metadata))
 
 
 @router.get(
     "/v1/conversations/{conversation_id}", responses={200: {"model": Conversation}, **_ERRORS}
 )
-async def retrieve_conversation(conversation_id: str, conversations: ConversationsDep) -> Response:
-    return OrjsonResponse(await conversations.retrieve(conversation_id))
+async def retrieve_conversation(
+    conversation_id: str, conversations: ConversationsDep, principal: PrincipalDep
+) -> Response:
+    return OrjsonResponse(await conversations.retrieve(principal, conversation_id))
 
 
 @router.post(
@@ -65,18 +69,20 @@ async def retrieve_conversation(conversation_id: str, conversations: Conversatio
     responses={200: {"model": Conversation}, **_ERRORS},
 )
 async def update_conversation(
-    conversation_id: str, request: Request, conversations: ConversationsDep
+    conversation_id: str, request: Request, conversations: ConversationsDep, principal: PrincipalDep
 ) -> Response:
     body = await read_body(request, ConversationUpdate)
-    return OrjsonResponse(await conversations.update(conversation_id, body.metadata))
+    return OrjsonResponse(await conversations.update(principal, conversation_id, body.metadata))
 
 
 @router.delete(
     "/v1/conversations/{conversation_id}",
     responses={200: {"model": ConversationDeleted}, **_ERRORS},
 )
-async def delete_conversation(conversation_id: str, conversations: ConversationsDep) -> Response:
-    return OrjsonResponse(await conversations.delete(conversation_id))
+async def delete_conversation(
+    conversation_id: str, conversations: ConversationsDep, principal: PrincipalDep
+) -> Response:
+    return OrjsonResponse(await conversations.delete(principal, conversation_id))
 
 
 @router.post(
@@ -88,10 +94,11 @@ async def add_items(
     conversation_id: str,
     request: Request,
     conversations: ConversationsDep,
+    principal: PrincipalDep,
     include: Includable = None,
 ) -> Response:
     body = await read_body(request, ConversationItemsCreate)
-    return OrjsonResponse(await conversations.add_items(conversation_id, body.items))
+    return OrjsonResponse(await conversations.add_items(principal, conversation_id, body.items))
 
 
 @router.get(
@@ -101,12 +108,15 @@ async def add_items(
 async def list_items(
     conversation_id: str,
     conversations: ConversationsDep,
+    principal: PrincipalDep,
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
     include: Includable = None,
 ) -> Response:
-    page = await conversations.list_items(conversation_id, after=after, limit=limit, order=order)
+    page = await conversations.list_items(
+        principal, conversation_id, after=after, limit=limit, order=order
+    )
     return OrjsonResponse(page)
 
 
@@ -114,9 +124,13 @@ async def list_items(
     "/v1/conversations/{conversation_id}/items/{item_id}", responses={200: _ITEM, **_ERRORS}
 )
 async def retrieve_item(
-    conversation_id: str, item_id: str, conversations: ConversationsDep, include: Includable = None
+    conversation_id: str,
+    item_id: str,
+    conversations: ConversationsDep,
+    principal: PrincipalDep,
+    include: Includable = None,
 ) -> Response:
-    return OrjsonResponse(await conversations.item(conversation_id, item_id))
+    return OrjsonResponse(await conversations.item(principal, conversation_id, item_id))
 
 
 @router.delete(
@@ -124,6 +138,6 @@ async def retrieve_item(
     responses={200: {"model": Conversation}, **_ERRORS},
 )
 async def delete_item(
-    conversation_id: str, item_id: str, conversations: ConversationsDep
+    conversation_id: str, item_id: str, conversations: ConversationsDep, principal: PrincipalDep
 ) -> Response:
-    return OrjsonResponse(await conversations.delete_item(conversation_id, item_id))
+    return OrjsonResponse(await conversations.delete_item(principal, conversation_id, item_id))

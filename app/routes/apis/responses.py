@@ -22,7 +22,7 @@ from starlette.responses import Response
 from app.admission import Tickets
 from app.protocols.exchange import Event
 from app.routes.apis.openai import openai_error
-from app.routes.deps import AuthDep, EngineDep, ResponsesDep
+from app.routes.deps import AuthDep, EngineDep, PrincipalDep, ResponsesDep
 from app.routes.http.answers import Answers, error_answers, event_stream
 from app.routes.http.bodies import documented, json_body, read_body
 from app.routes.http.calls import answer_call
@@ -68,16 +68,18 @@ async def _sse(events: AsyncIterator[Event]) -> AsyncGenerator[bytes, None]:
         stream=True,
     ),
 )
-async def create_response(request: Request, engine: EngineDep, responses: ResponsesDep) -> Response:
+async def create_response(
+    request: Request, engine: EngineDep, responses: ResponsesDep, principal: PrincipalDep
+) -> Response:
     body = await read_body(request, ResponsesRequest)
-    call = await responses.start(body, record_of(request))
+    call = await responses.start(principal, body, record_of(request))
     if body.background:
-        queued = await responses.runs.start(call)
+        queued = await responses.runs.start(principal, call)
         if body.stream:  # follows the run; leaving does not cancel it
-            events = await responses.runs.replay(queued["id"], None)
+            events = await responses.runs.replay(principal, queued["id"], None)
             return EventStream(_sse(events), Tickets(()))
         return OrjsonResponse(queued)
-    hooks = responses.hooks(call, body, None)
+    hooks = responses.hooks(principal, call, body, None)
     return await answer_call(request, engine, call, stream=body.stream, hooks=hooks)
 
 
@@ -92,29 +94,34 @@ async def create_response(request: Request, engine: EngineDep, responses: Respon
 async def retrieve_response(
     response_id: str,
     responses: ResponsesDep,
+    principal: PrincipalDep,
     stream: bool = False,
     starting_after: Annotated[int | None, Query(ge=-1)] = None,
 ) -> Response:
     if stream:
-        events = await responses.runs.replay(response_id, starting_after)
+        events = await responses.runs.replay(principal, response_id, starting_after)
         return EventStream(_sse(events), Tickets(()))
-    return OrjsonResponse((await responses.runs.current(response_id)).response)
+    return OrjsonResponse((await responses.runs.current(principal, response_id)).response)
 
 
 @router.delete(
     "/v1/responses/{response_id}",
     responses={200: {"model": ResponsesDeleted}, **_ERRORS},
 )
-async def delete_response(response_id: str, responses: ResponsesDep) -> Response:
-    return OrjsonResponse(await responses.delete(response_id))
+async def delete_response(
+    response_id: str, responses: ResponsesDep, principal: PrincipalDep
+) -> Response:
+    return OrjsonResponse(await responses.delete(principal, response_id))
 
 
 @router.post(
     "/v1/responses/{response_id}/cancel",
     responses=_answers("The background response, cancelled (or as it ended)"),
 )
-async def cancel_response(response_id: str, responses: ResponsesDep) -> Response:
-    return OrjsonResponse(await responses.runs.cancel(response_id))
+async def cancel_response(
+    response_id: str, responses: ResponsesDep, principal: PrincipalDep
+) -> Response:
+    return OrjsonResponse(await responses.runs.cancel(principal, response_id))
 
 
 @router.get(
@@ -124,9 +131,12 @@ async def cancel_response(response_id: str, responses: ResponsesDep) -> Response
 async def list_input_items(
     response_id: str,
     responses: ResponsesDep,
+    principal: PrincipalDep,
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
 ) -> Response:
-    page = await responses.records.input_items(response_id, after=after, limit=limit, order=order)
+    page = await responses.records.input_items(
+        principal, response_id, after=after, limit=limit, order=order
+    )
     return OrjsonResponse(page)

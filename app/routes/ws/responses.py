@@ -61,6 +61,7 @@ from app.telemetry.http import caller_of
 from app.telemetry.logs import logging_as
 from app.telemetry.record import RequestRecord
 from app.telemetry.reports import Telemetry
+from app.tenants import Principal
 from schemas.openai_responses import ResponsesRequest
 
 router = APIRouter()
@@ -102,12 +103,12 @@ def read_create(frame: bytes | str) -> tuple[ResponsesRequest, bool]:
 async def responses_socket(websocket: WebSocket) -> None:
     lifetime = SessionLifetime(get_drain(websocket))
     try:
-        lifetime.open(lambda: caller(websocket))
+        principal = lifetime.open(lambda: caller(websocket))
     except SwitchboardError as refused:
         await _refuse(websocket, refused)
         return
     await websocket.accept()
-    connection = _Connection(websocket, get_objects(websocket.app).responses)
+    connection = _Connection(websocket, get_objects(websocket.app).responses, principal)
     async with lifetime.serving(connection.goodbye):
         await connection.serve()
 
@@ -125,11 +126,13 @@ async def _refuse(websocket: WebSocket, error: SwitchboardError) -> None:
 
 
 class _Connection:
-    """One socket: its frames read as they come, its responses run one at a time."""
+    """One socket, of one principal: its frames read as they come, its responses run one
+    at a time."""
 
-    def __init__(self, websocket: WebSocket, responses: Responses) -> None:
+    def __init__(self, websocket: WebSocket, responses: Responses, principal: Principal) -> None:
         self.pump = WebSocketPump(websocket)
         self.responses = responses
+        self.principal = principal
         self.engine = get_engine(websocket)
         self.kept = ConnectionResponses(get_settings(websocket).responses_ws_kept)
         self.writer = frame_writer(websocket)
@@ -183,13 +186,15 @@ class _Connection:
     async def _answer(self, frame: bytes | str, record: RequestRecord) -> None:
         try:
             body, generate = read_create(frame)
-            call = await self.responses.start(body, record, kept=self.kept, generate=generate)
+            call = await self.responses.start(
+                self.principal, body, record, kept=self.kept, generate=generate
+            )
         except Exception as exc:
             error = client_error(exc)
             record.failed(error)
             self.refuse(error)
             return
-        hooks = self.responses.hooks(call, body, self.kept)
+        hooks = self.responses.hooks(self.principal, call, body, self.kept)
         await stream_call(self.engine, call, self.emit, hooks)
 
     async def goodbye(self, refusal: SwitchboardError) -> None:
