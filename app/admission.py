@@ -30,6 +30,11 @@ going away; another replica, or this one restarted, takes the retry), and `cut` 
 tickets still in flight so that `generate` (or `run`) ends them as `Overloaded` once the
 engine has aborted their requests (the drain does that, `app.drain`).
 
+Per tenant (`app.tenants`): a tenant's units in flight (queued or running) are bounded
+by its `concurrent` limit, when it has one; past it, its next unit is refused as the
+queue bound refuses (`Overloaded`, with the same retry hint), whatever room the queue
+has, so one tenant's burst cannot take every place from the others.
+
 Counters count units: a call of several units (`admit_all`) is admitted whole or refused
 whole, and a refused call adds all its units to `refused`, none to `admitted`.
 
@@ -58,6 +63,7 @@ from typing import TYPE_CHECKING, Self
 
 from app.engine.base import Engine, GenerationRequest, TokenEvent
 from app.errors import Overloaded, ShuttingDown
+from app.tenants import DEFAULT_TENANT, Principal
 
 if TYPE_CHECKING:
     from app.telemetry.record import RequestRecord
@@ -137,6 +143,8 @@ class Ticket(_Releasing):
     cut: bool = False
     # The request it admits, told of its admission and its first event.
     record: RequestRecord | None = field(default=None, repr=False)
+    # Whose work it is (its tenant's `concurrent` limit counts it while it is in flight).
+    tenant: str = DEFAULT_TENANT
 
     def measured(self, tokens: int) -> None:
         """The prompt's real token count, once known (replaces the upper bound)."""
@@ -171,6 +179,7 @@ class Ticket(_Releasing):
             self._owner._dequeue(self, waited=False)
         self.released = True
         self._owner._live.discard(self)
+        self._owner._leaves(self.tenant)
 
 
 class Tickets(_Releasing):
@@ -209,6 +218,7 @@ class Admission:
         self._queue: list[Ticket] = []
         self._queued_tokens = 0
         self._live: set[Ticket] = set()
+        self._in_flight_of: Counter[str] = Counter()  # per tenant, queued or running
         self._closed = False
         self._wait_s = 0.0
         self.admitted: Counter[str] = Counter()
@@ -225,12 +235,24 @@ class Admission:
         priority: int = 0,
         tokens: int = 0,
         record: RequestRecord | None = None,
+        principal: Principal | None = None,
     ) -> Ticket:
-        """A ticket (for `record`'s request), or `Overloaded` when the queued work this
-        request would wait behind (priority <= its own) is at a bound."""
+        """A ticket (for `record`'s request, of `principal`'s tenant), or `Overloaded`
+        when the queued work this request would wait behind (priority <= its own) is at a
+        bound, or its tenant's work in flight at its `concurrent` limit."""
         if self._closed:
             self.refused[protocol] += 1
             raise self.shutting_down()
+        tenant = DEFAULT_TENANT if principal is None else principal.tenant
+        concurrent = 0 if principal is None else principal.limits.concurrent
+        if concurrent and self._in_flight_of[tenant] >= concurrent:
+            self.refused[protocol] += 1
+            retry = self.retry_after_s()
+            raise Overloaded(
+                f"Your tenant has {concurrent} units of work in flight, its bound; retry "
+                f"after {retry} s",
+                retry_after_s=retry,
+            )
         unbounded = self.max_requests is None and self.max_tokens is None
         ahead = [] if unbounded else [t for t in self._queue if t.priority <= priority]
         full_requests = self.max_requests is not None and len(ahead) >= self.max_requests
@@ -247,7 +269,10 @@ class Admission:
                 f"The server is at its bound of queued {what}; retry after {retry} s",
                 retry_after_s=retry,
             )
-        ticket = Ticket(self, protocol, priority, tokens, self._clock(), record=record)
+        ticket = Ticket(
+            self, protocol, priority, tokens, self._clock(), record=record, tenant=tenant
+        )
+        self._in_flight_of[tenant] += 1
         if record is not None:
             record.admitted_now()
         self._queue.append(ticket)
@@ -265,6 +290,7 @@ class Admission:
         *,
         priority: int = 0,
         record: RequestRecord | None = None,
+        principal: Principal | None = None,
     ) -> Tickets:
         """One ticket per unit of a call (`tokens`: each unit's prompt-token bound), or
         `Overloaded` for the whole call, with nothing taken."""
@@ -272,7 +298,15 @@ class Admission:
         bounds = list(tokens)
         try:
             for bound in bounds:
-                taken.append(self.admit(protocol, priority=priority, tokens=bound, record=record))
+                taken.append(
+                    self.admit(
+                        protocol,
+                        priority=priority,
+                        tokens=bound,
+                        record=record,
+                        principal=principal,
+                    )
+                )
         except Overloaded:
             for ticket in taken:
                 ticket.release()
@@ -338,6 +372,11 @@ class Admission:
         return at_requests or at_tokens
 
     # -- bookkeeping ---------------------------------------------------------------
+
+    def _leaves(self, tenant: str) -> None:
+        self._in_flight_of[tenant] -= 1
+        if not self._in_flight_of[tenant]:
+            del self._in_flight_of[tenant]
 
     def _dequeue(self, ticket: Ticket, *, waited: bool) -> None:
         self._queue.remove(ticket)

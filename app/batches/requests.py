@@ -191,6 +191,7 @@ class Endpoints:
             message_id = f"msg_{uuid.uuid4().hex}"
             return await self._collect(
                 record,
+                principal,
                 [admission_bound(message)],
                 lambda: MessagesExchange(
                     message, info, tokenizer, message_id=message_id, served=served
@@ -202,6 +203,7 @@ class Endpoints:
             chat_id = f"chatcmpl-{uuid.uuid4().hex}"
             return await self._collect(
                 record,
+                principal,
                 admission_units(chat),
                 lambda: ChatExchange(
                     chat, info, tokenizer, response_id=chat_id, created=created, served=served
@@ -213,6 +215,7 @@ class Endpoints:
             completion_id = f"cmpl-{uuid.uuid4().hex}"
             return await self._collect(
                 record,
+                principal,
                 admission_units(completion),
                 lambda: CompletionExchange(
                     completion,
@@ -226,7 +229,11 @@ class Endpoints:
         raise InvalidRequest(f"No batch endpoint {endpoint}")
 
     async def _collect(
-        self, record: RequestRecord, units: Sequence[int], build: Callable[[], Exchange]
+        self,
+        record: RequestRecord,
+        principal: Principal,
+        units: Sequence[int],
+        build: Callable[[], Exchange],
     ) -> dict[str, Any]:
         call = await start_call(
             self.admission,
@@ -234,6 +241,7 @@ class Endpoints:
             protocol=PROTOCOL,
             units=units,
             priority=BATCH_PRIORITY,
+            principal=principal,
             build=lambda: in_prompt_thread(lambda: _InLane(build())),
         )
         result: dict[str, Any] = await collect_call(self.engine, call)

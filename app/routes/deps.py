@@ -108,6 +108,13 @@ def authenticated(conn: HTTPConnection, offered: str | None) -> Principal:
     return principal
 
 
+def principal_on(conn: HTTPConnection) -> Principal:
+    """The principal its route's key check decided for `conn` (a route with none is a
+    bug: every data-plane route is guarded)."""
+    principal: Principal = conn.state.principal
+    return principal
+
+
 def principal_of(conn: HTTPConnection) -> Principal:
     """The data plane's caller on `conn`, from `Authorization: Bearer <key>` or (for
     browsers' websockets) a `token` query parameter: `Unauthenticated` without a

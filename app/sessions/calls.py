@@ -51,6 +51,7 @@ from app.errors import SwitchboardError, client_error
 from app.protocols.exchange import Event
 from app.sessions.generations import run_generations
 from app.telemetry.record import RequestRecord
+from app.tenants import Principal
 
 T = TypeVar("T")
 
@@ -113,12 +114,16 @@ async def start_call(
     protocol: ProtocolName,
     units: Sequence[int],
     priority: int,
+    principal: Principal,
     build: Callable[[], Awaitable[C]],
 ) -> Call[C]:
     """Admit a call of `len(units)` engine requests (`units[i]`: a bound of request i's
-    prompt tokens), then `build()` its exchange (awaited: the prompt thread, and whatever
-    the API reads first, a stored conversation say)."""
-    tickets = admission.admit_all(protocol, list(units), priority=priority, record=record)
+    prompt tokens) as `principal`'s (its tenant's limits), then `build()` its exchange
+    (awaited: the prompt thread, and whatever the API reads first, a stored conversation
+    say)."""
+    tickets = admission.admit_all(
+        protocol, list(units), priority=priority, record=record, principal=principal
+    )
     try:
         exchange = await build()
     except BaseException:

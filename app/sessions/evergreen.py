@@ -110,8 +110,10 @@ class EvergreenRun:
         send: Send,
         telemetry: Telemetry | None = None,
         caller: Caller | None = None,
+        principal: Principal | None = None,
     ) -> None:
         self._engine = engine
+        self._principal = principal
         self._admission = admission
         self._file_root = file_root
         self._send = send
@@ -133,8 +135,10 @@ class EvergreenRun:
         send: Send,
         telemetry: Telemetry | None = None,
         caller: Caller | None = None,
+        principal: Principal | None = None,
     ) -> EvergreenRun:
-        """A session under the configured limits and file root (every transport's)."""
+        """A session under the configured limits and file root (every transport's), of
+        `principal` (its GENERATEs admitted under its tenant's limits)."""
         limits = Limits(
             max_nodes=settings.evergreen_max_nodes,
             max_bytes=settings.evergreen_max_bytes,
@@ -142,7 +146,16 @@ class EvergreenRun:
             max_depth=settings.evergreen_max_depth,
             files_allowed=settings.evergreen_file_root is not None,
         )
-        return cls(engine, admission, limits, settings.evergreen_file_root, send, telemetry, caller)
+        return cls(
+            engine,
+            admission,
+            limits,
+            settings.evergreen_file_root,
+            send,
+            telemetry,
+            caller,
+            principal,
+        )
 
     async def serve(
         self, messages: AsyncIterable[service_pb.SessionMessage], *, drain: bool = False
@@ -223,7 +236,10 @@ class EvergreenRun:
             if plan.output_ids:
                 inline = b"".join(p for leaf in leaves for p in leaf.parts if isinstance(p, bytes))
                 ticket = self._admission.admit(
-                    ProtocolName.EVERGREEN, tokens=text_tokens_bound(inline), record=record
+                    ProtocolName.EVERGREEN,
+                    tokens=text_tokens_bound(inline),
+                    record=record,
+                    principal=self._principal,
                 )
             files = {ref: await self._read_file(ref) for ref in inputs.file_refs(leaves)}
             chunks = inputs.join(leaves, files, session.limits.max_bytes)

@@ -177,6 +177,7 @@ class Responses:
                 protocol=PROTOCOL if lane is None else lane[0],
                 units=[prompt_bound(body)] if generate else [],
                 priority=body.priority if lane is None else lane[1],
+                principal=principal,
                 build=build,
             )
         except BaseException:

@@ -229,7 +229,10 @@ class SalienceRunner:
         """The Generate as `principal`, on its tenant's session. (`record`: the call's,
         told of its admission, its engine request and tokens.)"""
         ticket = self.admission.admit(
-            ProtocolName.SALIENCE, tokens=len(request.append_tokens), record=record
+            ProtocolName.SALIENCE,
+            tokens=len(request.append_tokens),
+            record=record,
+            principal=principal,
         )
         generation = Generation(f"sal-{uuid.uuid4().hex}")
         # Known before the session is its, so that a CloseSession racing the start

@@ -30,6 +30,7 @@ from schemas import salience_pb2 as pb
 from schemas import salience_pb2_grpc as salience_grpc
 from tests.conftest import free_port
 from tests.fake_engine import FakeEngine
+from tests.waits import until
 
 KEYS: dict[str, Any] = {
     "api_key": "full",
@@ -568,3 +569,51 @@ def test_the_responses_websocket_continues_only_from_its_tenants_responses(
             while events[-1]["type"] not in ("response.completed", "response.incomplete"):
                 assert events[-1]["type"] != "error", events[-1]
                 events.append(ws.receive_json())
+
+
+# -- a tenant's concurrency ----------------------------------------------------------------
+
+
+def test_admission_bounds_each_tenants_units_in_flight() -> None:
+    from app.admission import Admission, ProtocolName
+    from app.errors import Overloaded
+
+    admission = Admission(None, None)
+    acme = Principal("acme", Role.TENANT, Limits(concurrent=2), "acme")
+    beta = Principal("beta", Role.TENANT, Limits(concurrent=2), "beta")
+    first = admission.admit(ProtocolName.OPENAI, principal=acme)
+    admission.admit(ProtocolName.OPENAI, principal=acme)
+    with pytest.raises(Overloaded, match="Your tenant has 2 units"):
+        admission.admit(ProtocolName.OPENAI, principal=acme)
+    narrow = Principal("beta", Role.TENANT, Limits(concurrent=1), "beta")
+    with pytest.raises(Overloaded):  # a call of two units, whole or not at all
+        admission.admit_all(ProtocolName.OPENAI, [1, 1], principal=narrow)
+    both = admission.admit_all(ProtocolName.OPENAI, [1, 1], principal=beta)  # beta's own room
+    assert len(both) == 2
+    first.release()
+    admission.admit(ProtocolName.OPENAI, principal=acme)  # one left: room again
+    assert (
+        admission.refused[ProtocolName.OPENAI] == 3 and admission.admitted[ProtocolName.OPENAI] == 5
+    )
+    unbounded = Principal("default", Role.FULL, Limits(), "default")
+    for _ in range(10):
+        admission.admit(ProtocolName.OPENAI, principal=unbounded)
+
+
+async def test_one_tenant_at_its_concurrency_leaves_the_others_room() -> None:
+    engine = FakeEngine(step_delay=0.01)
+    app = create_app(_settings(**KEYS, tenant_limits=["acme:concurrent=1"]), engine=engine)
+    transport = httpx.ASGITransport(app=app)
+    chat = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200}
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        running = asyncio.create_task(c.post("/v1/chat/completions", json=chat, headers=ACME))
+        await until(lambda: bool(engine.running), "acme's first chat to run")
+        refused = await c.post("/v1/chat/completions", json=chat, headers=ACME)
+        assert refused.status_code == 503 and "Retry-After" in refused.headers
+        assert "Your tenant" in refused.json()["error"]["message"]
+        short = {**chat, "max_tokens": 2}
+        served = await c.post("/v1/chat/completions", json=short, headers=BETA)
+        assert served.status_code == 200, served.text
+        assert (await running).status_code == 200
+        again = await c.post("/v1/chat/completions", json=short, headers=ACME)
+        assert again.status_code == 200  # its place came back with its end

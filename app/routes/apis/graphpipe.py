@@ -93,7 +93,7 @@ def _octet(body: bytes | memoryview, status_code: int = 200) -> Response:
 async def _post(request: Request, engine: Engine, limit: int, model: str | None) -> Response:
     """Errors are raised for the route's responder (`graphpipe_error`)."""
     try:
-        principal_of(request)
+        principal = principal_of(request)
         name, lora = _target(engine, model)
         call = decode_request(await _read_body(request, limit), max_bytes=limit)
         if isinstance(call, MetadataCall):
@@ -103,8 +103,9 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
         )
         bounds = [prompt_tokens_bound(r) for r in exchange.requests]
         record = record_of(request)
-        with get_admission(request).admit_all(
-            ProtocolName.GRAPHPIPE, bounds, record=record
+        admission = get_admission(request)
+        with admission.admit_all(
+            ProtocolName.GRAPHPIPE, bounds, record=record, principal=principal
         ) as tickets:
             try:
                 await unless_disconnected(request.receive, _generate(engine, exchange, tickets))

@@ -80,6 +80,7 @@ async def generate(
         protocol=PROTOCOL,
         units=units(body),
         priority=body.priority,
+        principal=principal,
         build=lambda: in_prompt_thread(
             lambda: TokensExchange(body, info, tokenizer, model=served.name)
         ),

@@ -86,7 +86,13 @@ class _Evergreen:
 
         def start(who: Principal) -> EvergreenRun:
             return EvergreenRun.from_settings(
-                self._engine, self._admission, self._settings, send, self._telemetry, caller
+                self._engine,
+                self._admission,
+                self._settings,
+                send,
+                self._telemetry,
+                caller,
+                who,
             )
 
         lifetime = SessionLifetime(self._drain)

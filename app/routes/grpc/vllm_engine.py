@@ -203,6 +203,7 @@ class _VllmEngine:
                 protocol=PROTOCOL,
                 units=_units(request),
                 priority=0,
+                principal=principal(),
                 build=lambda: in_prompt_thread(lambda: SmgGenerate(request, info, tokenizer)),
             )
         except Exception as exc:

@@ -24,6 +24,7 @@ from starlette.responses import Response
 from app.admission import Admission, ProtocolName
 from app.engine.base import Engine
 from app.protocols.exchange import Event, Exchange
+from app.routes.deps import principal_on
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.http.json import OrjsonResponse
 from app.routes.http.sse import DONE, PushedStream, sse
@@ -50,6 +51,7 @@ async def serve_call(
         protocol=protocol,
         units=units,
         priority=priority,
+        principal=principal_on(request),
         build=lambda: in_prompt_thread(build),
     )
     return await answer_call(request, engine, call, stream=stream)

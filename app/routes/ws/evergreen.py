@@ -60,6 +60,7 @@ async def evergreen_socket(websocket: WebSocket) -> None:
             send,
             objects.telemetry,
             caller_of(websocket),
+            who,
         )
 
     lifetime = SessionLifetime(objects.drain)
