@@ -617,3 +617,25 @@ async def test_one_tenant_at_its_concurrency_leaves_the_others_room() -> None:
         assert (await running).status_code == 200
         again = await c.post("/v1/chat/completions", json=short, headers=ACME)
         assert again.status_code == 200  # its place came back with its end
+
+
+async def test_metrics_count_requests_and_tokens_per_configured_tenant() -> None:
+    chat = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    async with _client(**KEYS) as c:
+        for headers in (ACME, ACME, BETA, FULL):
+            assert (await c.post("/v1/chat/completions", json=chat, headers=headers)).is_success
+        text = (await c.get("/metrics")).text
+    requests = {
+        line.split("tenant=")[1].split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("switchboard_requests_total{")
+        and 'api="chat"' in line
+        and 'outcome="ok"' in line
+    }
+    assert requests == {"acme": 2.0, "beta": 1.0, DEFAULT_TENANT: 1.0}
+    output = [
+        line
+        for line in text.splitlines()
+        if line.startswith("switchboard_output_tokens_total{") and 'tenant="acme"' in line
+    ]
+    assert output and float(output[0].rsplit(" ", 1)[1]) == 6.0
