@@ -346,7 +346,7 @@ class BackgroundRuns:
 
     def _chain(self, run: _Run, response: Body) -> asyncio.Future[None]:
         """The run's record to be written with `response`, after its earlier writes,
-        quietly (the write goes on if its principal is cancelled)."""
+        quietly (the write goes on if its caller is cancelled)."""
         previous = run._writing
 
         async def write() -> None:
