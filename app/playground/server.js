@@ -202,14 +202,21 @@ export function setupServer() {
     try {
       const response = await apiFetch("/metrics");
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
-      const samples = parseMetrics(await response.text());
+      const text = await response.text();
+      // A scrape answered after the tab was hidden is dropped: what a hidden tab shows
+      // never changes.
+      if (panel.hidden) {
+        scraping = false;
+        return;
+      }
+      const samples = parseMetrics(text);
       const at = Date.now();
       history.push(reading(samples, at, history[history.length - 1], history));
       if (history.length > WINDOW) history.shift();
       CHARTS.forEach((chart, i) => draw(figures[i], chart, history));
       status.textContent = `scraped /metrics at ${new Date(at).toLocaleTimeString()} (${history.length} of ${WINDOW} kept)`;
     } catch (error) {
-      status.textContent = `cannot scrape /metrics: ${error.message}`;
+      if (!panel.hidden) status.textContent = `cannot scrape /metrics: ${error.message}`;
     }
     if (panel.hidden) scraping = false;
     else setTimeout(scrape, SCRAPE_MS);

@@ -36,6 +36,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from app.auth import Keyring
 from tests.conftest import ROOT, LiveServer, free_port
 from tests.salience_client import JsonClient, tokens_of
 
@@ -487,9 +488,12 @@ def received_abort(driver: WebDriver) -> dict[str, str]:
 def test_wrong_api_key_shows_each_protocols_error(
     browser: WebDriver, live_server: LiveServer
 ) -> None:
-    settings = live_server.app.state.settings
-    # The app reads its settings per request: a key for this test only, no second engine.
-    live_server.app.state.settings = settings.model_copy(update={"api_key": "the-right-key"})
+    objects = live_server.app.state.objects
+    keyring = objects.keyring
+    # Every transport asks the app's keyring per call: a key for this test only, no
+    # second engine.
+    keyed = live_server.app.state.settings.model_copy(update={"api_key": "the-right-key"})
+    objects.keyring = Keyring.from_settings(keyed)
     try:
         browser_log(browser)
         browser.get(f"{live_server.base_url}/playground")
@@ -538,7 +542,7 @@ def test_wrong_api_key_shows_each_protocols_error(
         # Only the refused HTTP calls may have logged errors (Chromium logs any 401).
         assert all(" 401 " in error for error in console_errors(browser))
     finally:
-        live_server.app.state.settings = settings
+        objects.keyring = keyring
 
 
 def test_narrow_window_and_tabs_by_keyboard(page: WebDriver) -> None:

@@ -105,6 +105,7 @@ for path in ("/inference/v1/abort_requests", "/abort_requests"):
         path,
         _abort,
         methods=["POST"],
+        response_class=Response,
         openapi_extra=json_body(AbortRequests),
         responses=_ok("an empty body: the named requests are aborted"),
     )
