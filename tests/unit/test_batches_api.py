@@ -592,3 +592,34 @@ def test_a_tenant_sees_none_of_anothers_files_or_batches(tmp_path: Path) -> None
         with pytest.raises(anthropic.NotFoundError):
             theirs.messages.batches.retrieve(made.id)
         assert theirs.messages.batches.list().data == []
+
+
+def test_a_batchs_requests_run_as_its_tenant(tmp_path: Path) -> None:
+    """A batch's request is its tenant's call: a Responses request it holds is stored as
+    that tenant's (read back, and continued from, by its key; not found by another's),
+    as the same request sent with that key would be. Fails if a batch's requests run as
+    anyone else (the default tenant)."""
+    keys = {"tenant_api_key": ["acme:key-a", "other:key-b"], "api_key": "key-full"}
+    store = {"responses_store": str(tmp_path / "r.sqlite3")}
+    app = _app(tmp_path / "b.sqlite3", FakeEngine(), **keys, **store)
+    with uvicorn_in_thread(app, lifespan="on") as port:
+        url = f"http://127.0.0.1:{port}"
+        acme, other, full = (
+            openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+            for key in ("key-a", "key-b", "key-full")
+        )
+        line = _line("r", {**_response(0), "store": True}, "/v1/responses")
+        upload = acme.files.create(file=("in.jsonl", _jsonl([line])), purpose="batch")
+        batch = _ended(
+            acme,
+            acme.batches.create(
+                input_file_id=upload.id, endpoint="/v1/responses", completion_window="24h"
+            ).id,
+        )
+        assert batch.status == "completed", batch
+        [out] = _lines(acme, batch.output_file_id)
+        response_id = out["response"]["body"]["id"]
+        assert acme.responses.retrieve(response_id).id == response_id
+        for stranger in (other, full):
+            with pytest.raises(openai.NotFoundError):
+                stranger.responses.retrieve(response_id)
