@@ -76,6 +76,7 @@ class Keyring:
             sessions=share(settings.salience_max_sessions, count),
             session_tokens=share(settings.salience_max_total_tokens, count),
             stored_bytes=share(settings.responses_store_max_bytes, count),
+            uploaded_bytes=share(settings.batch_store_max_bytes, count),
         )
         overrides: dict[str, dict[str, int]] = {}
         for entry in settings.tenant_limits:

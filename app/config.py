@@ -61,7 +61,8 @@ class Settings(BaseSettings):
         "may ask, vLLM's smaller-first order; default 0, the default priority), concurrent "
         "(units of engine work admitted at once; 0: none of its own), sessions and "
         "session_tokens (its Salience sessions and their tokens), stored_bytes (its stored "
-        "responses', and apart its conversations', bytes). Defaults: an equal share of "
+        "responses', and apart its conversations', bytes), uploaded_bytes (its uploaded "
+        "files' bytes in the batch store). Defaults: an equal share of "
         "each server-wide bound among the tenants the keys name (concurrent: of "
         "--max-queued-requests, and none with one tenant), so one tenant alone has the "
         "server's own bounds.",

@@ -35,11 +35,14 @@ Limits (`--tenant-limits TENANT_ID:name=value,...`; `*` for every tenant's defau
     stored_bytes    the bytes of its stored responses, and apart the bytes of its
                     conversations (its own oldest are evicted to fit a write); default:
                     an equal share of `--responses-store-max-bytes`
+    uploaded_bytes  the bytes of its uploaded files in the batch store (an upload past
+                    it is refused; nothing is evicted); default: an equal share of
+                    `--batch-store-max-bytes`
 
 "Configured tenants" are those a key names (the default tenant's when `--api-key` is set
 or no key at all is); an equal share is the global bound over their number, so with one
-tenant its limits are the server's own, as before tenants existed. A tenant the router
-names (`app.auth`'s trusted router) that no key names gets the default limits, and
+tenant its limits are the server's own, as before tenants existed. A tenant no key
+names any more (a batch stored before its key was removed) gets the default limits, and
 /metrics folds it into the label `other` (`Tenants.label`), so the labels stay bounded.
 """
 
@@ -69,6 +72,7 @@ class Limits:
     sessions: int = 0
     session_tokens: int = 0
     stored_bytes: int = 0
+    uploaded_bytes: int = 0
 
 
 LIMIT_NAMES = tuple(field.name for field in fields(Limits))

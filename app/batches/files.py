@@ -2,10 +2,11 @@
 files of batches, as OpenAI's Files API reads them.
 
 An upload's bytes go to the store in parts of `PART_BYTES` as they are read (never the
-whole file in memory), each part counted against the store's bound (a part past it
-refuses the upload: `store_full`), the upload against `max_bytes` (a file past it is
-refused: 413); its document (the `File` object's fields, its owner) is written last, so
-a file is listed and read only whole. An upload that fails leaves nothing (its parts
+whole file in memory), each part counted against the store's bound and against its
+tenant's `quota` of uploaded bytes (a part past either refuses the upload:
+`store_full`), the upload against `max_bytes` (a file past it is refused: 413); its
+document (the `File` object's fields, its owner) is written last, so a file is listed
+and read only whole. An upload that fails leaves nothing (its parts
 are removed; if its server died, they expire).
 
 A batch's output and error files hold no bytes of their own: each names its batch and
@@ -63,8 +64,10 @@ class Files:
         purpose: str,
         expires_s: float | None,
         read: Callable[[int], Awaitable[bytes]],
+        quota: int = 0,
     ) -> dict[str, Any]:
-        """Store what `read(n)` gives (b"" at its end); the file's document."""
+        """Store what `read(n)` gives (b"" at its end), within `tenant`'s `quota` of
+        uploaded bytes (0: none of its own); the file's document."""
         file_id = f"file-{uuid.uuid4().hex}"
         size = part = 0
         try:
@@ -76,7 +79,9 @@ class Files:
                         "batch's input",
                         param="file",
                     )
-                await self.store.put_part(file_id, part, data, bounded=True)
+                await self.store.put_part(
+                    file_id, part, data, bounded=True, owner=tenant, quota=quota
+                )
                 part += 1
             now = self._clock()
             doc = {

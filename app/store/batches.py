@@ -23,9 +23,12 @@ What is kept, by key (a file's or a batch's id):
 Bounds: `max_bytes` bounds the parts written with `bounded=True` (uploads): such a write
 that would take the total of every part and result past it is refused
 (`ResourceExhausted`, code `store_full`); a batch's own parts and results are always
-written (the batch was accepted), and count in the total. Everything under a key lives
-until the document's expiry; past it, reads miss it and the next write removes it all,
-freeing its bytes (`delete` does the same at once).
+written (the batch was accepted), and count in the total. An upload's parts name their
+`owner` (a tenant, `app.tenants`), whose uploads together stay within its `quota` (0:
+none of its own): a part past it is refused the same way, so that one tenant's uploads
+cannot take the whole bound from the others'; the owner's total falls when the key goes.
+Everything under a key lives until the document's expiry; past it, reads miss it and
+the next write removes it all, freeing its bytes (`delete` does the same at once).
 
 A backing store that cannot be reached raises `Unavailable` (`store_unavailable`), for
 that call only. Every write is one transaction (SQLite) or one script (Redis). Time is
@@ -112,7 +115,9 @@ class BatchStore(Protocol):
 
     # -- parts ---------------------------------------------------------------------------
 
-    async def put_part(self, key: str, index: int, data: bytes, *, bounded: bool) -> None: ...
+    async def put_part(
+        self, key: str, index: int, data: bytes, *, bounded: bool, owner: str = "", quota: int = 0
+    ) -> None: ...
 
     async def part(self, key: str, index: int) -> bytes | None: ...
 
@@ -178,3 +183,8 @@ class BatchStore(Protocol):
 def over(total: int, size: int, max_bytes: int) -> str:
     """Why an upload's part is refused: the bound."""
     return f"{size} more bytes would take the {total} held past the bound of {max_bytes}"
+
+
+def over_quota(own: int, size: int, quota: int) -> str:
+    """Why an upload's part is refused: its owner's quota."""
+    return f"{size} more bytes would take your {own} uploaded bytes past your quota of {quota}"

@@ -14,6 +14,7 @@ Keys, under a prefix (`switchboard:batches:` by default), `<key>` a file's or a 
                 co:<key> chunk -> owner; h:<key> the chunks handed out so far
     l:<key>     hash {owner, until}: the key's own lease
     sizes       hash key -> the bytes its parts and results hold; total: their sum
+    owners      hash key -> whose upload it is; owned: hash owner -> its uploads' bytes
 
 Every call that writes is one Lua script, so any number of replicas keep the first
 result, the leases and the bookkeeping exact; the scripts that may grow the store remove
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.store.base import DEFAULT_CLOCK, Clock, full, too_large
-from app.store.batches import STORE, UPLOAD_S, Leases, Tally, over
+from app.store.batches import STORE, UPLOAD_S, Leases, Tally, over, over_quota
 from app.store.redis_connection import RedisConnection
 
 _SUBKEYS = "{'d:', 'ix:', 'p:', 'r:', 'ro:', 't:', 'c:', 'co:', 'h:', 'l:'}"
@@ -44,6 +45,11 @@ local function drop(key)
     redis.call('ZREM', p .. 'exp', key)
     redis.call('HDEL', p .. 'sizes', key)
     redis.call('DECRBY', p .. 'total', size)
+    local owner = redis.call('HGET', p .. 'owners', key)
+    if owner then
+        redis.call('HINCRBY', p .. 'owned', owner, -size)
+        redis.call('HDEL', p .. 'owners', key)
+    end
 end
 local function expire(now)
     for _, key in ipairs(redis.call('ZRANGEBYSCORE', p .. 'exp', '-inf', now)) do drop(key) end
@@ -156,23 +162,32 @@ return out
 """
 )
 
-# ARGV: prefix, key, part, data, bounded ('1'), now, max, placeholder's exp. -1 and the
-# total: refused.
+# ARGV: prefix, key, part, data, bounded ('1'), now, max, placeholder's exp, owner ('':
+# none), its quota (0: none). -1 and the total: refused by the bound; -2 and the owner's
+# total: by its quota.
 _PUT_PART = (
     _WRITE
     + """
 local key, part, data = ARGV[2], ARGV[3], ARGV[4]
 local now, max = tonumber(ARGV[6]), tonumber(ARGV[7])
+local owner, quota = ARGV[9], tonumber(ARGV[10])
 local total = expire(now)
 local size = string.len(data)
 if ARGV[5] == '1' and total + size > max then return {-1, total} end
+local old = redis.call('HSTRLEN', p .. 'p:' .. key, part)
+local owned = ARGV[5] == '1' and owner ~= ''
+if owned then
+    local own = tonumber(redis.call('HGET', p .. 'owned', owner) or '0')
+    if quota > 0 and own + size - old > quota then return {-2, own} end
+    redis.call('HSETNX', p .. 'owners', key, owner)
+end
 if redis.call('EXISTS', p .. 'd:' .. key) == 0 then
     redis.call('HSET', p .. 'd:' .. key, 'exp', ARGV[8])
     redis.call('ZADD', p .. 'exp', ARGV[8], key)
 end
-local old = redis.call('HSTRLEN', p .. 'p:' .. key, part)
 redis.call('HSET', p .. 'p:' .. key, part, data)
 grow(key, size - old)
+if owned then redis.call('HINCRBY', p .. 'owned', owner, size - old) end
 keep(key, 'p:', now)
 return {1, 0}
 """
@@ -368,16 +383,29 @@ class RedisBatches:
 
     # -- parts ---------------------------------------------------------------------------
 
-    async def put_part(self, key: str, index: int, data: bytes, *, bounded: bool) -> None:
+    async def put_part(
+        self, key: str, index: int, data: bytes, *, bounded: bool, owner: str = "", quota: int = 0
+    ) -> None:
         if bounded and len(data) > self.max_bytes:
             raise full(self._where, too_large(len(data), self.max_bytes), store=STORE)
         now = self._ms()
         placeholder = self._ms(self._clock() + UPLOAD_S)
         done, total = await self._eval(
-            _PUT_PART, key, index, data, "1" if bounded else "0", now, self.max_bytes, placeholder
+            _PUT_PART,
+            key,
+            index,
+            data,
+            "1" if bounded else "0",
+            now,
+            self.max_bytes,
+            placeholder,
+            owner,
+            quota,
         )
         if done == -1:
             raise full(self._where, over(total, len(data), self.max_bytes), store=STORE)
+        if done == -2:
+            raise full(self._where, over_quota(total, len(data), quota), store=STORE)
 
     async def part(self, key: str, index: int) -> bytes | None:
         data = await self._redis.call("hget", self.prefix + "p:" + key, index)

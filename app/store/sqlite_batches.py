@@ -9,6 +9,7 @@ store's by default), so one file holds a replica's stored state.
     batch_handed    key -> chunks handed out so far
     batch_leases    key -> owner, until: a key's own lease
     batch_total     the bytes every part and result holds
+    batch_owners    key -> owner: whose upload it is; batch_owned: owner -> bytes
 
 Each write is one `BEGIN IMMEDIATE` transaction in the file's own thread
 (`app.store.sqlite.SqliteFile`); the writes that may grow the store remove what has
@@ -25,7 +26,7 @@ from functools import partial
 from pathlib import Path
 
 from app.store.base import DEFAULT_CLOCK, Clock, full, too_large
-from app.store.batches import STORE, UPLOAD_S, Leases, Tally, over
+from app.store.batches import STORE, UPLOAD_S, Leases, Tally, over, over_quota
 from app.store.sqlite import SqliteFile, transaction
 
 _SCHEMA = """
@@ -53,6 +54,8 @@ CREATE TABLE IF NOT EXISTS batch_leases (
 );
 CREATE TABLE IF NOT EXISTS batch_total (one INTEGER PRIMARY KEY CHECK (one = 1), bytes INTEGER);
 INSERT OR IGNORE INTO batch_total VALUES (1, 0);
+CREATE TABLE IF NOT EXISTS batch_owners (key TEXT PRIMARY KEY, owner TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS batch_owned (owner TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
 """
 
 _UNDER_KEY = (
@@ -186,7 +189,9 @@ class SqliteBatches:
 
     # -- parts ---------------------------------------------------------------------------
 
-    async def put_part(self, key: str, index: int, data: bytes, *, bounded: bool) -> None:
+    async def put_part(
+        self, key: str, index: int, data: bytes, *, bounded: bool, owner: str = "", quota: int = 0
+    ) -> None:
         if bounded and len(data) > self.max_bytes:
             raise full(str(self.path), too_large(len(data), self.max_bytes), store=STORE)
 
@@ -195,18 +200,26 @@ class SqliteBatches:
                 total = _expire(db, now)
                 if bounded and total + len(data) > self.max_bytes:
                     raise full(str(self.path), over(total, len(data), self.max_bytes), store=STORE)
+                old = db.execute(
+                    "SELECT LENGTH(data) FROM batch_parts WHERE key = ? AND part = ?", (key, index)
+                ).fetchone()
+                grown = len(data) - (0 if old is None else int(old[0]))
+                if bounded and owner:
+                    own = _owned(db, owner)
+                    if quota and own + grown > quota:
+                        raise full(str(self.path), over_quota(own, len(data), quota), store=STORE)
+                    db.execute("INSERT OR IGNORE INTO batch_owners VALUES (?, ?)", (key, owner))
                 # Parts go before their document: a placeholder expires them if it never
                 # comes (the upload's server died).
                 db.execute(
                     "INSERT OR IGNORE INTO batch_docs VALUES (?, ?, NULL)", (key, now + UPLOAD_S)
                 )
-                old = db.execute(
-                    "SELECT LENGTH(data) FROM batch_parts WHERE key = ? AND part = ?", (key, index)
-                ).fetchone()
                 db.execute(
                     "INSERT OR REPLACE INTO batch_parts VALUES (?, ?, ?)", (key, index, data)
                 )
-                _grow(db, len(data) - (0 if old is None else int(old[0])))
+                _grow(db, grown)
+                if bounded and owner:
+                    _own(db, owner, grown)
 
         await self._run(partial(put, now=self._clock()))
 
@@ -421,6 +434,23 @@ def _drop(db: sqlite3.Connection, key: str) -> None:
     for table in _UNDER_KEY:
         db.execute(f"DELETE FROM {table} WHERE key = ?", (key,))
     _grow(db, -int(freed))
+    owner = db.execute("SELECT owner FROM batch_owners WHERE key = ?", (key,)).fetchone()
+    if owner is not None:
+        _own(db, str(owner[0]), -int(freed))
+        db.execute("DELETE FROM batch_owners WHERE key = ?", (key,))
+
+
+def _owned(db: sqlite3.Connection, owner: str) -> int:
+    row = db.execute("SELECT bytes FROM batch_owned WHERE owner = ?", (owner,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _own(db: sqlite3.Connection, owner: str, size: int) -> None:
+    db.execute(
+        "INSERT INTO batch_owned VALUES (?, ?) "
+        "ON CONFLICT (owner) DO UPDATE SET bytes = bytes + excluded.bytes",
+        (owner, size),
+    )
 
 
 def _expire(db: sqlite3.Connection, now: float) -> int:

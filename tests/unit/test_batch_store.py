@@ -176,6 +176,42 @@ async def test_uploads_are_bounded_and_a_batchs_own_writes_are_not(
     assert held_bytes(store) == (800, 800)
 
 
+async def test_a_tenants_uploads_stay_within_its_quota_and_leave_the_others_room(
+    make: Factory, closing: list[BatchStore]
+) -> None:
+    """Each owner's uploads within its quota, counted across replicas (two stores on one
+    backing store) and given back when a file is deleted or expires; fails if one owner's
+    uploads can take the bound from another's, or its total drifts."""
+    clock = Clock()
+    one, two = [await _open(make, closing, clock, max_bytes=1_000) for _ in range(2)]
+
+    async def upload(store: BatchStore, owner: str, key: str, part: int, size: int) -> None:
+        data = owner[0].encode() * size
+        await store.put_part(key, part, data, bounded=True, owner=owner, quota=500)
+
+    await upload(one, "acme", "a1", 0, 300)
+    await one.create("a1", b"{}", expires=clock.now + 60, indexes={})
+    await upload(two, "acme", "a2", 0, 150)  # another replica, the same total
+    await two.create("a2", b"{}", expires=clock.now + 10, indexes={})
+    with pytest.raises(ResourceExhausted) as refused:
+        await upload(one, "acme", "a3", 0, 100)
+    assert refused.value.code == "store_full" and "quota" in refused.value.message
+    await upload(two, "acme", "a2", 0, 190)  # a part written again: its growth
+    with pytest.raises(ResourceExhausted):
+        await upload(two, "acme", "a2", 1, 20)
+    # Another tenant's uploads still fit: the store holds 490 of its 1,000 bytes.
+    await upload(one, "beta", "b1", 0, 500)
+    await one.create("b1", b"{}", expires=clock.now + 60, indexes={})
+    # Room comes back to acme as its files go: one deleted, one expired.
+    assert await two.delete("a1")
+    await upload(one, "acme", "a3", 0, 300)
+    with pytest.raises(ResourceExhausted):
+        await upload(one, "acme", "a4", 0, 100)
+    clock.now += 11  # a2 (190 bytes) expires; the next write removes it
+    await upload(two, "acme", "a4", 0, 190)
+    assert held_bytes(one) == (300 + 500 + 190, 300 + 500 + 190)
+
+
 async def test_a_request_has_one_result_and_the_tally_counts_it(
     make: Factory, closing: list[BatchStore]
 ) -> None:

@@ -623,3 +623,31 @@ def test_a_batchs_requests_run_as_its_tenant(tmp_path: Path) -> None:
         for stranger in (other, full):
             with pytest.raises(openai.NotFoundError):
                 stranger.responses.retrieve(response_id)
+
+
+def test_a_tenants_uploads_are_bounded_by_its_quota(tmp_path: Path) -> None:
+    """`--tenant-limits acme:uploaded_bytes=N`: acme's uploads past N are refused (429
+    `store_full`, leaving nothing), another tenant's still fit, and deleting a file gives
+    acme its room back. Fails if uploads are bounded only by the store's total."""
+    keys = {
+        "tenant_api_key": ["acme:key-a", "other:key-b"],
+        "tenant_limits": ["acme:uploaded_bytes=3000"],
+        "batch_store_max_bytes": 100_000,
+    }
+    with uvicorn_in_thread(
+        _app(tmp_path / "b.sqlite3", FakeEngine(), **keys), lifespan="on"
+    ) as port:
+        url = f"http://127.0.0.1:{port}"
+        acme = openai.OpenAI(base_url=f"{url}/v1", api_key="key-a", max_retries=0)
+        other = openai.OpenAI(base_url=f"{url}/v1", api_key="key-b", max_retries=0)
+        content = _jsonl([_line(f"r{i}", _chat("x" * 40)) for i in range(8)])
+        assert 1500 < len(content) <= 3000, len(content)  # one fits, two do not
+        first = acme.files.create(file=("a.jsonl", content), purpose="batch")
+        with pytest.raises(openai.RateLimitError) as refused:
+            acme.files.create(file=("b.jsonl", content), purpose="batch")
+        assert refused.value.code == "store_full"
+        assert [f.id for f in acme.files.list()] == [first.id]
+        for name in ("c.jsonl", "d.jsonl", "e.jsonl"):
+            other.files.create(file=(name, content), purpose="batch")
+        acme.files.delete(first.id)
+        acme.files.create(file=("b.jsonl", content), purpose="batch")

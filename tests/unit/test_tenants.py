@@ -101,6 +101,7 @@ def test_limits_default_to_an_equal_share_of_the_servers_bounds() -> None:
         sessions=settings.salience_max_sessions,
         session_tokens=settings.salience_max_total_tokens,
         stored_bytes=settings.responses_store_max_bytes,
+        uploaded_bytes=settings.batch_store_max_bytes,
     )
     # Three tenants: the default one (--api-key), acme and beta.
     shared = Keyring.from_settings(_settings(**KEYS)).authenticate("acme-key").limits
@@ -110,6 +111,7 @@ def test_limits_default_to_an_equal_share_of_the_servers_bounds() -> None:
         sessions=settings.salience_max_sessions // 3,
         session_tokens=settings.salience_max_total_tokens // 3,
         stored_bytes=settings.responses_store_max_bytes // 3,
+        uploaded_bytes=settings.batch_store_max_bytes // 3,
     )
 
 

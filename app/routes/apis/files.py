@@ -114,6 +114,7 @@ async def create_file(request: Request, batches: BatchesDep, principal: Principa
             purpose=purpose,
             expires_s=expires_after(expiry, "expires_after"),
             read=upload.read,
+            quota=principal.limits.uploaded_bytes,
         )
     finally:
         for upload in uploads:
