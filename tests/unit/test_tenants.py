@@ -462,6 +462,18 @@ async def test_stored_responses_are_their_tenants_on_every_route(tmp_path: Path)
             )
             _same_answer(theirs, unknown, rid, UNKNOWN_RESPONSE)
             assert theirs.json()["error"]["code"] == "previous_response_not_found"
+            compact = {"model": "fake", "input": "sum up"}
+            theirs = await c.post(
+                "/v1/responses/compact",
+                json={**compact, "previous_response_id": rid},
+                headers=headers,
+            )
+            unknown = await c.post(
+                "/v1/responses/compact",
+                json={**compact, "previous_response_id": UNKNOWN_RESPONSE},
+                headers=headers,
+            )
+            _same_answer(theirs, unknown, rid, UNKNOWN_RESPONSE)
         # Untouched by the others: acme reads, chains on and deletes it.
         assert (await c.get(f"/v1/responses/{rid}", headers=ACME)).json()["id"] == rid
         items = await c.get(f"/v1/responses/{rid}/input_items", headers=ACME)
@@ -472,6 +484,12 @@ async def test_stored_responses_are_their_tenants_on_every_route(tmp_path: Path)
             headers=ACME,
         )
         assert follow.status_code == 200, follow.text
+        compacted = await c.post(
+            "/v1/responses/compact",
+            json={"model": "fake", "input": "sum up", "previous_response_id": rid},
+            headers=ACME,
+        )
+        assert compacted.status_code == 200, compacted.text
         assert (await c.delete(f"/v1/responses/{rid}", headers=ACME)).status_code == 200
 
 
