@@ -33,7 +33,10 @@ engine has aborted their requests (the drain does that, `app.drain`).
 Per tenant (`app.tenants`): a tenant's units in flight (queued or running) are bounded
 by its `concurrent` limit, when it has one; past it, its next unit is refused as the
 queue bound refuses (`Overloaded`, with the same retry hint), whatever room the queue
-has, so one tenant's burst cannot take every place from the others.
+has, so one tenant's burst cannot take every place from the others. Work of the batch
+lane (`LANE_PRIORITY`, `app.batches.lane`) is neither bounded nor counted there: the
+lane has a width of its own, every tenant's batches share it, and it yields to
+interactive work, so a tenant's batch never takes its own interactive places.
 
 Counters count units: a call of several units (`admit_all`) is admitted whole or refused
 whole, and a refused call adds all its units to `refused`, none to `admitted`.
@@ -83,6 +86,10 @@ class ProtocolName(StrEnum):
     TOKENS = "tokens"  # llm-d's token-in/token-out
     BATCH = "batch"  # a batch's requests, in the lane (`app.batches.lane`)
 
+
+# The batch lane's priority (`app.batches.lane`): after every priority a client may ask
+# for (vLLM runs lower values first).
+LANE_PRIORITY = 1 << 30
 
 # Weight of the newest sample in the queue-wait average.
 _EWMA_WEIGHT = 0.2
@@ -143,8 +150,9 @@ class Ticket(_Releasing):
     cut: bool = False
     # The request it admits, told of its admission and its first event.
     record: RequestRecord | None = field(default=None, repr=False)
-    # Whose work it is (its tenant's `concurrent` limit counts it while it is in flight).
-    tenant: str = DEFAULT_TENANT
+    # The tenant whose `concurrent` limit counts it while it is in flight (None: work of
+    # the batch lane, which no tenant's limit counts).
+    tenant: str | None = DEFAULT_TENANT
 
     def measured(self, tokens: int) -> None:
         """The prompt's real token count, once known (replaces the upper bound)."""
@@ -179,7 +187,8 @@ class Ticket(_Releasing):
             self._owner._dequeue(self, waited=False)
         self.released = True
         self._owner._live.discard(self)
-        self._owner._leaves(self.tenant)
+        if self.tenant is not None:
+            self._owner._leaves(self.tenant)
 
 
 class Tickets(_Releasing):
@@ -244,7 +253,8 @@ class Admission:
             self.refused[protocol] += 1
             raise self.shutting_down()
         tenant = DEFAULT_TENANT if principal is None else principal.tenant
-        concurrent = 0 if principal is None else principal.limits.concurrent
+        lane = priority >= LANE_PRIORITY  # outside the tenant's bound (see the docstring)
+        concurrent = 0 if principal is None or lane else principal.limits.concurrent
         if concurrent and self._in_flight_of[tenant] >= concurrent:
             self.refused[protocol] += 1
             retry = self.retry_after_s()
@@ -270,9 +280,16 @@ class Admission:
                 retry_after_s=retry,
             )
         ticket = Ticket(
-            self, protocol, priority, tokens, self._clock(), record=record, tenant=tenant
+            self,
+            protocol,
+            priority,
+            tokens,
+            self._clock(),
+            record=record,
+            tenant=None if lane else tenant,
         )
-        self._in_flight_of[tenant] += 1
+        if not lane:
+            self._in_flight_of[tenant] += 1
         if record is not None:
             record.admitted_now()
         self._queue.append(ticket)

@@ -30,10 +30,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from app.admission import Admission, ProtocolName, Ticket
+from app.admission import LANE_PRIORITY, Admission, ProtocolName, Ticket
 
-# After every priority a client may ask for (vLLM runs lower values first).
-BATCH_PRIORITY = 1 << 30
+# After every priority a client may ask for (vLLM runs lower values first); admission
+# keeps lane work out of each tenant's bound.
+BATCH_PRIORITY = LANE_PRIORITY
 # Admission's and /metrics' name for batch work.
 PROTOCOL = ProtocolName.BATCH
 

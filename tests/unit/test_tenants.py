@@ -659,3 +659,27 @@ async def test_metrics_count_requests_and_tokens_per_configured_tenant() -> None
         if line.startswith("switchboard_output_tokens_total{") and 'tenant="acme"' in line
     ]
     assert output and float(output[0].rsplit(" ", 1)[1]) == 6.0
+
+
+def test_a_tenants_batch_work_takes_none_of_its_interactive_places() -> None:
+    """Work of the batch lane is bounded by the lane's own width, shared by every tenant:
+    a tenant's batch requests in flight leave its `concurrent` places to its interactive
+    calls (else its own batch would refuse them)."""
+    from app.admission import LANE_PRIORITY, Admission, ProtocolName
+    from app.errors import Overloaded
+
+    admission = Admission(None, None)
+    acme = Principal("acme", Role.TENANT, Limits(concurrent=1), "acme")
+    lane = [
+        admission.admit(ProtocolName.BATCH, priority=LANE_PRIORITY, principal=acme)
+        for _ in range(5)
+    ]
+    interactive = admission.admit(ProtocolName.OPENAI, principal=acme)
+    with pytest.raises(Overloaded, match="Your tenant has 1 units"):
+        admission.admit(ProtocolName.OPENAI, principal=acme)
+    for ticket in lane:
+        ticket.release()
+    with pytest.raises(Overloaded):  # the lane's leaving gave back no interactive place
+        admission.admit(ProtocolName.OPENAI, principal=acme)
+    interactive.release()
+    admission.admit(ProtocolName.OPENAI, principal=acme)
