@@ -11,12 +11,17 @@ queued from admission until `Ticket.running` (the engine's first event for it: p
 done) or its release; running requests are not counted. Both bounds, `max_requests` and
 `max_tokens` (prompt tokens), are optional.
 
-Priority (vLLM's priority scheduler runs lower values first): a request of priority `p`
-is measured only against queued work of priority `<= p`, the work that would be
-scheduled before it or beside it. So a higher-priority request is never refused because
-lower-priority requests wait, and what a request waits behind stays bounded at every
-priority. (The total queue can then exceed the bound by lower-priority work that was
-admitted first; it drains first-come within a priority.)
+Priority (vLLM's priority scheduler runs lower values first): a client's priority is
+clamped to what it may ask (`clamp_priority`: no more urgent than its ceiling, 0 by
+default, so a client may make its request less urgent than the default and never more),
+once, here, and the engine runs every admitted request at its ticket's priority
+(`Ticket.start`), whatever its core wrote: admission's measure and the scheduler's order
+cannot disagree. A request of priority `p` is measured only against queued work of
+priority `<= p`, the work that would be scheduled before it or beside it. So a
+higher-priority request is never refused because lower-priority requests wait, and what
+a request waits behind stays bounded at every priority. (The total queue can then
+exceed the bound by lower-priority work that was admitted first; it drains first-come
+within a priority.)
 
 Tokens before tokenizing: the caller passes an upper bound (a text prompt's UTF-8 length:
 a byte-level tokenizer never makes more tokens than bytes, plus its few specials) and may
@@ -59,7 +64,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
@@ -97,6 +102,18 @@ _EWMA_WEIGHT = 0.2
 _SPECIALS_ALLOWANCE = 8
 
 _SHUTTING_DOWN = "The server is shutting down; retry on another replica or after the restart"
+
+# The most urgent priority a client may ask for unless its key allows more (vLLM's
+# order: smaller runs first; 0 is every request's default).
+DEFAULT_PRIORITY_CEILING = 0
+
+
+def clamp_priority(requested: int, ceiling: int = DEFAULT_PRIORITY_CEILING) -> int:
+    """The priority a request is admitted and run at: what it asked, but never more urgent
+    than `ceiling` (the principal's: `DEFAULT_PRIORITY_CEILING` unless its key allows
+    more). A client sending ever smaller priorities would otherwise be measured against
+    an empty queue and preempt everyone in vLLM's scheduler."""
+    return max(requested, ceiling)
 
 
 def text_tokens_bound(text: str | bytes) -> int:
@@ -162,8 +179,9 @@ class Ticket(_Releasing):
 
     def start(self, request: GenerationRequest) -> GenerationRequest:
         """Before the engine is asked to run `request` on this ticket: refused if a drain
-        cut it already; the prompt's real size and the engine request noted. The request
-        to run: as the ticket's record makes it, if it has one."""
+        cut it already; the prompt's real size and the engine request noted. What the
+        engine runs: `request` as the ticket's record makes it, if it has one, at this
+        ticket's (clamped) priority."""
         if self.cut:
             raise self._owner.shutting_down()
         if request.prompt_token_ids is not None:
@@ -171,6 +189,8 @@ class Ticket(_Releasing):
         if self.record is not None:
             request = self.record.for_engine(request)
         self.request_id = request.request_id
+        if request.priority != self.priority:
+            return replace(request, priority=self.priority)
         return request
 
     def running(self) -> None:
@@ -246,9 +266,13 @@ class Admission:
         record: RequestRecord | None = None,
         principal: Principal | None = None,
     ) -> Ticket:
-        """A ticket (for `record`'s request, of `principal`'s tenant), or `Overloaded`
-        when the queued work this request would wait behind (priority <= its own) is at a
-        bound, or its tenant's work in flight at its `concurrent` limit."""
+        """A ticket (for `record`'s request, of `principal`'s tenant) at `priority`
+        clamped to the principal's ceiling (`clamp_priority`: `limits.priority`, else
+        `DEFAULT_PRIORITY_CEILING`), or `Overloaded` when the queued work this request
+        would wait behind (priority <= its own) is at a bound, or its tenant's work in
+        flight at its `concurrent` limit."""
+        ceiling = DEFAULT_PRIORITY_CEILING if principal is None else principal.limits.priority
+        priority = clamp_priority(priority, ceiling)
         if self._closed:
             self.refused[protocol] += 1
             raise self.shutting_down()

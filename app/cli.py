@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
+import secrets
 import signal
 import socket
 from pathlib import Path
@@ -82,10 +84,42 @@ def _settings(known: argparse.Namespace, rest: list[str]) -> Settings:
         raise ConfigError(f"{where}: {first['msg']}") from None
 
 
+def _loopback(host: str) -> bool:
+    """Whether `host` reaches this machine only (a name that resolves elsewhere, or a
+    wildcard, does not)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def keyed_if_exposed(settings: Settings) -> Settings:
+    """`settings`, with an API key generated, and shown once in the log, when the server
+    would listen beyond this machine with no key at all: anyone who can reach the port
+    could use, store to and delete from it (the shipped compose files and manifests
+    listened on 0.0.0.0 keyless). A key the operator sets (--api-key, a tenant's or the
+    control plane's) is used as it is, and loopback stays keyless."""
+    keyless = not (settings.api_key or settings.tenant_api_key or settings.control_plane_api_keys)
+    if not keyless or _loopback(settings.host):
+        return settings
+    key = "sk-" + secrets.token_urlsafe(32)
+    logger.warning(
+        "Listening on %s with no API key: generated one for this run (shown once, here; set "
+        "--api-key or SWITCHBOARD_API_KEY to choose it): %s",
+        settings.host,
+        key,
+    )
+    return settings.model_copy(update={"api_key": key})
+
+
 def uvicorn_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
     """How uvicorn serves the app: one place, so the tests' live servers run what
     `switchboard serve` runs."""
     import uvicorn
+
+    from app.routes.http.connections import GuardedWebSockets, guarded_http
 
     return uvicorn.Config(
         app,
@@ -93,11 +127,13 @@ def uvicorn_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
         port=settings.port,
         log_level=settings.log_level,
         lifespan="on",
-        http="httptools",
+        # uvicorn's httptools protocol, with a connection cap and a head timeout.
+        http=guarded_http(settings.header_timeout_s, settings.max_connections),
         # The sans-IO protocol frames a message without the legacy implementation's
         # per-connection reader/writer tasks: about 0.6x its own server CPU per message
-        # on paced streams (bench/transport_floor.py), and uvicorn's announced default.
-        ws="websockets-sansio",
+        # on paced streams (bench/transport_floor.py), and uvicorn's announced default;
+        # its frames over the size limit told in the socket's protocol.
+        ws=GuardedWebSockets,
         access_log=False,
         ws_per_message_deflate=settings.ws_per_message_deflate,
         # The drain has ended the work already; what is left is idle connections.
@@ -183,7 +219,7 @@ def _serve(argv: list[str]) -> None:
     try:
         settings = _settings(known, rest)
         configure_logging(settings.log_level, settings.access_log)
-        uvloop.run(_run(settings))
+        uvloop.run(_run(keyed_if_exposed(settings)))
     except ConfigError as exc:
         # The operator's mistake, not a crash: one line on stderr, exit status 2 (as
         # argparse ends on a bad flag).

@@ -284,9 +284,62 @@ class Settings(BaseSettings):
         "takes it over.",
     )
 
+    # On a network: what one request may cost (app.routes.http.bodies, docs/operations.md)
+    max_request_body_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        gt=0,
+        description="Largest request body of every JSON API (OpenAI, Responses, "
+        "Anthropic, Conversations): past it the answer is 413 in the API's shape, before "
+        "the body is read past it. Default 32 MiB, Anthropic's own limit: room for a few "
+        "images inline. GraphPipe has its own (--graphpipe-max-request-bytes).",
+    )
+
+    max_connections: int = Field(
+        default=4096,
+        gt=0,
+        description="HTTP and websocket connections open at once; past it a new one is "
+        "answered 503 with Retry-After and closed before any of it is read (keep the "
+        "process's open-file limit above it).",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a request's head (request line and headers) may take to "
+        "arrive from its first byte (a connection's first request: from the connection); "
+        "past it the answer is 408 and the connection is closed, so a client trickling "
+        "heads holds nothing longer (slowloris).",
+    )
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Web pages (origins, as `http://host:port`) that may drive this server "
+        "besides its own playground, as `vllm serve --allowed-origins` (a JSON list is "
+        "taken too): websocket upgrades and requests that change something from any other "
+        "page are refused (403), and these get CORS headers. `*`: every page. Clients "
+        "that send no Origin (SDKs, agents, routers, gRPC) are never affected.",
+    )
+    allowed_methods: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["*"],
+        description="Methods CORS allows the --allowed-origins, as `vllm serve`.",
+    )
+    allowed_headers: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["*"],
+        description="Headers CORS allows the --allowed-origins, as `vllm serve`.",
+    )
+    trust_request_chat_template: bool = Field(
+        default=False,
+        description="Let a request bring its own chat template (`chat_template`, or "
+        "`chat_template_kwargs.chat_template`), as `vllm serve "
+        "--trust-request-chat-template`; refused with 400 otherwise. A template is Jinja "
+        "that runs on the server's prompt-building thread.",
+    )
+
     # GraphPipe
     graphpipe_max_request_bytes: int = Field(
-        default=64 * 1024 * 1024, description="Largest GraphPipe request body accepted."
+        default=64 * 1024 * 1024,
+        gt=0,
+        description="Largest GraphPipe request body accepted (413 past it, as "
+        "--max-request-body-bytes for the JSON APIs); a body also decodes to at most its "
+        "own size, strings shared by several offsets counted once per offset.",
     )
 
     # Salience
@@ -399,6 +452,31 @@ class Settings(BaseSettings):
                 value if info.field_name == "tenant_limits" else value.replace(",", " ")
             ).split()
         return value
+
+    @field_validator("api_key")
+    @classmethod
+    def _empty_key_is_none(cls, value: str | None) -> str | None:
+        # An empty key (SWITCHBOARD_API_KEY= in a compose file) is no key, never a key
+        # that an empty bearer token matches.
+        return value or None
+
+    @field_validator("allowed_origins", "allowed_methods", "allowed_headers", mode="before")
+    @classmethod
+    def _origin_entries(cls, value: Any) -> Any:
+        # vLLM's spelling is one JSON list (`--allowed-origins '["http://a"]'`); entries
+        # separated by spaces or commas are taken too, from a flag or the environment.
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list):
+            return value
+        entries: list[Any] = []
+        for item in items:
+            if isinstance(item, str) and item.lstrip().startswith("["):
+                entries.extend(json.loads(item))
+            elif isinstance(item, str):
+                entries.extend(item.replace(",", " ").split())
+            else:
+                entries.append(item)
+        return entries
 
     @field_validator("tenant_api_key")
     @classmethod

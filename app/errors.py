@@ -6,7 +6,9 @@ is in the terms every protocol shares, its HTTP status and its gRPC status:
 
     SwitchboardError                 500  INTERNAL
     ├── InvalidRequest               400  INVALID_ARGUMENT
-    │   └── ContextLengthExceeded    400  RESOURCE_EXHAUSTED
+    │   ├── ContextLengthExceeded    400  RESOURCE_EXHAUSTED
+    │   ├── PayloadTooLarge          413  RESOURCE_EXHAUSTED
+    │   └── UnsupportedMediaType     415  INVALID_ARGUMENT
     ├── Unauthenticated              401  UNAUTHENTICATED
     ├── PermissionDenied             403  PERMISSION_DENIED
     ├── NotFound                     404  NOT_FOUND
@@ -36,6 +38,12 @@ is a bug of ours, never the client's: `client_error` is the one place that decid
 `InternalError.wrap` logs it with a fresh id; the client sees that id and a fixed
 message, never the exception's text.
 
+What only the operator may read (a file path, a store's host, a library's own words) never
+goes to a client either: an error that has such a detail is made with `withholding`, which
+logs the detail under a fresh error id and gives the client a plain message ending with
+that id, so one line of the log explains the client's error. One mechanism for every such
+error (stores, LoRA adapters, bugs).
+
 `ConfigError` is outside the tree on purpose: a bad flag or file at start-up is the
 operator's, not a client's, and is never rendered to a client.
 """
@@ -44,11 +52,17 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import ClassVar
+from typing import Any, ClassVar, Self
 
 from app.wire_text import well_formed
 
 logger = logging.getLogger(__name__)
+
+
+def new_error_id() -> str:
+    """An id the client's error and the server's log line share."""
+    return uuid.uuid4().hex[:16]
+
 
 # gRPC's numeric status codes, for the names used below.
 _GRPC_CODES = {
@@ -80,6 +94,21 @@ class SwitchboardError(Exception):
         self.message = message
         self.param = None if param is None else well_formed(param)
         self.code = code
+        self.error_id: str | None = None  # set when the log holds what the message withholds
+
+    @classmethod
+    def withholding(
+        cls, message: str, detail: object, *, level: int = logging.WARNING, **kwargs: Any
+    ) -> Self:
+        """This error, telling the client `message` and an error id; `detail` (what only
+        the operator may read: a path, a host, a library's text; an exception is logged
+        with its traceback) goes to the server's log, at `level`, under that id."""
+        error_id = new_error_id()
+        exc_info = detail if isinstance(detail, BaseException) else None
+        logger.log(level, "%s (error id %s): %s", message, error_id, detail, exc_info=exc_info)
+        error = cls(f"{message} (error id {error_id})", **kwargs)
+        error.error_id = error_id
+        return error
 
     @property
     def graphpipe_code(self) -> int:
@@ -104,6 +133,28 @@ class ContextLengthExceeded(InvalidRequest):
 
     grpc_status = "RESOURCE_EXHAUSTED"
     evergreen_reason = "RESOURCE_EXHAUSTED"
+
+
+class PayloadTooLarge(InvalidRequest):
+    """A body, frame or message is over what the server takes, or would decode to more
+    (`app.limits`): the client's to make smaller, never to retry as it is."""
+
+    http_status = 413
+    grpc_status = "RESOURCE_EXHAUSTED"
+    evergreen_reason = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message, param=param, code="request_too_large")
+
+
+class UnsupportedMediaType(InvalidRequest):
+    """A body whose declared Content-Type the route does not take (a JSON API's body
+    must be declared JSON: a web page can send any other type without asking)."""
+
+    http_status = 415
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="unsupported_media_type")
 
 
 class Unauthenticated(SwitchboardError):
@@ -220,7 +271,7 @@ class InternalError(SwitchboardError):
     @classmethod
     def wrap(cls, exc: BaseException) -> InternalError:
         """Log `exc` (with its traceback) under a fresh id; the error to send instead."""
-        error_id = uuid.uuid4().hex[:16]
+        error_id = new_error_id()
         logger.error("internal error %s", error_id, exc_info=(type(exc), exc, exc.__traceback__))
         return cls(error_id)
 

@@ -43,6 +43,7 @@ from app.routes.grpc.server import serve_grpc
 from app.routes.http.bodies import collect_definitions
 from app.routes.http.errors import install_error_handlers
 from app.routes.http.json import OrjsonResponse
+from app.routes.http.origins import install_origins
 from app.routes.raw_send import keep_raw_send
 from app.routes.ws import evergreen, salience
 from app.routes.ws import responses as responses_ws
@@ -98,7 +99,11 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         lambda: objects.salience,
         lambda: objects.batches,
     )
-    # Outermost: it sees every answer, the error handlers' and the metrics' included.
+    install_origins(
+        app, settings.allowed_origins, settings.allowed_methods, settings.allowed_headers
+    )
+    # Outermost: it sees every answer, the error handlers', the metrics' and the origin
+    # guard's included.
     app.add_middleware(HttpTelemetry, telemetry=telemetry)
     _document_bodies(app)
     return app

@@ -22,7 +22,8 @@ is not its.
 Limits (`--tenant-limits TENANT_ID:name=value,...`; `*` for every tenant's default):
 
     priority        the most urgent priority its requests may ask (vLLM runs smaller
-                    first): a request asking for less is raised to it. Default 0, the
+                    first): a request asking for less is raised to it, in admission
+                    (`app.admission.clamp_priority`, the one rule). Default 0, the
                     default priority: a client may only make its work less urgent
     concurrent      its units of engine work admitted at once (queued or running);
                     0: no bound of its own. Default: with one tenant none; with several,
@@ -97,11 +98,6 @@ class Principal:
     def controls(self) -> bool:
         """May change the server (LoRA load and unload)."""
         return self.role is not Role.TENANT
-
-    def clamp_priority(self, priority: int) -> int:
-        """`priority` raised to what this caller may ask at most (vLLM: smaller runs
-        first)."""
-        return max(priority, self.limits.priority)
 
 
 class Tenants:

@@ -113,6 +113,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: str | None = None  # vLLM's: refused unless the server trusts it
     chat_template_kwargs: dict[str, Any] | None = None
     echo: bool = False
     tools: list[dict[str, Any]] | None = None
@@ -141,6 +142,7 @@ class TokenizeChatRequest(_Body):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: str | None = None  # vLLM's: refused unless the server trusts it
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     return_token_strs: bool = False

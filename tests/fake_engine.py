@@ -126,7 +126,9 @@ class FakeEngine:
             else self._tokenizer.encode(request.prompt_text or "")
         )
         # The real engine's safety net, so a core that skipped a check fails here too.
-        sampling = validate_sampling(request.sampling, self._info, prefill_only=True)
+        sampling = validate_sampling(
+            request.sampling, self._info, prefill_only=True, compile_constraint=False
+        )
         check_prompt(prompt, sampling.max_tokens, self._info)
         self.requests.append(request)
         self.running.add(request.request_id)

@@ -101,16 +101,17 @@ def infer_request(call: Infer) -> bytes:
     if outputs is not None:
         fb.InferRequestAddOutputNames(builder, outputs)
     body = fb.InferRequestEnd(builder)
-    return _request(builder, fb.Req.InferRequest, body)
+    return request_of(builder, fb.Req.InferRequest, body)
 
 
 def metadata_request() -> bytes:
     builder = flatbuffers.Builder(64)
     fb.MetadataRequestStart(builder)
-    return _request(builder, fb.Req.MetadataRequest, fb.MetadataRequestEnd(builder))
+    return request_of(builder, fb.Req.MetadataRequest, fb.MetadataRequestEnd(builder))
 
 
-def _request(builder: flatbuffers.Builder, kind: int, body: int | None) -> bytes:
+def request_of(builder: flatbuffers.Builder, kind: int, body: int | None) -> bytes:
+    """The `Request` of union type `kind` holding `body`, finished."""
     fb.RequestStart(builder)
     fb.RequestAddReqType(builder, kind)
     if body is not None:
@@ -129,7 +130,7 @@ def request_with_union(kind: int, body: str | None) -> bytes:
     elif body == "metadata":
         fb.MetadataRequestStart(builder)
         offset = fb.MetadataRequestEnd(builder)
-    return _request(builder, kind, offset)
+    return request_of(builder, kind, offset)
 
 
 def read_tensor(tensor: fb.Tensor) -> np.ndarray:

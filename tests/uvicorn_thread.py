@@ -1,5 +1,7 @@
 """An ASGI app served by uvicorn on a free port of 127.0.0.1, in a thread of the test's
-own process (so a test can patch what the server runs), stopped when the block ends."""
+own process (so a test can patch what the server runs), stopped when the block ends:
+with uvicorn's `Config` options (`uvicorn_in_thread`), or as `switchboard serve` serves
+it (`served_as_switchboard`: `app.cli.uvicorn_config`)."""
 
 from __future__ import annotations
 
@@ -14,16 +16,40 @@ from typing import Any
 from starlette.types import ASGIApp
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @contextmanager
 def uvicorn_in_thread(app: ASGIApp, **options: Any) -> Iterator[int]:
     """The port `app` is served on (uvicorn's `Config` takes `options`)."""
     import uvicorn
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = _free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", **options)
-    server = uvicorn.Server(config)
+    with _serving(uvicorn.Server(config)):
+        yield port
+
+
+@contextmanager
+def served_as_switchboard(engine: Any, **settings: Any) -> Iterator[int]:
+    """The port of `create_app(Settings(model="fake", **settings), engine)`, served by the
+    uvicorn configuration `switchboard serve` runs."""
+    import uvicorn
+
+    from app.cli import uvicorn_config
+    from app.config import Settings
+    from app.main import create_app
+
+    options = Settings(model="fake", port=_free_port(), log_level="critical", **settings)
+    with _serving(uvicorn.Server(uvicorn_config(create_app(options, engine=engine), options))):
+        yield options.port
+
+
+@contextmanager
+def _serving(server: Any) -> Iterator[None]:
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -31,7 +57,7 @@ def uvicorn_in_thread(app: ASGIApp, **options: Any) -> Iterator[int]:
         assert time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.05)
     try:
-        yield port
+        yield
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -271,6 +271,10 @@ class EngineInfo:
     # Tool calling (the engine's parsers); None: the engine takes no tools.
     tools: ToolSupport | None = field(default=None, compare=False, repr=False)
     sampling_defaults: SamplingDefaults = SamplingDefaults()
+    # A request may bring its own chat template (`chat_template`, or `chat_template` in
+    # its template kwargs) only when the operator says so, as `vllm serve
+    # --trust-request-chat-template`: the template is Jinja the server runs.
+    trust_request_chat_template: bool = False
 
     def require_vision(self, param: str | None) -> VisionInfo:
         """`vision`, for a request that brings images; a model that takes none refuses

@@ -72,11 +72,15 @@ def validate_sampling(
     *,
     prefill_only: bool = False,
     n: int = 1,
+    compile_constraint: bool = True,
 ) -> SamplingOptions:
     """`options` checked against the engine's limits, normalised (top_k -1 or past the
     vocabulary -> 0; logprobs -1 -> the vocabulary size). `prefill_only`: max_tokens 0
     is allowed and means the prompt is only scored. `n`: how many samples the caller
-    draws with these options (one engine request each)."""
+    draws with these options (one engine request each). `compile_constraint`: parse the
+    constraint and ask the engine's backend to compile it (blocking, as long as the
+    spec: off the event loop); False where a core has done so already (the engine's
+    safety net, on the loop)."""
     o = options
     if o.seed is not None and not SEED_MIN <= o.seed <= SEED_MAX:
         raise _invalid(fields, "seed", "an integer in [-2**63, 2**63)", o.seed)
@@ -121,7 +125,9 @@ def validate_sampling(
     check_token_ids(o.stop_token_ids, info, _name(fields, "stop_token_ids"))
     logprobs = _logprobs(o.logprobs, info, fields, "logprobs")
     prompt_logprobs = _logprobs(o.prompt_logprobs, info, fields, "prompt_logprobs")
-    validate_constraints(o, info, bias_param=_name(fields, "logit_bias"))
+    validate_constraints(
+        o, info, bias_param=_name(fields, "logit_bias"), compile_constraint=compile_constraint
+    )
     top_k = 0 if o.top_k == -1 or o.top_k >= info.vocab_size else o.top_k
     if (top_k, logprobs, prompt_logprobs) == (o.top_k, o.logprobs, o.prompt_logprobs):
         return o
@@ -190,10 +196,15 @@ def check_prompt(
 
 
 def validate_constraints(
-    options: SamplingOptions, info: EngineInfo, *, bias_param: str = "logit_bias"
+    options: SamplingOptions,
+    info: EngineInfo,
+    *,
+    bias_param: str = "logit_bias",
+    compile_constraint: bool = True,
 ) -> None:
     """The one check of `options.constraint` and `options.logit_bias` against the served
-    model; raises `InvalidRequest` naming the client's field."""
+    model; raises `InvalidRequest` naming the client's field. `compile_constraint`: as
+    `validate_sampling` says."""
     for token, value in options.logit_bias:
         if not 0 <= token < info.vocab_size:
             raise InvalidRequest(
@@ -212,6 +223,8 @@ def validate_constraints(
             f"unknown constraint kind {constraint.kind!r}; one of {', '.join(KINDS)}",
             param=constraint.param,
         )
+    if not compile_constraint:
+        return
     check_shape(constraint)
     if info.check_constraint is None:
         raise InvalidRequest(

@@ -214,7 +214,9 @@ http {{
             proxy_http_version 1.1;
             proxy_set_header Upgrade $http_upgrade;
             proxy_set_header Connection $connection_upgrade;
-            proxy_set_header Host $host;
+            # The Host as the browser sent it, port included: a replica's origin check
+            # (--allowed-origins) knows the playground's page by it.
+            proxy_set_header Host $http_host;
             proxy_buffering off;
             proxy_read_timeout 1h;
             proxy_send_timeout 1h;

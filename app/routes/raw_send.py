@@ -9,6 +9,9 @@ websocket's frames, `app.routes.ws.frame_writer`) writes its pieces there once t
 response has started through the chain. `app.main.create_app`'s app keeps it
 (`keep_raw_send` in its `__call__`); `bodies_past_middleware` does the same around any
 other ASGI app. Without the key (an app that keeps none) the pieces take the chain.
+
+`cut_connection(send)` aborts the connection a server's own `send` writes to: what a
+stream does to a reader that has stopped reading (`app.routes.send_writer`).
 """
 
 from __future__ import annotations
@@ -38,3 +41,15 @@ def bodies_past_middleware(app: ASGIApp) -> ASGIApp:
         await app(scope, receive, send)
 
     return serve
+
+
+def cut_connection(send: Send | None) -> bool:
+    """Abort the connection the server's own `send` writes to (its transport closed at
+    once, what it holds unsent dropped): uvicorn then reports the client's disconnect to
+    the app, whose work ends as for a client that left. False for a `send` that is not
+    the server's (an ASGI test client's)."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if transport is None:
+        return False
+    transport.abort()
+    return True

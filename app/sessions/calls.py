@@ -10,7 +10,9 @@ In this order:
    the exchange: off the event loop, in the one prompt thread (`in_prompt_thread`),
    where templating, tokenizing, compiling a constraint's grammar and decoding images
    block, so that they never stall the streams. A build that fails gives its admission
-   places back.
+   places back. Work that builds a prompt and runs nothing (the render routes,
+   /tokenize, count_tokens) is admitted alike, for as long as it builds
+   (`admitted_in_prompt_thread`).
 2. `stream_call`: the exchange's events handed to `emit` as they come: `opening()`, then
    the events of each engine event, pushed from the engine's own loop
    (`run_generations`: the call's task waits once, for the end), then `closing()`; a
@@ -77,6 +79,23 @@ async def in_prompt_thread(build: Callable[[], T]) -> T:
     return await asyncio.get_running_loop().run_in_executor(_PROMPT_THREAD, build)
 
 
+async def admitted_in_prompt_thread(
+    admission: Admission,
+    *,
+    protocol: ProtocolName,
+    units: Sequence[int],
+    principal: Principal,
+    build: Callable[[], T],
+    priority: int = 0,
+) -> T:
+    """`build()` in the prompt thread, admitted as a call of `units` is, as `principal`'s
+    (the render routes, /tokenize, count_tokens: prompt work for no engine request): it
+    waits in the same queue, is refused by the same bounds, and gives its places back once
+    built."""
+    with admission.admit_all(protocol, list(units), priority=priority, principal=principal):
+        return await in_prompt_thread(build)
+
+
 class Hooks(Protocol):
     def running(self) -> None:
         """The engine has started the call (its first event)."""
@@ -118,9 +137,9 @@ async def start_call(
     build: Callable[[], Awaitable[C]],
 ) -> Call[C]:
     """Admit a call of `len(units)` engine requests (`units[i]`: a bound of request i's
-    prompt tokens) as `principal`'s (its tenant's limits), then `build()` its exchange
-    (awaited: the prompt thread, and whatever the API reads first, a stored conversation
-    say)."""
+    prompt tokens) as `principal`'s (its tenant's limits; its priority no more urgent than
+    its ceiling), then `build()` its exchange (awaited: the prompt thread, and whatever the
+    API reads first, a stored conversation say)."""
     tickets = admission.admit_all(
         protocol, list(units), priority=priority, record=record, principal=principal
     )

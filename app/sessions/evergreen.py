@@ -55,6 +55,7 @@ from app.protocols.evergreen.generate import (
 from app.protocols.evergreen.lifecycle import Cause, Lifecycle, abort_message
 from app.protocols.evergreen.refs import FileRef
 from app.protocols.evergreen.session import Limits, Ready, Session
+from app.sessions.calls import in_prompt_thread
 from app.sessions.lifetime import SessionLifetime
 from app.sessions.tasks import TaskGroup
 from app.telemetry.callers import Caller
@@ -245,10 +246,13 @@ class EvergreenRun:
             chunks = inputs.join(leaves, files, session.limits.max_bytes)
             engine = self._engine
             # Tokenizing (a chat template over up to max_bytes of text) is CPU-bound for
-            # as long as the input is large: off the loop, like the file reads.
-            ids, sampling = await asyncio.to_thread(
-                prompt_token_ids, plan, chunks, engine.tokenizer, engine.info
+            # as long as the input is large: off the loop, in the prompt thread, where
+            # every prompt is built (the tokenizer is not entered from two threads).
+            ids, sampling = await in_prompt_thread(
+                lambda: prompt_token_ids(plan, chunks, engine.tokenizer, engine.info)
             )
+            if not self.lifecycle.starts_actions:
+                return  # the session failed while the prompt was built: nothing starts
             if ticket is not None:
                 request = GenerationRequest(
                     request_id=f"evg-{uuid.uuid4().hex}",

@@ -144,12 +144,13 @@ class Responses:
     ) -> Call[ResponsesExchange]:
         """Every Responses call's start, whatever carries it (HTTP, the websocket, a
         background run, compaction): the model it names (`served_by`: an unknown one is
-        NOT_FOUND before anything), admission (one unit, its bound `prompt_bound`'s),
-        the conversation it continues read as `principal`'s tenant (`kept` first: a
-        websocket connection's own), the exchange planned. Not to `generate` (`generate:
-        false`): nothing for the engine, so nothing admitted; planned all the same, so
-        the call is checked and completes, with no output, to continue from.
-        A batch's request is admitted in its `lane` (protocol, priority)."""
+        NOT_FOUND before anything), admission (one unit, its bound `prompt_bound`'s, at
+        the body's priority no more urgent than `principal`'s ceiling), the conversation
+        it continues read as `principal`'s tenant (`kept` first: a websocket connection's
+        own), the exchange planned. Not to `generate` (`generate: false`): nothing for
+        the engine, but planned all the same (its prompt built, so admitted as any prompt
+        work is), so the call is checked and completes, with no output, to continue
+        from. A batch's request is admitted in its `lane` (protocol, priority)."""
         served = served_by(self.engine, body.model)
 
         async def build() -> ResponsesExchange:
@@ -175,7 +176,7 @@ class Responses:
                 self.admission,
                 record,
                 protocol=PROTOCOL if lane is None else lane[0],
-                units=[prompt_bound(body)] if generate else [],
+                units=[prompt_bound(body)],
                 priority=body.priority if lane is None else lane[1],
                 principal=principal,
                 build=build,

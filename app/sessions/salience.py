@@ -230,6 +230,7 @@ class SalienceRunner:
         told of its admission, its engine request and tokens.)"""
         ticket = self.admission.admit(
             ProtocolName.SALIENCE,
+            priority=int(request.priority),
             tokens=len(request.append_tokens),
             record=record,
             principal=principal,

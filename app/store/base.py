@@ -76,13 +76,18 @@ class ResponseStore(Protocol):
 
 
 def unavailable(where: str, exc: BaseException, *, store: str = "response store") -> Unavailable:
-    """A backing store that cannot be reached, for this call (`store` names which)."""
-    return Unavailable(f"The {store} ({where}) is unavailable: {exc}", code="store_unavailable")
+    """A backing store that cannot be reached, for this call (`store` names which): where
+    it is and what failed go to the log only, under the error id the client is told."""
+    return Unavailable.withholding(
+        f"The {store} is unavailable", f"{where}: {exc!r}", code="store_unavailable"
+    )
 
 
 def full(where: str, why: str, *, store: str = "response store") -> ResourceExhausted:
-    """A write that would not fit, or that the backing store refused for lack of room."""
-    return ResourceExhausted(f"The {store} ({where}) is full: {why}", code="store_full")
+    """A write that would not fit, or that the backing store refused for lack of room:
+    `why` goes to the client (a record's size and the bound), where the store is to the
+    log only."""
+    return ResourceExhausted.withholding(f"The {store} is full: {why}", where, code="store_full")
 
 
 def too_large(size: int, max_bytes: int) -> str:

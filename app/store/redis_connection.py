@@ -47,7 +47,7 @@ class RedisConnection:
         except redis_errors.WatchError:
             raise
         except redis_errors.OutOfMemoryError as exc:
-            raise full(self.where, str(exc), store=self.store) from exc
+            raise full(f"{self.where}: {exc!r}", "it has no room left", store=self.store) from exc
         except (redis_errors.RedisError, OSError) as exc:
             raise unavailable(self.where, exc, store=self.store) from exc
 

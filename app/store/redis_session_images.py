@@ -75,8 +75,8 @@ class SessionImages:
             stored = await self._redis.call("get", self.key(digest))
             if stored is None or self._vision is None:
                 raise Unavailable(
-                    f"The session store ({self._redis.where}) no longer holds the session's "
-                    f"image {digest[:12]}: open a new session and send it again",
+                    "The session store no longer holds the session's image "
+                    f"{digest[:12]}: open a new session and send it again",
                     code="store_unavailable",
                 )
             assert isinstance(stored, bytes)  # the client decodes no responses

@@ -219,8 +219,8 @@ class RedisSessions:
             except (redis_errors.WatchError, _Restart):
                 continue  # another call changed what this one read: run it again
         raise Unavailable(
-            f"The session store ({self._redis.where}) is too busy: the sessions this call "
-            f"reads changed under it {_ATTEMPTS} times in a row",
+            "The session store is too busy: the sessions this call reads changed under it "
+            f"{_ATTEMPTS} times in a row",
             code="store_unavailable",
         )
 

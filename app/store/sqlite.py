@@ -108,7 +108,7 @@ class SqliteFile:
             return await loop.run_in_executor(self._thread, self._call, work)
         except (sqlite3.Error, OSError) as exc:
             if isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == 13:
-                raise full(str(self.path), str(exc)) from exc  # SQLITE_FULL
+                raise full(f"{self.path}: {exc!r}", "it has no room left") from exc  # SQLITE_FULL
             raise unavailable(str(self.path), exc) from exc
 
     def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:

@@ -36,6 +36,7 @@ from tests.uvicorn_thread import uvicorn_in_thread
 T = TypeVar("T")
 DEADLINE_S = 30.0
 CHAT: Final = "/v1/chat/completions"
+JSON = {"content-type": "application/json"}  # what a JSON API takes (else 415)
 
 
 class HeldEngine(FakeEngine):
@@ -431,7 +432,8 @@ def test_message_batches_refuse_what_anthropic_refuses_at_creation(
     assert answer.status_code == 400, answer.text
     assert answer.json()["type"] == "error"
     assert param in answer.json()["error"]["message"]
-    assert httpx.post(f"{url}/v1/messages/batches", content=b"{nope").status_code == 400
+    garbage = httpx.post(f"{url}/v1/messages/batches", content=b"{nope", headers=JSON)
+    assert garbage.status_code == 400
 
 
 @pytest.mark.parametrize(
@@ -446,7 +448,7 @@ def test_message_batches_refuse_what_json_bodies_refuse(
     (every other JSON body's parser): a 400, never a 500."""
     url, _ = served
     body = b'{"requests": [{"custom_id": "a", "params": {"x": ' + value + b"}}]}"
-    answer = httpx.post(f"{url}/v1/messages/batches", content=body)
+    answer = httpx.post(f"{url}/v1/messages/batches", content=body, headers=JSON)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["type"] == "invalid_request_error"
 

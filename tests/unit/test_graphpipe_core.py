@@ -14,8 +14,9 @@ from app.engine.base import EngineInfo, SamplingOptions, TokenEvent, TokenLogpro
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.protocols.graphpipe.config import InferConfig, parse_config
 from app.protocols.graphpipe.decode import InferCall
-from app.protocols.graphpipe.inference import InferExchange
+from app.protocols.graphpipe.inference import InferExchange, admission_units
 from app.protocols.graphpipe.model import describe
+from tests.fake_engine import FakeTokenizer
 
 INFO = EngineInfo(
     model_name="base",
@@ -44,8 +45,16 @@ def call(
     return InferCall(raw, input_names, inputs, output_names)
 
 
+class Bytes(FakeTokenizer):
+    """The fake's tokenizer with one id per UTF-8 byte, in the vocabulary of 100 (the
+    exchange's only use of a tokenizer is `encode`)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [b % 100 for b in text.encode()]
+
+
 def exchange(c: InferCall, lora: str | None = None) -> InferExchange:
-    return InferExchange(c, INFO, request_id="r", lora_name=lora)
+    return InferExchange(c, INFO, Bytes(), request_id="r", lora_name=lora)
 
 
 def refused(c: InferCall) -> InvalidRequest:
@@ -57,11 +66,11 @@ def refused(c: InferCall) -> InvalidRequest:
 # Inputs
 
 
-def test_a_string_batch_becomes_one_text_request_per_prompt() -> None:
+def test_a_string_batch_becomes_one_tokenized_request_per_prompt() -> None:
     plan = exchange(call(strings(b"hello", "é".encode())), lora="adapter")
     assert [(r.request_id, r.prompt_text, r.prompt_token_ids) for r in plan.requests] == [
-        ("r-0", "hello", None),
-        ("r-1", "é", None),
+        ("r-0", None, [4, 1, 8, 8, 11]),
+        ("r-1", None, [95, 69]),
     ]
     assert all(r.lora_name == "adapter" for r in plan.requests)
     assert plan.requests[0].sampling == SamplingOptions()  # max_tokens 16, temperature 1
@@ -112,6 +121,19 @@ def test_id_prompts_that_cannot_fit_the_context_are_refused_before_any_request()
     with pytest.raises(ContextLengthExceeded, match=r"60 in prompt_ids\[0\], 5 for the completion"):
         exchange(call(ids, config={"max_tokens": 5}))
     assert len(exchange(call(ids, config={"max_tokens": 4})).requests) == 2
+
+
+def test_text_prompts_that_cannot_fit_the_context_are_refused_by_name() -> None:
+    with pytest.raises(ContextLengthExceeded, match=r"61 in prompt\[1\]"):
+        exchange(call(strings(b"a", b"b" * 61), config={"max_tokens": 4}))
+
+
+def test_admission_units_are_read_from_the_input_alone() -> None:
+    assert admission_units(call(strings(b"hello", "é".encode()))) == [5 + 8, 2 + 8]
+    ids = np.array([[5, 6, 7], [8, -1, -1]], dtype=np.int32)
+    assert admission_units(call(ids)) == [3, 1]
+    with pytest.raises(InvalidRequest, match="has no token ids"):
+        admission_units(call(np.array([[1], [-1]])))
 
 
 # Config

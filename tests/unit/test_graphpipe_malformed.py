@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from app.config import Settings
-from app.errors import InvalidRequest, ResourceExhausted
+from app.errors import InvalidRequest, PayloadTooLarge
 from app.main import create_app
 from app.protocols.graphpipe.decode import decode_request
 from app.protocols.graphpipe.tensors import TensorType as T
@@ -134,9 +134,7 @@ def test_core_refuses_with_a_message_naming_the_problem(case: str) -> None:
 def test_core_refuses_a_buffer_over_the_limit() -> None:
     buffer = valid()
     decode_request(buffer, max_bytes=len(buffer))
-    with pytest.raises(
-        ResourceExhausted, match=f"{len(buffer)} bytes is over .* {len(buffer) - 1}"
-    ):
+    with pytest.raises(PayloadTooLarge, match=f"{len(buffer)} bytes is over .* {len(buffer) - 1}"):
         decode_request(buffer, max_bytes=len(buffer) - 1)
 
 
@@ -179,7 +177,7 @@ async def test_http_refuses_a_body_over_the_limit_declared_or_streamed(
     streamed = await client.post("/graphpipe", content=chunks())
     assert "content-length" not in streamed.request.headers
     for response in (declared, streamed):
-        assert response.status_code == 429
+        assert response.status_code == 413
         [(code, text)] = read_infer_response(response.content).errors
-        assert code == 429 and f"over this server's limit of {LIMIT} bytes" in text
-    assert "request of at least" in read_infer_response(streamed.content).errors[0][1]
+        assert code == 413 and f"over this server's limit of {LIMIT} bytes" in text
+    assert "body of at least" in read_infer_response(streamed.content).errors[0][1]

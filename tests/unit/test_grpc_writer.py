@@ -25,6 +25,7 @@ import grpc
 import pytest
 from google.protobuf import wrappers_pb2
 
+from app.errors import ResourceExhausted
 from app.routes.grpc.calls import Context, Writer
 from tests import grpc_bytes
 from tests.conftest import free_port
@@ -187,3 +188,20 @@ async def test_once_an_abandoned_write_has_gone_the_call_takes_sends_again() -> 
     call.client_reads()
     await asyncio.wait_for(later, BOUND_S)
     assert call.sent == [b"fragment", b"later"]
+
+
+async def test_a_write_the_client_never_takes_ends_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reader that stops reading is cut, as an SSE or websocket one is: the write waits
+    its stall bound, then the call ends RESOURCE_EXHAUSTED (its engine work with it) and
+    the abandoned write no longer blocks the status."""
+    monkeypatch.setattr("app.routes.grpc.calls.STREAM_STALL_S", 0.2)
+    call = CoreLikeCall()
+    send = Writer(cast(Context, call), "r-1")  # the double has what a Writer uses of a call
+    with pytest.raises(ResourceExhausted, match=r"read nothing of the stream for 0\.2 s"):
+        await asyncio.wait_for(send(_message(b"fragment")), BOUND_S)
+    await asyncio.wait_for(send(_message(b"ABORT")), BOUND_S)  # dropped: the call is ending
+    assert call.sent == [b"fragment"]
+    await call.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "stalled")
+    assert call.status == (grpc.StatusCode.RESOURCE_EXHAUSTED, "stalled")

@@ -93,7 +93,9 @@ def graphpipe(field: str, value: Any) -> InvalidRequest:
     prompts[:] = [b"ab"]
     config = json.dumps({"max_tokens": 2, field: value}).encode()
     call = InferCall(config, (), (prompts,), ())
-    return _refused(lambda: InferExchange(call, INFO, request_id="r", lora_name=None))
+    return _refused(
+        lambda: InferExchange(call, INFO, ENGINE.tokenizer, request_id="r", lora_name=None)
+    )
 
 
 def evergreen(field: str, value: Any) -> InvalidRequest:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from app.admission import clamp_priority
 from app.auth import INVALID_KEY, Keyring
 from app.cli import _settings_parser
 from app.config import Settings
@@ -125,8 +126,8 @@ def test_tenant_limits_override_the_defaults() -> None:
     acme, beta = keyring.authenticate("acme-key").limits, keyring.authenticate("beta-key").limits
     assert (acme.priority, acme.sessions, acme.stored_bytes) == (-3, 10, 99)
     assert (beta.priority, beta.sessions) == (5, 10)
-    assert keyring.authenticate("acme-key").clamp_priority(-10) == -3
-    assert keyring.authenticate("acme-key").clamp_priority(7) == 7
+    ceiling = keyring.authenticate("acme-key").limits.priority
+    assert (clamp_priority(-10, ceiling), clamp_priority(7, ceiling)) == (-3, 7)
 
 
 @pytest.mark.parametrize(

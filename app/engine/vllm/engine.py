@@ -58,7 +58,7 @@ from app.engine.vllm.convert import EventConverter, check_expansion, prompt_only
 from app.engine.vllm.errors import map_engine_errors
 from app.engine.vllm.hold import EngineHold
 from app.engine.vllm.json_grammar import lowered
-from app.engine.vllm.lora import check_adapter
+from app.engine.vllm.lora import check_adapter, refused
 from app.engine.vllm.params import sampling_params
 from app.engine.vllm.stats import SchedulerCounts
 from app.engine.vllm.tokenizer import HfTokenizer
@@ -122,7 +122,9 @@ class VllmEngine:
         if name == self._info.model_name or name in self._loras:
             raise InvalidRequest(f"The model {name!r} is already loaded", param="lora_name")
         model_config = self._llm.model_config
-        check_adapter(
+        # File reads (a path a client names may be slow storage): off the event loop.
+        await asyncio.to_thread(
+            check_adapter,
             path,
             self._llm.vllm_config.lora_config,
             getattr(model_config.hf_text_config, "max_position_embeddings", None),
@@ -130,8 +132,11 @@ class VllmEngine:
         adapter = LoraAdapter(name=name, path=path, int_id=self._next_lora_id)
         self._next_lora_id += 1
         request = LoRARequest(lora_name=name, lora_int_id=adapter.int_id, lora_path=path)
-        with map_engine_errors():
-            await self._llm.add_lora(request)
+        try:
+            with map_engine_errors():
+                await self._llm.add_lora(request)
+        except (InvalidRequest, NotFound) as exc:  # vLLM's words may name the path
+            raise refused(path, exc.message) from exc
         self._loras[name] = adapter
         return adapter
 
@@ -176,9 +181,12 @@ class VllmEngine:
             prompt_ids = list(request.prompt_token_ids)
         else:
             prompt_ids = self._tokenizer.encode(request.prompt_text or "")
-        # The cores validated already; this is the safety net, and the one context check
-        # (vLLM has no exception type for it).
-        options = validate_sampling(request.sampling, self._info, prefill_only=True)
+        # The cores validated already, their constraint compiled off the event loop; this
+        # is the safety net, without that compiling (it runs on the loop), and the one
+        # context check (vLLM has no exception type for it).
+        options = validate_sampling(
+            request.sampling, self._info, prefill_only=True, compile_constraint=False
+        )
         check_prompt(prompt_ids, options.max_tokens, self._info)
         # As the engine's checker checked it: a JSON schema on xgrammar, corrected.
         options = replace(options, constraint=lowered(options.constraint, self._grammar))

@@ -9,7 +9,6 @@ never by message.
 from __future__ import annotations
 
 import logging
-import uuid
 
 from vllm.exceptions import (
     GracefulHTTPError,
@@ -33,8 +32,6 @@ from app.errors import (
     SwitchboardError,
 )
 
-logger = logging.getLogger(__name__)
-
 
 def _translated(exc: BaseException) -> SwitchboardError | None:
     """The `app.errors` form of a vLLM exception, by its type, most specific first; None
@@ -55,9 +52,7 @@ def _translated(exc: BaseException) -> SwitchboardError | None:
     if isinstance(exc, GracefulHTTPError):  # busy now, fine later
         return ResourceExhausted(exc.message)
     if isinstance(exc, EngineGenerateError | VLLMError):
-        error_id = uuid.uuid4().hex[:16]
-        logger.error("engine error %s", error_id, exc_info=exc)
-        return EngineError(f"The engine failed the request (error id {error_id})")
+        return EngineError.withholding("The engine failed the request", exc, level=logging.ERROR)
     return None
 
 

@@ -159,8 +159,8 @@ async def _started(
     # `envs.X`, several per engine step: 3% of the frontend's CPU at 32 streams) until
     # the cache is on, as vLLM's own engine processes turn it on once started.
     enable_envs_cache()
-    tokenizer = HfTokenizer(llm.get_tokenizer(), llm.renderer)
     model_config = llm.model_config
+    tokenizer = HfTokenizer(llm.get_tokenizer(), llm.renderer, int(model_config.max_model_len))
     eos = tokenizer.eos_token_id
     lora_config = llm.vllm_config.lora_config
     max_logprobs = int(model_config.max_logprobs)
@@ -178,6 +178,7 @@ async def _started(
         vision=vision_info(llm),
         check_constraint=constraint_checker(llm),
         sampling_defaults=model_sampling_defaults(model_config),
+        trust_request_chat_template=settings.trust_request_chat_template,
         tools=VllmToolSupport(
             llm,
             settings.tool_call_parser,

@@ -11,6 +11,14 @@ is tokenized without special tokens, as vLLM tokenizes a rendered chat (the temp
 writes its own). A template that refuses the conversation is vLLM's
 `VLLMValidationError`, the client's 400, through `map_engine_errors`.
 
+A text that cannot fit the context is refused before it is tokenized (`encode`, which
+every prompt passes through, a rendered chat's text included): no token covers more than
+the longest entry of the vocabulary (in UTF-8 bytes, which a token's text never
+undercounts: byte-level and SentencePiece alphabets spell each byte with at least one),
+so a text of more characters than the context times that length holds more tokens than
+the context. Tokenizing costs time in proportion to the text (16 MiB took 15 s), and one
+thread builds every prompt: a text that could never run must not hold it.
+
 Images: vLLM's parser records each image part and leaves the model's placeholder in the
 text, so each image comes out as its block with one pad token (`VisionInfo`); vLLM's own
 multimodal data is dropped here, since the request carries the decoded image itself.
@@ -26,7 +34,7 @@ from vllm.renderers.params import ChatParams, merge_kwargs
 
 from app.engine.base import ChatMessage, ChatPrompt, ImagePart, TextPart
 from app.engine.vllm.errors import map_engine_errors
-from app.errors import InvalidRequest
+from app.errors import ContextLengthExceeded, InvalidRequest
 
 
 def _content(message: ChatMessage) -> str | list[dict[str, Any]] | None:
@@ -68,10 +76,12 @@ def _message(message: ChatMessage) -> dict[str, Any]:
 class HfTokenizer:
     """The engine's own tokenizer and chat renderer, behind the neutral `Tokenizer`."""
 
-    def __init__(self, tokenizer: Any, renderer: Any) -> None:
+    def __init__(self, tokenizer: Any, renderer: Any, max_model_len: int) -> None:
         self._tok = tokenizer
         self._renderer = renderer
         self.token_to_str = lru_cache(maxsize=1 << 16)(self._token_to_str)
+        self._max_model_len = max_model_len
+        self._longest_token = max((len(t.encode()) for t in tokenizer.get_vocab()), default=1)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -83,6 +93,17 @@ class HfTokenizer:
         return getattr(self._tok, "chat_template", None) is not None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`text`'s token ids; `ContextLengthExceeded` without tokenizing it when it
+        holds more tokens than the context (see the module docstring)."""
+        if len(text) > self._max_model_len * self._longest_token:
+            least = -(-len(text) // self._longest_token)
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self._max_model_len} tokens. "
+                f"However, the prompt of {len(text)} characters holds at least {least} "
+                f"tokens (none of this model's tokens spells more than "
+                f"{self._longest_token} bytes). Please reduce the length of the prompt.",
+                code="context_length_exceeded",
+            )
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:

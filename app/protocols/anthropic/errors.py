@@ -3,6 +3,8 @@ body of an error answer and the data of a stream's `error` event, with Anthropic
 status for it.
 
     app.errors class                 Anthropic type           status
+    PayloadTooLarge                  request_too_large        413
+    UnsupportedMediaType             invalid_request_error    415
     InvalidRequest (and its kin)     invalid_request_error    400
     Unauthenticated                  authentication_error     401
     PermissionDenied                 permission_error         403
@@ -16,7 +18,7 @@ status for it.
 (honouring Retry-After), as Claude Code does. A draining server answers 503 instead:
 HTTP's "unavailable, retry later" is what proxies and service meshes know to retry on
 another replica (529 is Anthropic's own code, which they do not know), and the SDK
-retries any 5xx alike. Anthropic's other statuses (402, 413, 504) name conditions a
+retries any 5xx alike. Anthropic's other statuses (402, 504) name conditions a
 self-hosted server does not have. A conflict (409) or failed precondition is the
 client's request at odds with the server's state: `invalid_request_error`, 400.
 """
@@ -31,17 +33,21 @@ from app.errors import (
     InvalidRequest,
     NotFound,
     Overloaded,
+    PayloadTooLarge,
     PermissionDenied,
     ResourceExhausted,
     ShuttingDown,
     SwitchboardError,
     Unauthenticated,
+    UnsupportedMediaType,
 )
 
 OVERLOADED_STATUS = 529
 
 # Most specific first.
 _KINDS: tuple[tuple[type[SwitchboardError], str, int], ...] = (
+    (PayloadTooLarge, "request_too_large", 413),
+    (UnsupportedMediaType, "invalid_request_error", 415),
     (InvalidRequest, "invalid_request_error", 400),
     (FailedPrecondition, "invalid_request_error", 400),
     (Aborted, "invalid_request_error", 400),

@@ -106,12 +106,42 @@ class TemplatedConversation:
     tool_plan: ToolPlan | None
 
 
+# What one conversation may hold, so that no build holds the one prompt thread for long:
+# the template walks every message and tool, and the tool parser plans every tool. OpenAI
+# takes at most 128 tools; 10,000 messages is far past any agent's session (they compact
+# long before), at well under a second of templating.
+MAX_MESSAGES = 10_000
+MAX_TOOLS = 128
+
+# vLLM's words (its serving layer's `_validate_chat_template`), so clients see one message.
+UNTRUSTED_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
+
+
 def template_conversation(
     call: Conversation, info: EngineInfo, tokenizer: Tokenizer
 ) -> TemplatedConversation:
     """Steps 1 and 2 of the plan: the tools planned and the prompt rendered (what
-    /tokenize answers for a conversation)."""
+    /tokenize answers for a conversation). A request's own chat template (in its
+    template kwargs, where every API puts it) is refused first, unless the server
+    trusts them (`EngineInfo.trust_request_chat_template`): vLLM's renderer would run it."""
+    if call.template_kwargs.get("chat_template") is not None and (
+        not info.trust_request_chat_template
+    ):
+        raise InvalidRequest(UNTRUSTED_TEMPLATE)
     messages_field = _field(call.fields, "prompt")
+    if len(call.messages) > MAX_MESSAGES:
+        raise InvalidRequest(
+            f"{messages_field} holds {len(call.messages)} messages; at most {MAX_MESSAGES}",
+            param=messages_field,
+        )
+    if len(call.tools) > MAX_TOOLS:
+        raise InvalidRequest(
+            f"{call.tool_fields.tools} holds {len(call.tools)} tools; at most {MAX_TOOLS}",
+            param=call.tool_fields.tools,
+        )
     if not info.has_chat_template:
         raise InvalidRequest("This model has no chat template", param=messages_field)
     if not call.messages:

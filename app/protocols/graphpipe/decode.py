@@ -2,8 +2,11 @@
 
 Validates before it trusts: the buffer's structure (through `reader`), the union's type,
 each tensor's type id, dimensions, and the agreement between its shape and its `data` or
-`string_val`. The first problem raises `InvalidRequest` (or `ResourceExhausted` for a
-buffer over the size limit) with a message naming the field.
+`string_val`. The first problem raises `InvalidRequest` (or `PayloadTooLarge` for a
+buffer over the size limit, or one that decodes to more than its own size: shared
+strings counted per reference, `reader.Budget`) with a message naming the field. Counts
+are bounded before anything is built for them: tensors and names (`MAX_TENSORS`),
+dimensions (`MAX_DIMS`), strings in a tensor (`MAX_STRINGS`).
 
 Numeric tensors are zero-copy, read-only views of the request buffer (`np.frombuffer`):
 the buffer must outlive them, and nothing may write to them. String tensors are numpy
@@ -17,12 +20,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.errors import ResourceExhausted
+from app.errors import PayloadTooLarge
 from app.protocols.graphpipe.reader import Buffer, Table, malformed, root
 from app.protocols.graphpipe.tensors import NUMERIC_DTYPES, TensorType, type_name
 
 # numpy's own limit is 64; no GraphPipe model has a use for more than a few.
 MAX_DIMS = 32
+# Input tensors, input names and output names a request may list (the language model
+# takes one input and has three outputs).
+MAX_TENSORS = 64
+# Strings in one String tensor: a batch of prompts, far past what admission takes at once.
+MAX_STRINGS = 65_536
 
 # The union `Req`'s type ids, in the schema's order (0 is the union's NONE).
 REQ_INFER = 1
@@ -49,7 +57,7 @@ def check_size(size: int, limit: int, *, partial: bool = False) -> None:
     """Refuse a request of `size` bytes (`partial`: at least that many, still arriving)."""
     if size > limit:
         amount = f"at least {size}" if partial else f"{size}"
-        raise ResourceExhausted(
+        raise PayloadTooLarge(
             f"GraphPipe request of {amount} bytes is over this server's limit of {limit} bytes"
         )
 
@@ -76,14 +84,14 @@ def _infer_call(table: Table) -> InferCall:
     return InferCall(
         config=table.string(0, "config") or b"",
         input_names=_names(table, 1, "input_names"),
-        inputs=tuple(decode_tensor(t) for t in table.tables(2, "input_tensors")),
+        inputs=tuple(decode_tensor(t) for t in table.tables(2, "input_tensors", MAX_TENSORS)),
         output_names=_names(table, 3, "output_names"),
     )
 
 
 def _names(table: Table, slot: int, field: str) -> tuple[str, ...]:
     names = []
-    for i, raw in enumerate(table.strings(slot, field)):
+    for i, raw in enumerate(table.strings(slot, field, MAX_TENSORS)):
         try:
             names.append(raw.decode())
         except UnicodeDecodeError:
@@ -93,7 +101,7 @@ def _names(table: Table, slot: int, field: str) -> tuple[str, ...]:
 
 def decode_tensor(table: Table) -> np.ndarray:
     type_id = table.u8(0, "type")
-    shape = table.int64s(1, "shape")
+    shape = table.int64s(1, "shape", MAX_DIMS, "dimensions")
     data = table.vector(2, 1, "data")
     strings = table.vector(3, 4, "string_val")
     data_bytes = data[1] if data else 0
@@ -105,10 +113,6 @@ def decode_tensor(table: Table) -> np.ndarray:
         )
     if type_id > _MAX_TYPE:
         raise malformed(f"{table.path}.type", f"unknown type id {type_id}; ids run 1..{_MAX_TYPE}")
-    if len(shape) > MAX_DIMS:
-        raise malformed(
-            f"{table.path}.shape", f"{len(shape)} dimensions is over the limit of {MAX_DIMS}"
-        )
     for axis, dim in enumerate(shape):
         if dim < 0:
             raise malformed(
@@ -132,8 +136,9 @@ def decode_tensor(table: Table) -> np.ndarray:
                 f"{table.path}.string_val",
                 f"shape {list(shape)} holds {count} strings but string_val has {string_count}",
             )
+        values = table.strings(3, "string_val", MAX_STRINGS)
         array = np.empty(count, dtype=object)
-        array[:] = table.strings(3, "string_val")
+        array[:] = values
         return array.reshape(shape)
 
     if string_count:

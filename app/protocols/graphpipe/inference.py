@@ -1,14 +1,18 @@
 """One `InferCall` against the language model: input tensors -> engine requests, engine
 events -> output tensors.
 
-`InferExchange(call, info, ...)` validates everything the model needs (which input, its type
-and shape, every token id, the outputs asked for, the config) before any engine request
-exists; the first problem raises `InvalidRequest` (`ContextLengthExceeded` for a prompt
-that cannot fit). Limits and the prompt's fit are `app.engine.validation`'s, with the
-config's field names; a text prompt's fit is checked once the engine has tokenised it.
-Then `requests` holds one `GenerationRequest` per prompt, in batch order; the caller
-runs them, passes every event to `feed(index, event)`, and takes
-`outputs()`: one array per output name, in the order asked for.
+`admission_units(call)` is what the call asks admission for, read from the input tensor
+alone (its type and shape checked, nothing tokenized, no list of ids built): one unit per
+prompt, each with a bound of its tokens. Then `InferExchange(call, info, tokenizer, ...)`,
+blocking work for the prompt thread, validates everything the model needs (which input,
+every token id, the outputs asked for, the config and its constraint, which the engine's
+backend compiles), tokenizes text prompts and checks every prompt's fit, before any
+engine request exists; the first problem raises `InvalidRequest`
+(`ContextLengthExceeded` for a prompt that cannot fit). Limits and the prompt's fit are
+`app.engine.validation`'s, with the config's field names. Then `requests` holds one
+`GenerationRequest` per prompt, token ids only, in batch order; the caller runs them,
+passes every event to `feed(index, event)`, and takes `outputs()`: one array per output
+name, in the order asked for.
 
 Every prompt of a batch samples with the same options, seed included, so a prompt's
 output does not depend on its position in the batch.
@@ -20,8 +24,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from app.engine.base import EngineInfo, GenerationRequest, SamplingOptions, TokenEvent
-from app.engine.validation import check_prompt, validate_sampling
+from app.admission import text_tokens_bound
+from app.engine.base import EngineInfo, GenerationRequest, SamplingOptions, TokenEvent, Tokenizer
+from app.engine.validation import check_fit, check_prompt, validate_sampling
 from app.errors import InvalidRequest
 from app.protocols.accounting import Accounting
 from app.protocols.graphpipe.config import NAMES, InferConfig, parse_config
@@ -73,7 +78,7 @@ def _input(call: InferCall) -> tuple[str, np.ndarray]:
     return (PROMPT if type_of(tensor) is TensorType.String else PROMPT_IDS), tensor
 
 
-def _prompts(tensor: np.ndarray) -> list[str]:
+def _check_prompts(tensor: np.ndarray) -> None:
     if type_of(tensor) is not TensorType.String:
         raise InvalidRequest(
             f"Input `{PROMPT}` must be a String tensor; got {type_of(tensor).name}",
@@ -84,6 +89,9 @@ def _prompts(tensor: np.ndarray) -> list[str]:
             f"Input `{PROMPT}` must have shape [n] with n >= 1; got {list(tensor.shape)}",
             param=PROMPT,
         )
+
+
+def _prompts(tensor: np.ndarray) -> list[str]:
     prompts = []
     for i, raw in enumerate(tensor):
         try:
@@ -93,8 +101,9 @@ def _prompts(tensor: np.ndarray) -> list[str]:
     return prompts
 
 
-def _prompt_ids(tensor: np.ndarray) -> list[list[int]]:
-    """The rows without their padding; the ids themselves are checked with the prompt."""
+def _id_lengths(tensor: np.ndarray) -> np.ndarray:
+    """How many token ids each row holds before its padding (numpy only: no list is
+    built); the ids themselves are checked with the prompt."""
     if tensor.dtype not in _ID_DTYPES:
         raise InvalidRequest(
             f"Input `{PROMPT_IDS}` must be an Int64 or Int32 tensor; got {type_of(tensor).name}",
@@ -116,11 +125,21 @@ def _prompt_ids(tensor: np.ndarray) -> list[list[int]]:
             "rows are right-padded",
             param=PROMPT_IDS,
         )
-    lengths = (~pad).sum(axis=1)
+    lengths: np.ndarray = (~pad).sum(axis=1)
     empty = np.flatnonzero(lengths == 0)
     if empty.size:
         raise InvalidRequest(f"{PROMPT_IDS}[{int(empty[0])}] has no token ids", param=PROMPT_IDS)
-    return [ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+    return lengths
+
+
+def admission_units(call: InferCall) -> list[int]:
+    """One unit per prompt of the batch, each a bound of its tokens (`app.admission`):
+    a text prompt's UTF-8 length (with the tokenizer's allowance), a row's ids."""
+    name, tensor = _input(call)
+    if name == PROMPT:
+        _check_prompts(tensor)
+        return [text_tokens_bound(bytes(raw)) for raw in tensor]
+    return [int(n) for n in _id_lengths(tensor)]
 
 
 def _outputs(names: Sequence[str], config: InferConfig) -> tuple[str, ...]:
@@ -138,7 +157,13 @@ def _outputs(names: Sequence[str], config: InferConfig) -> tuple[str, ...]:
 
 class InferExchange:
     def __init__(
-        self, call: InferCall, info: EngineInfo, *, request_id: str, lora_name: str | None
+        self,
+        call: InferCall,
+        info: EngineInfo,
+        tokenizer: Tokenizer,
+        *,
+        request_id: str,
+        lora_name: str | None,
     ) -> None:
         name, tensor = _input(call)
         config = parse_config(call.config)
@@ -155,30 +180,37 @@ class InferExchange:
         )
         sampling = validate_sampling(options, info, NAMES)
 
-        def request(
-            i: int, text: str | None = None, ids: list[int] | None = None
-        ) -> GenerationRequest:
-            return GenerationRequest(
+        if name == PROMPT:
+            _check_prompts(tensor)
+            rows = [tokenizer.encode(text) for text in _prompts(tensor)]
+            input_name = PROMPT
+        else:
+            lengths = _id_lengths(tensor)
+            ids = tensor.astype(np.int64, copy=False)
+            for i, n in enumerate(lengths):
+                # A row that cannot fit is refused before its ids become a list.
+                check_fit(int(n), sampling.max_tokens, info, self._names(PROMPT_IDS, i))
+            rows = [ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+            input_name = PROMPT_IDS
+        for i, row in enumerate(rows):
+            check_prompt(row, sampling.max_tokens, info, self._names(input_name, i))
+        self.requests = tuple(
+            GenerationRequest(
                 request_id=f"{request_id}-{i}",
-                prompt_text=text,
-                prompt_token_ids=ids,
+                prompt_token_ids=row,
                 sampling=sampling,
                 lora_name=lora_name,
             )
-
-        if name == PROMPT:
-            self.requests = tuple(request(i, text=p) for i, p in enumerate(_prompts(tensor)))
-        else:
-            rows = _prompt_ids(tensor)
-            for i, row in enumerate(rows):
-                check_prompt(
-                    row, sampling.max_tokens, info, {**NAMES, "prompt": f"{PROMPT_IDS}[{i}]"}
-                )
-            self.requests = tuple(request(i, ids=row) for i, row in enumerate(rows))
+            for i, row in enumerate(rows)
+        )
         self.accounting = Accounting(range(len(self.requests)))
         self._tokens: list[list[int]] = [[] for _ in self.requests]
         self._texts: list[list[str]] = [[] for _ in self.requests]
         self._logprobs: list[list[float]] = [[] for _ in self.requests]
+
+    @staticmethod
+    def _names(input_name: str, row: int) -> dict[str, str]:
+        return {**NAMES, "prompt": f"{input_name}[{row}]"}
 
     def feed(self, index: int, event: TokenEvent) -> None:
         self.accounting.account(index, event)

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from app.admission import text_tokens_bound
 from app.protocols.openai.chat import prompt_bound
-from schemas.openai import ChatCompletionRequest, CompletionRequest
+from schemas.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
 
 
 def _prompt_bounds(body: CompletionRequest) -> list[int]:
@@ -32,3 +38,15 @@ def admission_units(body: CompletionRequest | ChatCompletionRequest) -> list[int
     chat = isinstance(body, ChatCompletionRequest)
     prompts = [prompt_bound(body)] if chat else _prompt_bounds(body)
     return [bound for bound in prompts for _ in range(body.n)]
+
+
+def tokenizer_units(
+    body: TokenizeCompletionRequest | TokenizeChatRequest | DetokenizeRequest,
+) -> list[int]:
+    """What /tokenize and /detokenize ask admission for: one unit, bounded as a call's
+    prompt of the same body (their tokenizer work is a call's prompt work)."""
+    if isinstance(body, DetokenizeRequest):
+        return [len(body.tokens)]
+    if isinstance(body, TokenizeChatRequest):
+        return [prompt_bound(body)]
+    return [text_tokens_bound(body.prompt)]

@@ -68,7 +68,16 @@ def _message(index: int, message: ChatMessageBody, info: EngineInfo) -> ChatMess
     )
 
 
-def prompt_bound(body: ChatCompletionRequest) -> int:
+def template_kwargs(body: ChatCompletionRequest | TokenizeChatRequest) -> dict[str, Any]:
+    """The body's template kwargs, its own `chat_template` (vLLM's field) among them, where
+    vLLM's renderer reads it and the conversation's plan refuses it unless trusted."""
+    kwargs = dict(body.chat_template_kwargs or {})
+    if body.chat_template is not None:
+        kwargs["chat_template"] = body.chat_template
+    return kwargs
+
+
+def prompt_bound(body: ChatCompletionRequest | TokenizeChatRequest) -> int:
     """Admission's bound of the prompt's tokens, as every chat-shaped API counts it
     (`app.protocols.conversation.bound`)."""
     bound = PromptBound()
@@ -119,7 +128,7 @@ def conversation(
         n=body.n,
         add_generation_prompt=body.add_generation_prompt,
         continue_final_message=body.continue_final_message,
-        template_kwargs=body.chat_template_kwargs or {},
+        template_kwargs=template_kwargs(body),
         lora_name=lora_name,
         priority=body.priority,
     )
@@ -138,7 +147,7 @@ def tokenize_conversation(body: TokenizeChatRequest, info: EngineInfo) -> Conver
         tool_choice="none",
         add_generation_prompt=body.add_generation_prompt,
         continue_final_message=body.continue_final_message,
-        template_kwargs=body.chat_template_kwargs or {},
+        template_kwargs=template_kwargs(body),
     )
 
 

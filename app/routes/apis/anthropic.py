@@ -29,13 +29,13 @@ from app.protocols.anthropic.errors import error_body, error_kind
 from app.protocols.anthropic.exchange import MessagesExchange
 from app.protocols.anthropic.messages import admission_bound, conversation
 from app.protocols.conversation.plan import template_conversation
-from app.routes.deps import AdmissionDep, EngineDep, XApiKeyAuthDep
+from app.routes.deps import AdmissionDep, EngineDep, XApiKeyAuthDep, principal_on
 from app.routes.http.answers import Answers, error_answers, event_stream
 from app.routes.http.bodies import json_body, read_body
 from app.routes.http.calls import serve_call
 from app.routes.http.errors import api_router, retry_headers
 from app.routes.http.json import OrjsonResponse
-from app.sessions.calls import in_prompt_thread
+from app.sessions.calls import admitted_in_prompt_thread
 from schemas.anthropic import AnthropicCountTokensRequest, AnthropicMessagesRequest
 from schemas.anthropic_replies import (
     STREAM_EVENTS,
@@ -108,9 +108,9 @@ async def messages(request: Request, engine: EngineDep, admission: AdmissionDep)
     openapi_extra=json_body(AnthropicCountTokensRequest),
     responses=_answers(AnthropicCountTokensResponse),
 )
-async def count_tokens(request: Request, engine: EngineDep) -> Response:
+async def count_tokens(request: Request, engine: EngineDep, admission: AdmissionDep) -> Response:
     """The prompt's tokens as /v1/messages renders the same body (its `input_tokens`
-    plus its cache reads)."""
+    plus its cache reads); admitted as the call's prompt work is."""
     body = await read_body(request, AnthropicCountTokensRequest)
     lora = served_by(engine, body.model).lora_name
     info, tokenizer = engine.info, engine.tokenizer
@@ -119,7 +119,14 @@ async def count_tokens(request: Request, engine: EngineDep) -> Response:
         call = conversation(body, info, request_id="count_tokens", lora_name=lora)
         return len(template_conversation(call, info, tokenizer).prompt_token_ids)
 
-    return OrjsonResponse({"input_tokens": await in_prompt_thread(count)})
+    tokens = await admitted_in_prompt_thread(
+        admission,
+        protocol=ProtocolName.ANTHROPIC,
+        units=[admission_bound(body)],
+        principal=principal_on(request),
+        build=count,
+    )
+    return OrjsonResponse({"input_tokens": tokens})
 
 
 @router.api_route(

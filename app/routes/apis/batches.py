@@ -15,12 +15,11 @@ from typing import Annotated
 from fastapi import Query, Request
 from starlette.responses import Response
 
-from app.protocols.bodies import parse_json
 from app.protocols.openai.batches import batch_object
 from app.routes.apis.openai import openai_error
 from app.routes.deps import AuthDep, BatchesDep, PrincipalDep
 from app.routes.http.answers import error_answers
-from app.routes.http.bodies import json_body
+from app.routes.http.bodies import json_body, read_json
 from app.routes.http.errors import api_router
 from app.routes.http.json import OrjsonResponse
 from app.store.batches import Tally
@@ -35,7 +34,7 @@ _BATCH = {200: {"model": Batch}, **_ERRORS}
 
 @router.post("/v1/batches", openapi_extra=json_body(BatchCreate), responses=_BATCH)
 async def create_batch(request: Request, batches: BatchesDep, principal: PrincipalDep) -> Response:
-    record = await batches.create_openai(principal.tenant, parse_json(await request.body()))
+    record = await batches.create_openai(principal.tenant, await read_json(request))
     return OrjsonResponse(batch_object(record, Tally()))
 
 

@@ -3,10 +3,12 @@ adapter) take exactly one flatbuffer `Request` and answer an `InferResponse` or 
 `MetadataResponse` flatbuffer; `GET` on the same paths answers the metadata as JSON with
 a description of how to call them.
 
-Thin adapter: body (at most `settings.graphpipe_max_request_bytes`) -> core (decode,
-validate, plan; no tokenizing) -> admission (one unit per batch row; the whole batch is
-admitted or refused, 503 + Retry-After) -> engine, one generation per prompt, all at once
--> core (encode).
+Thin adapter: body (at most `settings.graphpipe_max_request_bytes`) -> decode (in a
+worker thread: a body decodes to at most its own size, shared strings counted per
+reference) -> admission (one unit per batch row, bounded from the input tensor alone; the
+whole batch is admitted or refused, 503 + Retry-After) -> exchange (in the prompt thread:
+config, constraint, tokenizing, every prompt's fit) -> engine, one generation per prompt,
+all at once -> exchange (encode). Nothing of a request's size runs on the event loop.
 Every failure of a POST, authentication included, answers an `InferResponse` carrying
 one `Error` whose code is also the HTTP status (`graphpipe_error`, the responder this
 API's routes carry): never FastAPI's JSON error body, never a bare 500. A prompt that
@@ -16,6 +18,7 @@ fails, or a client that disconnects, closes every generation of its batch
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -25,19 +28,25 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from app import __version__
-from app.admission import ProtocolName, Tickets, prompt_tokens_bound
+from app.admission import ProtocolName, Tickets
 from app.engine.base import Engine
 from app.engine.models import served_by
 from app.errors import SwitchboardError
-from app.protocols.graphpipe.decode import MetadataCall, check_size, decode_request
+from app.protocols.graphpipe.decode import MetadataCall, decode_request
 from app.protocols.graphpipe.encode import encode_errors, encode_infer_response, encode_metadata
-from app.protocols.graphpipe.inference import InferExchange
+from app.protocols.graphpipe.inference import InferExchange, admission_units
 from app.protocols.graphpipe.model import describe
-from app.routes.deps import EngineDep, SettingsDep, get_admission, principal_of
-from app.routes.http.bodies import documented
+from app.routes.deps import (
+    EngineDep,
+    SettingsDep,
+    get_admission,
+    principal_of,
+)
+from app.routes.http.bodies import documented, read_bytes
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.http.errors import api_router, retry_headers
 from app.routes.http.json import OrjsonResponse
+from app.sessions.calls import in_prompt_thread
 from app.sessions.generations import run_generations
 from app.telemetry.http import record_of
 from schemas.graphpipe_json import GraphPipeErrors, GraphPipeMetadata
@@ -67,19 +76,6 @@ def _target(engine: Engine, model: str | None) -> tuple[str, str | None]:
     return served.name, served.lora_name
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit():
-        check_size(int(declared), limit)  # refuse before reading a byte of it
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        check_size(size, limit, partial=True)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def _generate(engine: Engine, exchange: InferExchange, tickets: Tickets) -> None:
     """Run every prompt of the batch at once, each on its ticket; the first failure ends
     them all."""
@@ -95,18 +91,22 @@ async def _post(request: Request, engine: Engine, limit: int, model: str | None)
     try:
         principal = principal_of(request)
         name, lora = _target(engine, model)
-        call = decode_request(await _read_body(request, limit), max_bytes=limit)
+        body = await read_bytes(request, limit)
+        call = await asyncio.to_thread(decode_request, body, max_bytes=limit)
         if isinstance(call, MetadataCall):
             return _octet(encode_metadata(describe(name, __version__, engine.info)))
-        exchange = InferExchange(
-            call, engine.info, request_id=f"gp-{uuid.uuid4().hex}", lora_name=lora
-        )
-        bounds = [prompt_tokens_bound(r) for r in exchange.requests]
+        units = admission_units(call)
         record = record_of(request)
         admission = get_admission(request)
         with admission.admit_all(
-            ProtocolName.GRAPHPIPE, bounds, record=record, principal=principal
+            ProtocolName.GRAPHPIPE, units, record=record, principal=principal
         ) as tickets:
+            request_id = f"gp-{uuid.uuid4().hex}"
+            exchange = await in_prompt_thread(
+                lambda: InferExchange(
+                    call, engine.info, engine.tokenizer, request_id=request_id, lora_name=lora
+                )
+            )
             try:
                 await unless_disconnected(request.receive, _generate(engine, exchange, tickets))
                 record.last_token_now()
@@ -131,7 +131,7 @@ def _how_to_call(path: str, engine: Engine) -> list[str]:
         "Tensor data is little-endian and row-major; strings go in `string_val`.",
         "Errors answer an `InferResponse` whose `errors` holds one Error; its code is the "
         "HTTP status of the response (400 bad request, 401 bad API key, 404 unknown model, "
-        "429 over the size limit, 500/503 engine failure, 503 with a Retry-After header: "
+        "413 over the size limit, 500/503 engine failure, 503 with a Retry-After header: "
         "the server's queue is full or it is shutting down, retry after that many seconds).",
         f"LoRA adapters: POST /graphpipe/<adapter> ({adapters}).",
         "With an API key set, send `Authorization: Bearer <key>`.",

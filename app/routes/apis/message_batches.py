@@ -19,14 +19,13 @@ from typing import Annotated, Any
 from fastapi import Query, Request
 from starlette.responses import Response, StreamingResponse
 
-from app.batches.files import TooLarge
 from app.errors import InvalidRequest
 from app.protocols.anthropic.batches import batch_object
 from app.protocols.batches import BatchRecord
 from app.routes.apis.anthropic import anthropic_error
 from app.routes.deps import BatchesDep, XApiKeyAuthDep, XApiKeyPrincipalDep
 from app.routes.http.answers import error_answers
-from app.routes.http.bodies import json_body
+from app.routes.http.bodies import check_json_type, json_body, read_bytes
 from app.routes.http.errors import api_router
 from app.routes.http.json import OrjsonResponse
 from app.store.batches import Tally
@@ -50,25 +49,15 @@ def _object(request: Request, record: BatchRecord, tally: Tally) -> dict[str, An
     return batch_object(record, tally, results_url)
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise TooLarge(f"The body is larger than the bound of {limit} bytes")
-    chunks, seen = [], 0
-    async for data in request.stream():
-        seen += len(data)
-        if seen > limit:
-            raise TooLarge(f"The body is larger than the bound of {limit} bytes")
-        chunks.append(data)
-    return b"".join(chunks)
-
-
 @router.post(_PATH, openapi_extra=json_body(MessageBatchCreate), responses=_BATCH)
 async def create_message_batch(
     request: Request, batches: BatchesDep, principal: XApiKeyPrincipalDep
 ) -> Response:
-    body = await _body(request, batches.files.max_bytes)
-    record = await batches.create_anthropic(principal.tenant, body)
+    # A batch's body is its requests, read as a batch input file is (its own bound, not
+    # the JSON APIs'), and declared JSON as theirs are.
+    check_json_type(request)
+    body = await read_bytes(request, batches.files.max_bytes)
+    record = await batches.create_anthropic(principal.tenant, bytes(body))
     return OrjsonResponse(_object(request, record, Tally()))
 
 

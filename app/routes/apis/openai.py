@@ -30,20 +30,27 @@ from app.engine.models import served_by
 from app.engine.runtime_lora import RuntimeLora
 from app.engine.validation import check_token_ids
 from app.errors import SwitchboardError
-from app.protocols.bodies import parse_json, validate
+from app.protocols.bodies import validate
 from app.protocols.conversation.plan import template_conversation
-from app.protocols.openai.admission_units import admission_units
+from app.protocols.openai.admission_units import admission_units, tokenizer_units
 from app.protocols.openai.chat import ChatExchange, tokenize_conversation
 from app.protocols.openai.completions import CompletionExchange
 from app.protocols.openai.errors import error_body
 from app.protocols.openai.render import render_chat, render_completions
-from app.routes.deps import AdmissionDep, AuthDep, ControlPlaneDep, EngineDep, SettingsDep
+from app.routes.deps import (
+    AdmissionDep,
+    AuthDep,
+    ControlPlaneDep,
+    EngineDep,
+    SettingsDep,
+    principal_on,
+)
 from app.routes.http.answers import Answers, error_answers, event_stream
-from app.routes.http.bodies import json_body, read_body
+from app.routes.http.bodies import json_body, read_body, read_json
 from app.routes.http.calls import serve_call
 from app.routes.http.errors import api_router, retry_headers
 from app.routes.http.json import OrjsonResponse
-from app.sessions.calls import in_prompt_thread
+from app.sessions.calls import admitted_in_prompt_thread
 from schemas.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -158,11 +165,18 @@ async def chat_completions(
     openapi_extra=json_body(CompletionRequest),
     responses=_answers(RenderedRequests),
 )
-async def render_completion(request: Request, engine: EngineDep) -> Response:
+async def render_completion(
+    request: Request, engine: EngineDep, admission: AdmissionDep
+) -> Response:
     body = await read_body(request, CompletionRequest)
     args = _exchange_args(engine, "cmpl", body.model)
-    exchange = await in_prompt_thread(
-        lambda: CompletionExchange(body, engine.info, engine.tokenizer, **args)
+    exchange = await admitted_in_prompt_thread(
+        admission,
+        protocol=ProtocolName.OPENAI,
+        units=admission_units(body),
+        priority=body.priority,
+        principal=principal_on(request),
+        build=lambda: CompletionExchange(body, engine.info, engine.tokenizer, **args),
     )
     return OrjsonResponse(render_completions(exchange))
 
@@ -172,11 +186,18 @@ async def render_completion(request: Request, engine: EngineDep) -> Response:
     openapi_extra=json_body(ChatCompletionRequest),
     responses=_answers(RenderedRequest),
 )
-async def render_chat_completion(request: Request, engine: EngineDep) -> Response:
+async def render_chat_completion(
+    request: Request, engine: EngineDep, admission: AdmissionDep
+) -> Response:
     body = await read_body(request, ChatCompletionRequest)
     args = _exchange_args(engine, "chatcmpl", body.model)
-    exchange = await in_prompt_thread(
-        lambda: ChatExchange(body, engine.info, engine.tokenizer, **args)
+    exchange = await admitted_in_prompt_thread(
+        admission,
+        protocol=ProtocolName.OPENAI,
+        units=admission_units(body),
+        priority=body.priority,
+        principal=principal_on(request),
+        build=lambda: ChatExchange(body, engine.info, engine.tokenizer, **args),
     )
     return OrjsonResponse(render_chat(exchange))
 
@@ -239,28 +260,36 @@ def _runtime_lora(settings: Settings) -> RuntimeLora:
     openapi_extra=json_body(TokenizeCompletionRequest, TokenizeChatRequest),
     responses=_answers(TokenizeResponse),
 )
-async def tokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
-    data = parse_json(await request.body())
+async def tokenize(request: Request, engine: EngineDep, admission: AdmissionDep) -> dict[str, Any]:
+    """Tokenizing is a call's prompt work: admitted as one, in the prompt thread."""
+    data = await read_json(request)
     chat = isinstance(data, dict) and "messages" in data
     body = validate(TokenizeChatRequest if chat else TokenizeCompletionRequest, data)
     served_by(engine, body.model)
     tokenizer, info = engine.tokenizer, engine.info
-    if isinstance(body, TokenizeChatRequest):
-        chat_body = body
-        templated = await in_prompt_thread(
-            lambda: template_conversation(tokenize_conversation(chat_body, info), info, tokenizer)
-        )
-        tokens = templated.prompt_token_ids
-    else:
-        tokens = tokenizer.encode(body.prompt, body.add_special_tokens)
-    result: dict[str, Any] = {
-        "count": len(tokens),
-        "max_model_len": engine.info.max_model_len,
-        "tokens": tokens,
-    }
-    if body.return_token_strs:
-        result["token_strs"] = [tokenizer.token_to_str(t) for t in tokens]
-    return result
+
+    def build() -> dict[str, Any]:
+        if isinstance(body, TokenizeChatRequest):
+            conversation = tokenize_conversation(body, info)
+            tokens = template_conversation(conversation, info, tokenizer).prompt_token_ids
+        else:
+            tokens = tokenizer.encode(body.prompt, body.add_special_tokens)
+        result: dict[str, Any] = {
+            "count": len(tokens),
+            "max_model_len": info.max_model_len,
+            "tokens": tokens,
+        }
+        if body.return_token_strs:
+            result["token_strs"] = [tokenizer.token_to_str(t) for t in tokens]
+        return result
+
+    return await admitted_in_prompt_thread(
+        admission,
+        protocol=ProtocolName.OPENAI,
+        units=tokenizer_units(body),
+        principal=principal_on(request),
+        build=build,
+    )
 
 
 @v1.post(
@@ -268,11 +297,20 @@ async def tokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
     openapi_extra=json_body(DetokenizeRequest),
     responses=_answers(DetokenizeResponse),
 )
-async def detokenize(request: Request, engine: EngineDep) -> dict[str, Any]:
+async def detokenize(
+    request: Request, engine: EngineDep, admission: AdmissionDep
+) -> dict[str, Any]:
     body = await read_body(request, DetokenizeRequest)
     served_by(engine, body.model)
     check_token_ids(body.tokens, engine.info, "tokens")
-    return {"prompt": engine.tokenizer.decode(body.tokens)}
+    prompt = await admitted_in_prompt_thread(
+        admission,
+        protocol=ProtocolName.OPENAI,
+        units=tokenizer_units(body),
+        principal=principal_on(request),
+        build=lambda: engine.tokenizer.decode(body.tokens),
+    )
+    return {"prompt": prompt}
 
 
 @router.get("/version", responses=_answers(VersionResponse))

@@ -30,12 +30,17 @@ from pydantic import BaseModel
 from app.admission import ProtocolName
 from app.engine.models import served_by
 from app.errors import InvalidRequest
-from app.protocols.bodies import parse_json
 from app.protocols.tokens import TokensExchange, TokensRequest, units
 from app.routes.apis.openai import openai_error
-from app.routes.deps import AdmissionDep, AuthDep, EngineDep, PrincipalDep, get_objects
+from app.routes.deps import (
+    AdmissionDep,
+    AuthDep,
+    EngineDep,
+    PrincipalDep,
+    get_objects,
+)
 from app.routes.http.answers import Answers, error_answers
-from app.routes.http.bodies import json_body, read_body
+from app.routes.http.bodies import json_body, read_body, read_json
 from app.routes.http.calls import answer_call
 from app.routes.http.errors import api_router
 from app.sessions.calls import in_prompt_thread, start_call
@@ -90,7 +95,7 @@ async def generate(
 
 
 async def _abort(request: Request, principal: PrincipalDep) -> Response:
-    data = parse_json(await request.body())
+    data = await read_json(request)
     ids = data.get("request_ids") if isinstance(data, dict) else None
     if ids is None:
         raise InvalidRequest("Missing 'request_ids' in request body", param="request_ids")

@@ -47,8 +47,15 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 
-from app.errors import InvalidRequest, Overloaded, SwitchboardError, client_error
+from app.errors import (
+    InvalidRequest,
+    Overloaded,
+    ResourceExhausted,
+    SwitchboardError,
+    client_error,
+)
 from app.objects import AppObjects
+from app.routes.send_writer import STREAM_STALL_S
 from app.telemetry.callers import Caller
 from app.telemetry.ids import REQUEST_ID_HEADER
 from app.tenants import Principal
@@ -173,6 +180,8 @@ class Writer:
         self._context = context
         self._metadata = ((REQUEST_ID_HEADER, request_id),)
         self._lock = asyncio.Lock()
+        # A write the client takes nothing of for STREAM_STALL_S ends the call (as an
+        # SSE or websocket reader that stops reading is cut: app.routes.http.sse).
         self._opened = False  # the initial metadata has gone
         # A write whose writer was cancelled (an aborted action) goes on in grpcio's core
         # until the client reads it or leaves; nothing more may be sent meanwhile.
@@ -187,11 +196,18 @@ class Writer:
                 return
             write = asyncio.ensure_future(self._send(message))
             try:
-                await asyncio.shield(write)
+                async with asyncio.timeout(STREAM_STALL_S):
+                    await asyncio.shield(write)
             except asyncio.CancelledError:
                 self._orphan = write
                 write.add_done_callback(_consume)
                 raise
+            except TimeoutError:  # the client stopped reading: its call ends, as a cancel's
+                self._orphan = write
+                write.add_done_callback(_consume)
+                raise ResourceExhausted(
+                    f"The client read nothing of the stream for {STREAM_STALL_S:g} s"
+                ) from None
             except grpc.aio.BaseError:
                 if not (self._context.done() or self._context.cancelled()):
                     raise

@@ -1,5 +1,18 @@
-"""JSON request bodies over HTTP: read, parsed and checked (`app.protocols.bodies`: orjson +
-pydantic, failing as `InvalidRequest` with the field named), and declared in /openapi.json.
+"""Request bodies over HTTP: read within a bound, JSON declared, parsed and checked
+(`app.protocols.bodies`: orjson + pydantic within `MAX_JSON_VALUES`, failing as
+`InvalidRequest` with the field named), and declared in /openapi.json.
+
+Every route reads its body here, and nowhere else: `read_bytes` (GraphPipe's
+flatbuffers) or `read_json` / `read_body` (every JSON API). Bounded before the work:
+
+- bytes: a body over the route's limit (`--max-request-body-bytes`, GraphPipe's own
+  `--graphpipe-max-request-bytes`) is `PayloadTooLarge` (413 in the API's shape) before
+  any of it is read when its Content-Length says so, and as soon as the count passes the
+  limit when it is chunked; nothing past the limit is ever held;
+- declared type: a JSON API's body must say `application/json` (or `application/*+json`;
+  parameters such as charset allowed), else `UnsupportedMediaType` (415): a web page may
+  POST `text/plain`, a form, or a body with no type to any server without the browser
+  asking the server first (no CORS preflight), and it must not drive this one.
 
 Every route reads its JSON body through `read_body` instead of FastAPI's body parameters:
 FastAPI's parameter solving costs about a millisecond per request under load (measured
@@ -17,14 +30,63 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 
+from app.errors import PayloadTooLarge, UnsupportedMediaType
 from app.protocols.bodies import parse_json, validate
 
 M = TypeVar("M", bound=BaseModel)
 _REF = "#/components/schemas/{model}"
 
 
+def body_limit(request: Request) -> int:
+    """A JSON API's body limit: `--max-request-body-bytes`."""
+    limit: int = request.app.state.settings.max_request_body_bytes
+    return limit
+
+
+def _too_large(size: int, limit: int, *, partial: bool = False) -> PayloadTooLarge:
+    amount = f"at least {size}" if partial else f"{size}"
+    return PayloadTooLarge(
+        f"The request body of {amount} bytes is over this server's limit of {limit} bytes"
+    )
+
+
+async def read_bytes(request: Request, limit: int) -> bytearray:
+    """The body, refused (`PayloadTooLarge`) before more than `limit` bytes of it are
+    read: at once when its Content-Length is over, else as soon as the count is."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        if len(body) + len(chunk) > limit:
+            raise _too_large(len(body) + len(chunk), limit, partial=True)
+        body += chunk
+    return body
+
+
+def check_json_type(request: Request) -> None:
+    """`UnsupportedMediaType` unless the body is declared JSON (see the module
+    docstring)."""
+    declared = request.headers.get("content-type", "")
+    kind = declared.partition(";")[0].strip().lower()
+    main, _, sub = kind.partition("/")
+    if main == "application" and (sub == "json" or sub.endswith("+json")):
+        return
+    got = repr(declared) if declared else "none"
+    raise UnsupportedMediaType(
+        f"This API takes JSON bodies: send Content-Type: application/json (got {got})"
+    )
+
+
+async def read_json(request: Request) -> Any:
+    """A JSON API's body: declared JSON, within the body limit and `MAX_JSON_VALUES`,
+    parsed."""
+    check_json_type(request)
+    return parse_json(await read_bytes(request, body_limit(request)))
+
+
 async def read_body(request: Request, model: type[M]) -> M:
-    return validate(model, parse_json(await request.body()))
+    return validate(model, await read_json(request))
 
 
 def documented(*models: type[BaseModel]) -> dict[str, Any]:

@@ -44,7 +44,8 @@ async def serve_call(
     build: Callable[[], Exchange],
 ) -> Response:
     """Admit a call of `len(units)` engine requests (`units[i]`: a bound of request i's
-    prompt tokens), build its exchange in the prompt thread and answer it."""
+    prompt tokens) at `priority`, no more urgent than its caller's key allows, build its
+    exchange in the prompt thread and answer it."""
     call = await start_call(
         admission,
         record_of(request),

@@ -36,7 +36,7 @@ from app.admission import Tickets
 from app.routes.http.disconnect import ClientGone, unless_disconnected
 from app.routes.http.json import dump_json
 from app.routes.raw_send import raw_send
-from app.routes.send_writer import SendWriter
+from app.routes.send_writer import SendWriter, send_within_stall
 
 DONE = b"data: [DONE]\n\n"
 _HEADERS = [
@@ -73,7 +73,7 @@ class EventStream(Response):
     async def _pump(self, send: Send) -> None:
         try:
             async for event in self._events:
-                await send({"type": "http.response.body", "body": event, "more_body": True})
+                await send_within_stall(send, body_part(event))
         finally:
             # Cancelled during a send, the producer sits at a `yield`: close it now, not
             # when the garbage collector gets to it, so its requests are aborted at once.

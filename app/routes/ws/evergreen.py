@@ -22,7 +22,7 @@ from fastapi import APIRouter, WebSocket
 
 from app.errors import SwitchboardError
 from app.protocols.evergreen import frames
-from app.protocols.evergreen.lifecycle import close_code, close_reason
+from app.protocols.evergreen.lifecycle import abort_message, close_code, close_reason
 from app.routes.deps import get_objects, get_settings
 from app.routes.ws.opening import caller
 from app.routes.ws.pump import WebSocketPump
@@ -37,8 +37,9 @@ router = APIRouter()
 
 @router.websocket("/evergreen/ws")
 async def evergreen_socket(websocket: WebSocket) -> None:
-    await websocket.accept()
     pump, encoding = WebSocketPump(websocket), frames.Encoding()
+    pump.on_frame_too_large(lambda error: encoding.encode(abort_message(error)))
+    await websocket.accept()
 
     async def send(message: service_pb.SessionMessage) -> None:
         await pump.send(encoding.encode(message))

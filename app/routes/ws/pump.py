@@ -7,10 +7,15 @@
   in. It ends when the client disconnects.
 - `send(frame)` sends `bytes` as a binary frame and `str` as a text frame, one at a time
   (concurrent calls write whole frames, never interleaved); once the client has gone it
-  drops the frame instead of raising.
+  drops the frame instead of raising. A client that takes nothing of a frame for
+  `STREAM_STALL_S` is cut (its connection aborted, as a pushed stream's reader is), so
+  its calls end as they do when a client leaves.
 - `spawn(coro, on_error)` runs a call as a task of the socket's `TaskGroup`; closing the
   pump (`async with`) cancels every call and waits until each has finished, so no engine
   request outlives its socket.
+- `on_frame_too_large(answer)`: a frame over the size limit is answered with
+  `answer(error)`, the protocol's own error frame, before the close 1009
+  (`app.routes.http.connections`).
 - `guard(coro, on_error)` runs a call inline. Both render a failure through `on_error`
   as the protocol's error, from the one `client_error` (a `SwitchboardError` as it is,
   anything else an `InternalError` with an id, never the exception's text).
@@ -27,6 +32,9 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.errors import SwitchboardError, client_error
+from app.routes.http.connections import TooLarge, on_frame_too_large
+from app.routes.raw_send import RAW_SEND, cut_connection
+from app.routes.send_writer import STREAM_STALL_S
 from app.sessions.tasks import TaskGroup
 
 OnError = Callable[[SwitchboardError], Awaitable[None]]
@@ -38,6 +46,9 @@ class WebSocketPump:
         self.open = True
         self._send_lock = asyncio.Lock()
         self._tasks = TaskGroup()
+
+    def on_frame_too_large(self, answer: TooLarge) -> None:
+        on_frame_too_large(self.websocket.scope, answer)
 
     async def frames(self) -> AsyncIterator[bytes | str]:
         while self.open:
@@ -55,13 +66,16 @@ class WebSocketPump:
         if not self.open:
             return
         try:
-            async with self._send_lock:
+            async with self._send_lock, asyncio.timeout(STREAM_STALL_S):
                 if isinstance(frame, bytes):
                     await self.websocket.send_bytes(frame)
                 else:
                     await self.websocket.send_text(frame)
         except (WebSocketDisconnect, RuntimeError):  # the client left meanwhile
             self.open = False
+        except TimeoutError:  # the client stopped reading
+            self.open = False
+            cut_connection(self.websocket.scope.get(RAW_SEND))
 
     async def close(self, code: int, reason: str = "") -> None:
         self.open = False

@@ -107,8 +107,8 @@ async def responses_socket(websocket: WebSocket) -> None:
     except SwitchboardError as refused:
         await _refuse(websocket, refused)
         return
-    await websocket.accept()
     connection = _Connection(websocket, get_objects(websocket.app).responses, principal)
+    await websocket.accept()
     async with lifetime.serving(connection.goodbye):
         await connection.serve()
 
@@ -131,6 +131,7 @@ class _Connection:
 
     def __init__(self, websocket: WebSocket, responses: Responses, principal: Principal) -> None:
         self.pump = WebSocketPump(websocket)
+        self.pump.on_frame_too_large(lambda error: dump_json(error_event(error)).decode())
         self.responses = responses
         self.principal = principal
         self.engine = get_engine(websocket)

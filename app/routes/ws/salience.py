@@ -43,8 +43,10 @@ router = APIRouter()
 
 @router.websocket("/salience/ws")
 async def salience_socket(websocket: WebSocket) -> None:
-    await websocket.accept()
     pump, lifetime = WebSocketPump(websocket), SessionLifetime(get_drain(websocket))
+    binary = False  # the encoding of the client's last call: the goodbye's
+    pump.on_frame_too_large(lambda error: envelope.error("", binary, error))
+    await websocket.accept()
     try:
         principal = lifetime.open(lambda: caller(websocket))
     except SwitchboardError as refused:
@@ -53,7 +55,6 @@ async def salience_socket(websocket: WebSocket) -> None:
         return
     runner, calls = get_objects(websocket.app).salience, CallIds()
     calls_of = _Records(get_objects(websocket.app).telemetry, caller_of(websocket))
-    binary = False  # the encoding of the client's last call: the goodbye's
 
     async def goodbye(refusal: SwitchboardError) -> None:
         await pump.send(envelope.error("", binary, refusal))
