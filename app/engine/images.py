@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -109,14 +110,21 @@ class ImageReader:
                 # convert() decodes every pixel: a truncated file fails now.
                 picture = opened.convert("RGB")
         except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
-            raise InvalidRequest(f"the image is too large to decode: {exc}") from exc
+            raise InvalidRequest(
+                f"the image is too large to decode: more than {bound} pixels"
+            ) from exc
         except (OSError, ValueError, SyntaxError) as exc:  # PIL's ways of saying "not this"
-            raise InvalidRequest(f"the image bytes do not decode as {mime}: {exc}") from exc
+            # PIL's text names our objects ("<_io.BytesIO object at 0x...>"): logged only.
+            raise InvalidRequest.withholding(
+                f"the image bytes do not decode as {mime}", exc, level=logging.INFO
+            ) from exc
         width, height = picture.size
         try:
             pads = self.pad_tokens(width, height)
         except ValueError as exc:  # e.g. an aspect ratio the processor refuses
-            raise InvalidRequest(f"the model cannot take a {width}x{height} image: {exc}") from exc
+            raise InvalidRequest.withholding(
+                f"the model cannot take a {width}x{height} image", exc, level=logging.INFO
+            ) from exc
         return DecodedImage(
             pixels=picture, digest=hashlib.sha256(data).hexdigest(), pad_tokens=pads
         )

@@ -252,6 +252,16 @@ def test_get_tokenizer_streams_the_model_directorys_tokenizer_files(tmp_path: Pa
     assert model.model_type == "llama"
 
 
+def test_a_model_without_tokenizer_files_is_told_without_its_path(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    engine._info = replace(engine.info, model_path=str(tmp_path / "hidden-model-dir"))
+    with worker(engine) as (stub, _, _), pytest.raises(grpc.RpcError) as info:
+        list(stub.GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=10))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "error id" in str(info.value.details())
+    assert "hidden-model-dir" not in str(info.value.details())
+
+
 def test_unserved_methods_are_unimplemented() -> None:
     with worker() as (stub, _, _):
         with pytest.raises(grpc.RpcError) as info:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -302,10 +303,15 @@ class _VllmEngine:
     ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
         try:
             archive, sha256 = await tokenizer_bundle(self._engine.info.model_path)
-        except FileNotFoundError as exc:
-            await abort(context, FailedPrecondition(f"no tokenizer files: {exc}"))
+        except FileNotFoundError as exc:  # its text names the model's directory: logged only
+            await abort(
+                context, FailedPrecondition.withholding("The model has no tokenizer files", exc)
+            )
         except Exception as exc:
-            await abort(context, EngineError(f"the tokenizer bundle failed: {exc}"))
+            await abort(
+                context,
+                EngineError.withholding("The tokenizer bundle failed", exc, level=logging.ERROR),
+            )
         for chunk in tokenizer_chunks(archive, sha256):
             yield chunk
 
