@@ -63,6 +63,14 @@ class DecodedImage:
     pixels: object  # the decoded picture, as the engine takes it (for vLLM: a PIL image)
     digest: str  # sha256 of the encoded bytes: the image's identity in the engine's caches
     pad_tokens: int  # N: the features the vision encoder makes of it, one pad token each
+    pixel_count: int = 0  # width x height: what decoding it cost (`ImageBudget` spends it)
+
+
+class ReadImage(Protocol):
+    """`VisionInfo.read_image`: decodes and measures one image, refusing (from its
+    header, before decoding a pixel) one of more than `max_pixels` pixels."""
+
+    def __call__(self, data: bytes, mime: str, max_pixels: int | None = None) -> DecodedImage: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,19 +220,50 @@ class VisionInfo:
     block `[start_token_id] + [pad_token_id] * N + [end_token_id]` per image, where N is
     what `read_image` measures.
 
-    `read_image(data, mime)` decodes an encoded image and measures it with the model's
-    own image processor; it raises `InvalidRequest` for bytes that do not decode as
-    `mime`, or a `mime` the server does not take."""
+    `read_image(data, mime, max_pixels)` decodes an encoded image and measures it with
+    the model's own image processor; it raises `InvalidRequest` for bytes that do not
+    decode as `mime`, a `mime` the server does not take, or an image of more than
+    `max_pixels` pixels (told from its header)."""
 
     start_token_id: int
     pad_token_id: int
     end_token_id: int
     max_images: int  # per prompt
-    read_image: Callable[[bytes, str], DecodedImage] = field(compare=False, repr=False)
+    read_image: ReadImage = field(compare=False, repr=False)
 
     @property
     def token_ids(self) -> frozenset[int]:
         return frozenset((self.start_token_id, self.pad_token_id, self.end_token_id))
+
+
+# What one prompt's images may decode to, in all: 128 Mi pixels (384 MiB as RGB), 1.5x
+# what PIL lets one image be, eleven 12-megapixel photos.
+MAX_PROMPT_PIXELS = 128 << 20
+
+
+class ImageBudget:
+    """What one prompt's images may cost, spent as each is read: at most the engine's
+    `max_images` images and `MAX_PROMPT_PIXELS` pixels in all. An image past either is
+    refused before a pixel of it is decoded (past the pixels: from its header, through
+    `read_image`'s `max_pixels`), so one body of many small files that each inflate
+    costs at most the budget, never a decode of each (images are counted as they come:
+    those before the refused one are decoded, within the budget). Not thread-safe: one
+    prompt's images are read in one thread."""
+
+    def __init__(self, vision: VisionInfo) -> None:
+        self._vision = vision
+        self.images = 0
+        self.pixels_left = MAX_PROMPT_PIXELS
+
+    def read(self, data: bytes, mime: str) -> DecodedImage:
+        if self.images >= self._vision.max_images:
+            raise InvalidRequest(
+                f"a prompt takes at most {self._vision.max_images} images; this is one more"
+            )
+        image = self._vision.read_image(data, mime, max_pixels=self.pixels_left)
+        self.images += 1
+        self.pixels_left -= image.pixel_count
+        return image
 
 
 @dataclass(frozen=True, slots=True)

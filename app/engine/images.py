@@ -5,8 +5,9 @@
   formats run external programs) and bytes of another format fail as "not image/png";
 - the pixel count is checked from the image's header before a pixel is decoded: an
   image past `max_pixels` (PIL's decompression-bomb bound, `Image.MAX_IMAGE_PIXELS`, by
-  default) is refused without decoding it, so a small file that inflates to gigabytes
-  costs nothing;
+  default; less where a call's `max_pixels` says so: what its prompt's other images left,
+  `app.protocols.conversation.images.ImageBudget`) is refused without decoding it, so a
+  small file that inflates to gigabytes costs nothing;
 - the whole image is decoded here, so a truncated file fails the request that sent it,
   not an engine step. Decoding is blocking: callers run the reader off the event loop
   (`app.sessions.salience` uses a worker thread), and nothing here touches process-wide
@@ -92,11 +93,14 @@ class ImageReader:
             )
         return features
 
-    def __call__(self, data: bytes, mime: str) -> DecodedImage:
+    def __call__(self, data: bytes, mime: str, max_pixels: int | None = None) -> DecodedImage:
         fmt = FORMATS.get(_normalise_mime(mime))
         if fmt is None:
             raise InvalidRequest(f"mime {mime!r} is not one of {', '.join(FORMATS)}")
         bound = self._max_pixels if self._max_pixels is not None else Image.MAX_IMAGE_PIXELS
+        left = ""
+        if max_pixels is not None and (bound is None or max_pixels < bound):
+            bound, left = max_pixels, " (what the prompt's other images left)"
         try:
             # open() reads the header only; PIL's own bomb check there warns (a warning
             # is not ours to filter from a worker thread) or raises past twice its bound.
@@ -105,7 +109,7 @@ class ImageReader:
                 if bound is not None and width * height > bound:
                     raise InvalidRequest(
                         f"the image is too large to decode: {width}x{height} pixels, more "
-                        f"than {bound}"
+                        f"than {bound}{left}"
                     )
                 # convert() decodes every pixel: a truncated file fails now.
                 picture = opened.convert("RGB")
@@ -126,7 +130,10 @@ class ImageReader:
                 f"the model cannot take a {width}x{height} image", exc, level=logging.INFO
             ) from exc
         return DecodedImage(
-            pixels=picture, digest=hashlib.sha256(data).hexdigest(), pad_tokens=pads
+            pixels=picture,
+            digest=hashlib.sha256(data).hexdigest(),
+            pad_tokens=pads,
+            pixel_count=width * height,
         )
 
 

@@ -62,7 +62,7 @@ from google.protobuf.message import Message
 from app.admission import Admission, ProtocolName, Ticket, generate
 from app.config import Settings
 from app.drain import Drain
-from app.engine.base import DecodedImage, Engine, VisionInfo
+from app.engine.base import DecodedImage, Engine, ImageBudget, VisionInfo
 from app.errors import SwitchboardError
 from app.protocols.salience.images import (
     Attachment,
@@ -379,4 +379,5 @@ async def _shielded(work: Coroutine[Any, Any, None]) -> None:
 
 
 def _decode_all(attachments: Sequence[Attachment], vision: VisionInfo) -> list[DecodedImage]:
-    return [decode_attachment(attachment, vision) for attachment in attachments]
+    budget = ImageBudget(vision)  # one call's attachments: its prompt's new images
+    return [decode_attachment(attachment, budget) for attachment in attachments]

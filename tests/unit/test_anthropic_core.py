@@ -12,7 +12,6 @@ blocks were opened or indexed wrongly, or whose stop reason differed fails here.
 from __future__ import annotations
 
 import json
-import types
 from dataclasses import replace
 from typing import Any
 
@@ -446,11 +445,11 @@ def test_images_are_parts_of_their_turn() -> None:
 
     seen: list[Any] = []
 
-    def read(raw: bytes, mime: str) -> Any:
-        seen.append(mime)
-        return types.SimpleNamespace(pixels=None, digest=mime, pad_tokens=1)
+    from app.engine.base import DecodedImage, VisionInfo
 
-    from app.engine.base import VisionInfo
+    def read(data: bytes, mime: str, max_pixels: int | None = None) -> DecodedImage:
+        seen.append(mime)
+        return DecodedImage(pixels=None, digest=mime, pad_tokens=1)
 
     info = replace(Engine().info, vision=VisionInfo(250, 251, 252, 4, read))
     image = {

@@ -5,6 +5,7 @@ each image's pad run collapsed to one pad."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import zlib
@@ -14,10 +15,13 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from app.engine.base import DecodedImage, PromptImage, VisionInfo
+from app.engine import base
+from app.engine.base import DecodedImage, EngineInfo, PromptImage, ReadImage, VisionInfo
 from app.engine.images import ImageReader, collapse_blocks
 from app.errors import InvalidRequest
+from app.protocols.openai.chat import conversation
 from app.tiny_vl_model import MAX_IMAGE_TOKENS, MIN_IMAGE_TOKENS
+from schemas.openai import ChatCompletionRequest
 from tests.conftest import tiny_vl_model_path
 
 
@@ -151,12 +155,71 @@ def test_the_pixel_bound_is_checked_from_the_header_before_decoding(
     assert decoded == []
 
 
+def _chat(*images: bytes) -> ChatCompletionRequest:
+    parts = [
+        {
+            "type": "image_url",
+            "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()},
+        }
+        for data in images
+    ]
+    return ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": parts}]}
+    )
+
+
+def _vl_info(read: ReadImage, max_images: int) -> EngineInfo:
+    vision = VisionInfo(5, 7, 6, max_images=max_images, read_image=read)
+    return EngineInfo("vl", "/vl", 256, 100, (2,), False, 0, vision=vision)
+
+
+def test_a_prompt_past_its_image_count_decodes_none_past_it() -> None:
+    """The engine's max_images per prompt is counted as images are read: the one past it
+    is refused before it is decoded (the engine's own check comes after all are)."""
+    read: list[bytes] = []
+
+    def decode(data: bytes, mime: str, max_pixels: int | None = None) -> DecodedImage:
+        read.append(data)
+        return DecodedImage(None, data.hex(), 1, pixel_count=1)
+
+    info = _vl_info(decode, max_images=2)
+    with pytest.raises(InvalidRequest, match=r"content\.2\.image_url: a prompt takes at most 2"):
+        conversation(_chat(b"a", b"b", b"c"), info, request_id="r", lora_name=None)
+    assert read == [b"a", b"b"]
+
+
+def test_a_prompts_images_share_one_pixel_budget(
+    processor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many small files that each inflate: each is within one image's bound, together
+    past the prompt's, and the one past it is refused from its header, undecoded."""
+    monkeypatch.setattr(base, "MAX_PROMPT_PIXELS", 3 * 56 * 56)
+    decoded: list[int] = []
+    reader_ = reader(processor)
+
+    def counting(data: bytes, mime: str, max_pixels: int | None = None) -> DecodedImage:
+        image = reader_(data, mime, max_pixels)
+        decoded.append(image.pixel_count)
+        return image
+
+    info = _vl_info(counting, max_images=8)
+    three = _chat(*[encode(56, 56, seed=i) for i in range(3)])
+    assert len(conversation(three, info, request_id="r", lora_name=None).messages) == 1
+    decoded.clear()
+    four = _chat(*[encode(56, 56, seed=i) for i in range(4)])
+    with pytest.raises(
+        InvalidRequest, match=r"content\.3\.image_url: .*56x56 pixels, more than 0 \(what"
+    ):
+        conversation(four, info, request_id="r", lora_name=None)
+    assert decoded == [56 * 56] * 3
+
+
 VISION = VisionInfo(
     start_token_id=5,
     pad_token_id=7,
     end_token_id=6,
     max_images=8,
-    read_image=lambda data, mime: DecodedImage(None, "", 0),
+    read_image=lambda data, mime, max_pixels=None: DecodedImage(None, "", 0),
 )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from app.engine.base import DecodedImage, EngineInfo, VisionInfo
+from app.engine.base import DecodedImage, EngineInfo, ImageBudget, VisionInfo
 from app.errors import FailedPrecondition, InvalidRequest, ResourceExhausted
 from app.protocols.salience.generate import GenerateCall
 from app.protocols.salience.images import check_attachments, decode_attachment
@@ -21,7 +21,7 @@ from schemas import salience_pb2 as pb
 START, END, PAD = 5, 6, 7
 
 
-def read_image(data: bytes, mime: str) -> DecodedImage:
+def read_image(data: bytes, mime: str, max_pixels: int | None = None) -> DecodedImage:
     if mime != "image/png":
         raise InvalidRequest(f"the image bytes do not decode as {mime}")
     if not data.startswith(b"img:"):
@@ -86,7 +86,8 @@ def decode(request: pb.GenerateRequest, info: EngineInfo) -> list[DecodedImage]:
     attachments = check_attachments(
         request.images, request.append_tokens, int(request.offset), info
     )
-    return [decode_attachment(a, VISION) for a in attachments]
+    budget = ImageBudget(VISION)
+    return [decode_attachment(a, budget) for a in attachments]
 
 
 def finish(store: SessionStore, call: GenerateCall) -> None:

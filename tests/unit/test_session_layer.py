@@ -50,7 +50,7 @@ class SlowDecoder:
         self.release = threading.Event()
         self.finished = threading.Event()
 
-    def __call__(self, data: bytes, mime: str) -> DecodedImage:
+    def __call__(self, data: bytes, mime: str, max_pixels: int | None = None) -> DecodedImage:
         self.started.set()
         self.release.wait(timeout=5)
         self.finished.set()

@@ -574,7 +574,7 @@ async def test_images_are_decoded_on_the_replica_that_needs_them(redis_fleet: Fl
     decoded_on: list[str] = []
 
     def engine(name: str) -> FakeEngine:
-        def read(data: bytes, mime: str) -> DecodedImage:
+        def read(data: bytes, mime: str, max_pixels: int | None = None) -> DecodedImage:
             decoded_on.append(name)
             return DecodedImage(pixels=(name, data), digest=data.hex(), pad_tokens=2)
 

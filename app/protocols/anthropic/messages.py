@@ -42,7 +42,7 @@ from app.engine.tools import NamedTool, ToolCall, ToolChoice, ToolFields, ToolSp
 from app.engine.validation import Fields
 from app.errors import InvalidRequest
 from app.protocols.conversation.bound import PromptBound
-from app.protocols.conversation.images import read_image, read_image_url
+from app.protocols.conversation.images import PromptImages
 from app.protocols.conversation.plan import Conversation
 from schemas.anthropic import (
     AnthropicBase64Source,
@@ -69,11 +69,11 @@ BILLING_HEADER = "x-anthropic-billing-header:"
 Part = TextPart | ImagePart
 
 
-def _image(block: AnthropicImageBlock, info: EngineInfo, where: str) -> ImagePart:
+def _image(block: AnthropicImageBlock, images: PromptImages, where: str) -> ImagePart:
     source = block.source
     if isinstance(source, AnthropicBase64Source):
-        return ImagePart(read_image(source.data, source.media_type, info, f"{where}.source"))
-    return ImagePart(read_image_url(source.url, info, f"{where}.source.url"))
+        return ImagePart(images.read(source.data, source.media_type, f"{where}.source"))
+    return ImagePart(images.read_url(source.url, f"{where}.source.url"))
 
 
 def _texts(blocks: str | list[AnthropicTextBlock]) -> tuple[TextPart, ...]:
@@ -83,7 +83,7 @@ def _texts(blocks: str | list[AnthropicTextBlock]) -> tuple[TextPart, ...]:
     return tuple(TextPart(b.text) for b in blocks if not b.text.startswith(BILLING_HEADER))
 
 
-def _tool_result(block: AnthropicToolResultBlock, info: EngineInfo, where: str) -> ChatMessage:
+def _tool_result(block: AnthropicToolResultBlock, images: PromptImages, where: str) -> ChatMessage:
     parts: list[Part] = []
     if isinstance(block.content, str):
         parts.append(TextPart(block.content))
@@ -91,7 +91,7 @@ def _tool_result(block: AnthropicToolResultBlock, info: EngineInfo, where: str) 
         if isinstance(item, AnthropicTextBlock):
             parts.append(TextPart(item.text))
         else:
-            parts.append(_image(item, info, f"{where}.content.{i}"))
+            parts.append(_image(item, images, f"{where}.content.{i}"))
     if not parts:  # a tool that answered nothing: the template still needs a string
         parts.append(TextPart(""))
     return ChatMessage("tool", tuple(parts), tool_call_id=block.tool_use_id)
@@ -101,7 +101,7 @@ def _misplaced(where: str, kind: str, role: str) -> InvalidRequest:
     return InvalidRequest(f"{where}: a {kind} block cannot be in a {role} message", param=where)
 
 
-def _user(index: int, message: AnthropicMessage, info: EngineInfo) -> list[ChatMessage]:
+def _user(index: int, message: AnthropicMessage, images: PromptImages) -> list[ChatMessage]:
     """A user message: its tool results as tool messages, the rest as user messages, in
     the order the blocks come."""
     if isinstance(message.content, str):
@@ -113,12 +113,12 @@ def _user(index: int, message: AnthropicMessage, info: EngineInfo) -> list[ChatM
         if isinstance(block, AnthropicTextBlock):
             parts.append(TextPart(block.text))
         elif isinstance(block, AnthropicImageBlock):
-            parts.append(_image(block, info, where))
+            parts.append(_image(block, images, where))
         elif isinstance(block, AnthropicToolResultBlock):
             if parts:
                 out.append(ChatMessage("user", tuple(parts)))
                 parts = []
-            out.append(_tool_result(block, info, where))
+            out.append(_tool_result(block, images, where))
         else:
             raise _misplaced(where, block.type, "user")
     if parts:
@@ -164,11 +164,12 @@ def chat_messages(
     body: AnthropicMessagesRequest | AnthropicCountTokensRequest, info: EngineInfo
 ) -> list[ChatMessage]:
     out: list[ChatMessage] = []
+    images = PromptImages(info)
     if body.system is not None and (system := _texts(body.system)):
         out.append(ChatMessage("system", system))
     for index, message in enumerate(body.messages):
         if message.role == "user":
-            out.extend(_user(index, message, info))
+            out.extend(_user(index, message, images))
         elif message.role == "assistant":
             out.append(_assistant(index, message))
         elif (inline := _system(index, message)).parts:

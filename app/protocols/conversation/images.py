@@ -6,7 +6,9 @@ end`: `VisionInfo`); `expand_image_blocks` widens each block, in prompt order, t
 pad tokens its vision encoder makes of the image (`DecodedImage.pad_tokens`), the
 layout the engine runs (`app.engine.images`). Images are read from bytes the client
 sent (base64, or a `data:` URL); a URL elsewhere is refused, not fetched: the server
-makes no outbound requests on a client's behalf.
+makes no outbound requests on a client's behalf. One prompt's images are read within one
+`ImageBudget` (`PromptImages`): their count and their pixels in all are bounded before
+each is decoded.
 
 Decoding is blocking: these run where the conversation is planned, off the event loop.
 """
@@ -17,33 +19,43 @@ import base64
 import binascii
 from collections.abc import Sequence
 
-from app.engine.base import DecodedImage, EngineInfo, PromptImage, VisionInfo
+from app.engine.base import DecodedImage, EngineInfo, ImageBudget, PromptImage, VisionInfo
 from app.errors import InvalidRequest
 
 
-def read_image(data: str, mime: str, info: EngineInfo, param: str) -> DecodedImage:
-    """An image sent as base64 text with its mime type."""
-    vision = info.require_vision(param)
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidRequest(f"{param}: the image data is not base64", param=param) from exc
-    try:
-        return vision.read_image(raw, mime)
-    except InvalidRequest as exc:
-        raise InvalidRequest(f"{param}: {exc.message}", param=param) from exc
+class PromptImages:
+    """The images of one prompt, read in the order the body gives them, within one
+    `ImageBudget` (a count and a pixel total for the whole prompt: one translation makes
+    one of these)."""
 
+    def __init__(self, info: EngineInfo) -> None:
+        self._info = info
+        self._budget: ImageBudget | None = None
 
-def read_image_url(url: str, info: EngineInfo, param: str) -> DecodedImage:
-    """An image sent as a URL: a `data:<mime>;base64,<data>` URL only."""
-    head, sep, data = url.partition(",")
-    if not (head.startswith("data:") and head.endswith(";base64") and sep):
-        raise InvalidRequest(
-            f"{param}: only inline images are taken (a data:<mime>;base64,... URL); "
-            "the server does not fetch URLs",
-            param=param,
-        )
-    return read_image(data, head[len("data:") : -len(";base64")], info, param)
+    def read(self, data: str, mime: str, param: str) -> DecodedImage:
+        """An image sent as base64 text with its mime type."""
+        vision = self._info.require_vision(param)
+        if self._budget is None:
+            self._budget = ImageBudget(vision)
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidRequest(f"{param}: the image data is not base64", param=param) from exc
+        try:
+            return self._budget.read(raw, mime)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{param}: {exc.message}", param=param) from exc
+
+    def read_url(self, url: str, param: str) -> DecodedImage:
+        """An image sent as a URL: a `data:<mime>;base64,<data>` URL only."""
+        head, sep, data = url.partition(",")
+        if not (head.startswith("data:") and head.endswith(";base64") and sep):
+            raise InvalidRequest(
+                f"{param}: only inline images are taken (a data:<mime>;base64,... URL); "
+                "the server does not fetch URLs",
+                param=param,
+            )
+        return self.read(data, head[len("data:") : -len(";base64")], param)
 
 
 def expand_image_blocks(

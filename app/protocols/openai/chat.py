@@ -28,7 +28,7 @@ from app.engine.base import (
 from app.engine.models import ServedModel
 from app.errors import InvalidRequest
 from app.protocols.conversation.bound import PromptBound
-from app.protocols.conversation.images import read_image_url
+from app.protocols.conversation.images import PromptImages
 from app.protocols.conversation.output import ChoiceOutput, Finish
 from app.protocols.conversation.plan import Conversation, plan_conversation
 from app.protocols.exchange import Event
@@ -47,7 +47,7 @@ from schemas.openai import ChatCompletionRequest, TokenizeChatRequest
 from schemas.openai import ChatMessage as ChatMessageBody
 
 
-def _message(index: int, message: ChatMessageBody, info: EngineInfo) -> ChatMessage:
+def _message(index: int, message: ChatMessageBody, images: PromptImages) -> ChatMessage:
     parts: list[TextPart | ImagePart] = []
     if isinstance(message.content, str):
         parts.append(TextPart(message.content))
@@ -57,7 +57,7 @@ def _message(index: int, message: ChatMessageBody, info: EngineInfo) -> ChatMess
                 parts.append(TextPart(part.text))
             else:
                 where = f"messages.{index}.content.{i}.image_url"
-                parts.append(ImagePart(read_image_url(part.image_url.url, info, where)))
+                parts.append(ImagePart(images.read_url(part.image_url.url, where)))
     return ChatMessage(
         role=message.role,
         parts=tuple(parts),
@@ -66,6 +66,13 @@ def _message(index: int, message: ChatMessageBody, info: EngineInfo) -> ChatMess
         name=message.name,
         reasoning=message.reasoning,
     )
+
+
+def _messages(
+    body: ChatCompletionRequest | TokenizeChatRequest, info: EngineInfo
+) -> list[ChatMessage]:
+    images = PromptImages(info)
+    return [_message(i, m, images) for i, m in enumerate(body.messages)]
 
 
 def template_kwargs(body: ChatCompletionRequest | TokenizeChatRequest) -> dict[str, Any]:
@@ -111,7 +118,7 @@ def conversation(
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     return Conversation(
         request_id=request_id,
-        messages=[_message(i, m, info) for i, m in enumerate(body.messages)],
+        messages=_messages(body, info),
         sampling=sampling_fields(
             body,
             info.sampling_defaults,
@@ -139,7 +146,7 @@ def tokenize_conversation(body: TokenizeChatRequest, info: EngineInfo) -> Conver
     it (tools and template switches included). Blocking (it decodes images)."""
     return Conversation(
         request_id="tokenize",
-        messages=[_message(i, m, info) for i, m in enumerate(body.messages)],
+        messages=_messages(body, info),
         sampling=SamplingOptions(),
         max_tokens=None,
         fields={"prompt": "messages"},

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from app.engine.base import DecodedImage, EngineInfo, PromptImage, VisionInfo
+from app.engine.base import DecodedImage, EngineInfo, ImageBudget, PromptImage, VisionInfo
 from app.errors import InvalidRequest
 from schemas import salience_pb2 as pb
 
@@ -92,11 +92,11 @@ def check_attachments(
     ]
 
 
-def decode_attachment(attachment: Attachment, vision: VisionInfo) -> DecodedImage:
-    """Decode and measure one image. Blocking (it decodes every pixel): call it off the
-    event loop."""
+def decode_attachment(attachment: Attachment, budget: ImageBudget) -> DecodedImage:
+    """Decode and measure one image within its prompt's `budget`. Blocking (it decodes
+    every pixel): call it off the event loop."""
     try:
-        return vision.read_image(attachment.data, attachment.mime)
+        return budget.read(attachment.data, attachment.mime)
     except InvalidRequest as exc:
         raise InvalidRequest(f"images[{attachment.index}]: {exc.message}") from exc
 

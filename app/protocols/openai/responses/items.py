@@ -38,7 +38,7 @@ from app.engine.base import ChatMessage, EngineInfo, ImagePart, TextPart
 from app.engine.tools import ToolCall
 from app.errors import InvalidRequest
 from app.protocols.conversation.bound import PromptBound
-from app.protocols.conversation.images import read_image_url
+from app.protocols.conversation.images import PromptImages
 from app.wire_text import load_json
 
 Item = dict[str, Any]
@@ -256,11 +256,13 @@ def _text(parts: Sequence[Item]) -> str:
     return "".join(p.get("text") or p.get("refusal") or "" for p in parts)
 
 
-def _parts(parts: Sequence[Item], info: EngineInfo, where: str) -> tuple[TextPart | ImagePart, ...]:
+def _parts(
+    parts: Sequence[Item], images: PromptImages, where: str
+) -> tuple[TextPart | ImagePart, ...]:
     out: list[TextPart | ImagePart] = []
     for j, part in enumerate(parts):
         if part["type"] == "input_image":
-            out.append(ImagePart(read_image_url(part["image_url"], info, f"{where}.{j}.image_url")))
+            out.append(ImagePart(images.read_url(part["image_url"], f"{where}.{j}.image_url")))
         else:
             out.append(TextPart(part.get("text") or part.get("refusal") or ""))
     return tuple(out)
@@ -304,6 +306,7 @@ def messages(
     call's output answers a call made before it in the conversation (OpenAI's rule: a
     continuation that answers a call its response never made fails)."""
     turns = _Turns()
+    images = PromptImages(info)
     called: set[str] = set()
     for i, item in enumerate(items):
         kind = item["type"]
@@ -317,7 +320,7 @@ def messages(
             else:
                 turns.text.append(_text(item["content"]))
         elif kind == "message":
-            parts = _parts(item["content"], info, f"{where(i)}.content")
+            parts = _parts(item["content"], images, f"{where(i)}.content")
             turns.add(ChatMessage(role=item["role"], parts=parts))
         elif kind == "function_call":
             turns.assistant()
@@ -333,7 +336,7 @@ def messages(
             parts = (
                 (TextPart(output),)
                 if isinstance(output, str)
-                else _parts(output, info, f"{where(i)}.output")
+                else _parts(output, images, f"{where(i)}.output")
             )
             turns.add(ChatMessage(role="tool", parts=parts, tool_call_id=item["call_id"]))
         elif kind == "reasoning":
