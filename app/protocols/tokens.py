@@ -60,7 +60,9 @@ class TokensSampling(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    n: int = 1
+    # As Completions and Chat bound it (schemas.openai): admission lists a unit per choice
+    # before anything runs, so n=10**12 was a MemoryError (a 500) on the event loop.
+    n: int = Field(default=1, ge=1, le=128)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0

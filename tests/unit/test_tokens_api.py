@@ -102,6 +102,9 @@ def test_text_mode_adds_the_text(client: TestClient) -> None:
         ({"token_ids": [65], "sampling_params": {"temperature": 9}}, "temperature"),
         ({"token_ids": [65], "sampling_params": {"no_such": 1}}, "no_such"),
         ({"token_ids": [65], "sampling_params": {}, "features": {"mm_hashes": {}}}, "features"),
+        # A unit per choice is listed before anything runs: 10**12 of them was a 500.
+        ({"token_ids": [65], "sampling_params": {"n": 10**12}}, "sampling_params.n"),
+        ({"token_ids": [65], "sampling_params": {"n": 0}}, "sampling_params.n"),
     ],
 )
 def test_bad_bodies_are_400_in_openais_shape(
