@@ -109,11 +109,13 @@ DEFAULT_PRIORITY_CEILING = 0
 
 
 def clamp_priority(requested: int, ceiling: int = DEFAULT_PRIORITY_CEILING) -> int:
-    """The priority a request is admitted and run at: what it asked, but never more urgent
-    than `ceiling` (the principal's: `DEFAULT_PRIORITY_CEILING` unless its key allows
-    more). A client sending ever smaller priorities would otherwise be measured against
-    an empty queue and preempt everyone in vLLM's scheduler."""
-    return max(requested, ceiling)
+    """The priority a client's request is admitted and run at: what it asked, but never
+    more urgent than `ceiling` (the principal's: `DEFAULT_PRIORITY_CEILING` unless its key
+    allows more), nor as patient as the batch lane (`LANE_PRIORITY`). A client sending
+    ever smaller priorities would otherwise be measured against an empty queue and preempt
+    everyone in vLLM's scheduler; one asking for the lane's would pass as batch work,
+    outside its tenant's `concurrent` bound."""
+    return min(max(requested, ceiling), LANE_PRIORITY - 1)
 
 
 def text_tokens_bound(text: str | bytes) -> int:
@@ -271,13 +273,14 @@ class Admission:
         `DEFAULT_PRIORITY_CEILING`), or `Overloaded` when the queued work this request
         would wait behind (priority <= its own) is at a bound, or its tenant's work in
         flight at its `concurrent` limit."""
-        ceiling = DEFAULT_PRIORITY_CEILING if principal is None else principal.limits.priority
-        priority = clamp_priority(priority, ceiling)
+        lane = protocol is ProtocolName.BATCH  # the server's own: its priority is the lane's
+        if not lane:
+            ceiling = DEFAULT_PRIORITY_CEILING if principal is None else principal.limits.priority
+            priority = clamp_priority(priority, ceiling)
         if self._closed:
             self.refused[protocol] += 1
             raise self.shutting_down()
         tenant = DEFAULT_TENANT if principal is None else principal.tenant
-        lane = priority >= LANE_PRIORITY  # outside the tenant's bound (see the docstring)
         concurrent = 0 if principal is None or lane else principal.limits.concurrent
         if concurrent and self._in_flight_of[tenant] >= concurrent:
             self.refused[protocol] += 1

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from app.admission import Admission, ProtocolName, clamp_priority
+from app.admission import LANE_PRIORITY, Admission, ProtocolName, clamp_priority
 from app.config import Settings
 from app.engine.base import ChatPrompt, GenerationRequest
 from app.engine.constraints import MAX_SPEC_BYTES
@@ -187,6 +187,7 @@ def test_priority_is_clamped_to_the_ceiling() -> None:
     assert clamp_priority(-100) == 0
     assert clamp_priority(5) == 5
     assert clamp_priority(-100, ceiling=-10) == -10  # a key allowed more urgency
+    assert clamp_priority(1 << 40) == LANE_PRIORITY - 1  # never the batch lane's
 
 
 async def test_a_more_urgent_priority_neither_bypasses_admission_nor_reaches_the_engine() -> None:

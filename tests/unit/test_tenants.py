@@ -682,5 +682,8 @@ def test_a_tenants_batch_work_takes_none_of_its_interactive_places() -> None:
         ticket.release()
     with pytest.raises(Overloaded):  # the lane's leaving gave back no interactive place
         admission.admit(ProtocolName.OPENAI, principal=acme)
+    # A client asking for the lane's priority is not the lane: it is clamped below it.
+    with pytest.raises(Overloaded, match="Your tenant has 1 units"):
+        admission.admit(ProtocolName.OPENAI, priority=LANE_PRIORITY, principal=acme)
     interactive.release()
-    admission.admit(ProtocolName.OPENAI, principal=acme)
+    admission.admit(ProtocolName.OPENAI, priority=LANE_PRIORITY, principal=acme)
