@@ -52,6 +52,10 @@ def _serve_args() -> list[str]:
         "--structured-outputs-config", json.dumps(structured),
         "--max-queued-tokens", str(MAX_QUEUED_TOKENS),
         "--salience-lease-s", "1",
+        # Batches go on beside the roll's load (tests/fleet/test_rolling_restart.py), and a
+        # dead replica's are taken over within seconds.
+        "--batch-busy-running", "2",
+        "--batch-lease-s", "3",
         "--log-level", "warning",
     ]  # fmt: skip
 

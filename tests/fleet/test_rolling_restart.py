@@ -7,25 +7,31 @@ under the load (`app.fleet.load.SteadyLoad`: three clients streaming short chats
 after the other), replica 0 is sent SIGTERM (to its process group, as systemd or Ctrl-C
 would), drains, starts again on its ports, and is waited for until the router sends it
 work again: a roll's step (the roll of every replica, each step the same, is
-bench/fleet_roll.py's). Then replica 1's whole process group is killed (SIGKILL: its
-machine died), replica 0 carries on alone, and replica 1 starts again and rejoins. Each
-replica is restarted once: a restart costs the suite ~25 s, and once in a few runs
-minutes (docs/testing.md).
+bench/fleet_roll.py's). Then a batch and a background response are made on replica 1 and
+run there, replica 1's whole process group is killed (SIGKILL: its machine died), replica
+0 carries on alone (the batch's requests replica 1 held among them, once their leases
+run out), and replica 1 starts again and rejoins. Each replica is restarted once: a
+restart costs the suite ~25 s, and once in a few runs minutes (docs/testing.md).
 
 How these fail: a request of the load fails during the roll (a replica closed its port
 while the router still sent to it, or cut a stream); a request that started after the
 death, or was not running on the dead replica, fails; a request hangs; a stored response
 or the Salience session is lost with a replica; a restarted replica never gets work again
-(a router's circuit breaker holding it out).
+(a router's circuit breaker holding it out); a batch whose replica died never ends, loses
+a request or answers one twice, or the replicas disagree on it; a background response
+whose server died stays `in_progress`, or its stream hangs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import httpx
+import openai
 import pytest
 import websockets
 
@@ -45,6 +51,23 @@ DEAD = 1  # the replica killed
 # A restarted replica is back in the router's rotation within its probes' successes
 # once ready; what a circuit breaker opened by its death would hold it out for is 60 s.
 REJOIN_S = 30.0
+# The batch made on the replica that dies: two chunks of the runners' (16 requests each),
+# each request a few engine steps, so that the dead replica holds requests unanswered.
+BATCH = 20
+BATCH_TOKENS = 32
+ENDED = ("completed", "failed", "expired", "cancelled")
+DEADLINE_S = 120.0
+T = TypeVar("T")
+
+
+def _polled(fetch: Callable[[], T], done: Callable[[T], bool], what: str) -> T:
+    """`fetch()` again every 0.2 s until `done` holds of it (a replica's state read over
+    HTTP: no faster), for at most `DEADLINE_S`."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not done(value := fetch()):
+        assert time.monotonic() < deadline, f"waited {DEADLINE_S:.0f} s for {what}: {value}"
+        time.sleep(0.2)
+    return value
 
 
 def _serving(replica: Replica, timeout_s: float) -> float:
@@ -72,6 +95,56 @@ async def _dump(replica: Replica, session: str) -> dict[str, Any]:
         return await JsonClient(ws).call("DumpSession", {"sessionId": session})
 
 
+def _client(replica: Replica) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{replica.url}/v1", api_key="unused", max_retries=0)
+
+
+def _doomed_work(replica: Replica) -> tuple[str, str]:
+    """A batch and a background response made on `replica`, each running there: the
+    batch's id and the response's."""
+    lines = [
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": LIVE_MODEL,
+                "messages": [{"role": "user", "content": f"count {i}"}],
+                "max_tokens": BATCH_TOKENS,
+                "ignore_eos": True,
+            },
+        }
+        for i in range(BATCH)
+    ]
+    client = _client(replica)
+    upload = client.files.create(
+        file=("in.jsonl", "\n".join(json.dumps(line) for line in lines).encode()),
+        purpose="batch",
+    )
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    body = {
+        "model": LIVE_MODEL,
+        "input": "a long story",
+        "max_output_tokens": 4000,
+        "ignore_eos": True,
+        "background": True,
+    }
+    response = httpx.post(f"{replica.url}/v1/responses", json=body, timeout=30).json()
+    _polled(
+        lambda: replica.metric("switchboard_batch_requests", state="running"),
+        lambda running: running > 0,
+        "the batch's requests in the doomed replica's engine",
+    )
+    _polled(
+        lambda: httpx.get(f"{replica.url}/v1/responses/{response['id']}", timeout=10).json(),
+        lambda stored: stored["status"] == "in_progress",
+        "the background response running",
+    )
+    return batch.id, str(response["id"])
+
+
 @pytest.fixture(scope="module")
 def rolled(fleet: Fleet) -> dict[str, Any]:
     url = fleet.router("vllm-router").url
@@ -91,8 +164,11 @@ def rolled(fleet: Fleet) -> dict[str, Any]:
         fleet.restart(ROLLED, group=True)
         seen["rejoined_s"] = _serving(fleet.replica(ROLLED), REJOIN_S)
         dead = fleet.replica(DEAD)
+        seen["batch"], seen["background"] = _doomed_work(dead)
         seen["killed_at"] = time.monotonic()
         dead.kill()
+        counts = _client(fleet.replica(1 - DEAD)).batches.retrieve(seen["batch"]).request_counts
+        seen["answered_at_death"] = None if counts is None else counts.completed + counts.failed
         time.sleep(PROBE.out_within_s + 2)  # the survivor alone, past the router's probes
         seen["alone_until"] = time.monotonic()
         seen["stored"] = [
@@ -141,3 +217,42 @@ def test_a_death_loses_no_stored_response_or_session(rolled: dict[str, Any]) -> 
     dumped = rolled["session"]
     assert "error" not in dumped, dumped
     assert dumped["response"]["tokens"] == rolled["tokens"]
+
+
+def test_a_batch_outlives_the_replica_it_ran_on(fleet: Fleet, rolled: dict[str, Any]) -> None:
+    """The batch made on the replica that died ends `completed` with every request
+    answered exactly once, and both replicas (the restarted one too) answer the same."""
+    assert rolled["answered_at_death"] is not None
+    assert rolled["answered_at_death"] < BATCH  # the death left requests unanswered
+    batches = [_client(replica) for replica in fleet.replicas]
+    ended = _polled(
+        lambda: batches[0].batches.retrieve(rolled["batch"]),
+        lambda batch: batch.status in ENDED,
+        "the batch to end",
+    )
+    assert ended.status == "completed", ended
+    assert ended.request_counts is not None
+    assert (ended.request_counts.completed, ended.request_counts.failed) == (BATCH, 0)
+    assert ended.output_file_id is not None and ended.error_file_id is None
+    output = batches[1].files.content(ended.output_file_id).text
+    lines = [json.loads(line) for line in output.splitlines() if line]
+    assert [line["custom_id"] for line in lines] == [f"req-{i}" for i in range(BATCH)]
+    for line in lines:
+        assert line["response"]["status_code"] == 200
+        assert line["response"]["body"]["usage"]["completion_tokens"] == BATCH_TOKENS
+    assert batches[1].batches.retrieve(rolled["batch"]).status == "completed"
+    assert batches[0].files.content(ended.output_file_id).text == output
+
+
+def test_a_background_response_whose_server_died_ends_failed(
+    fleet: Fleet, rolled: dict[str, Any]
+) -> None:
+    """Read from the survivor once its lease ran out: failed, with the reason; its stream
+    ends (it hung, and the response stayed in_progress, for the store's 30 days)."""
+    url = f"{fleet.replica(1 - DEAD).url}/v1/responses/{rolled['background']}"
+    response = httpx.get(url, timeout=30).json()
+    assert response["status"] == "failed", response
+    assert response["error"]["code"] == "server_error"
+    with httpx.stream("GET", url, params={"stream": "true"}, timeout=30) as stream:
+        events = [line for line in stream.iter_lines() if line.startswith("event:")]
+    assert events[-1] == "event: response.failed", events
