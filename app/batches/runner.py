@@ -77,7 +77,7 @@ _TICK_S = 0.02  # how often the lane is looked at while there is batch work here
 _RETRY_PAUSE_S = 1.0  # after a request the server could not answer
 
 # One thread for a batch's blocking work (checking an input file's lines): never the
-# event loop's, never the render thread interactive calls wait for.
+# event loop's, never the prompt thread interactive calls wait for.
 _THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch")
 
 
