@@ -269,12 +269,13 @@ def live_server() -> Iterator[LiveServer]:
     from vllm.config import StructuredOutputsConfig
 
     from app.config import Settings
+    from tests.otlp_receiver import session_receiver
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     settings = Settings(
         model=str(tiny_model_path()),
         served_model_name=LIVE_MODEL,
-        # JSON, so that tests can read the access log's fields.
+        # JSON, so that tests read the access log's fields (tests/e2e/test_traces.py).
         access_log="json",
         lora_modules=[f"{LIVE_LORA}={tiny_lora_path()}"],
         # Runtime loading (off by default), from the cache where the tests build adapters.
@@ -299,6 +300,9 @@ def live_server() -> Iterator[LiveServer]:
             "structured_outputs_config": StructuredOutputsConfig(
                 backend="xgrammar", disable_any_whitespace=True
             ),
+            # Traced, to the suite's receiver: every test's request is, and
+            # tests/e2e/test_traces.py reads the spans (ours and vLLM's own).
+            "otlp_traces_endpoint": session_receiver().endpoint,
         },
     )
     with serve(settings, LIVE_MODEL, LIVE_LORA) as live:
