@@ -253,6 +253,8 @@ class EvergreenRun:
             )
             if not self.lifecycle.starts_actions:
                 return  # the session failed while the prompt was built: nothing starts
+            if record is not None:
+                record.built_now()
             if ticket is not None:
                 request = GenerationRequest(
                     request_id=f"evg-{uuid.uuid4().hex}",

@@ -251,6 +251,8 @@ class SalienceRunner:
             self._running.pop(generation.claim, None)
             ticket.release()
             raise
+        if record is not None:  # the session's prompt, with what this Generate appends
+            record.built_now()
         self._tickets[generation] = ticket
         self._keep_leases()
         return generation
