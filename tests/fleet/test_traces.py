@@ -1,8 +1,8 @@
 """One trace from a router to the engine: a call with a caller's `traceparent` through
-vllm-router and through SMG (each with its tracing on, tests/fleet_setup.py) reaches a
-replica, and the receiver gets, in the caller's trace, the router's span, the replica's
-span under it, and vLLM's engine span (`llm_request`) under that; the caller's
-`x-request-id` is the replica's request id and begins the engine's.
+vllm-router (its tracing on, tests/fleet_setup.py) reaches a replica, and the receiver
+gets, in the caller's trace, the router's span, the replica's span under it, and vLLM's
+engine span (`llm_request`) under that; the caller's `x-request-id` is the replica's
+request id and begins the engine's.
 
 How these fail: a router that starts a new trace or drops the context (our span's parent
 is not the router's), a replica that does not take the context, an engine span missing
@@ -72,12 +72,6 @@ def _check(router_spans: list[Span], ours: Span, engine: Span, request_id: str) 
     assert ours.attributes["switchboard.request_id"] == request_id
     assert engine.parent_id == ours.span_id
     assert engine.attributes["gen_ai.request.id"].startswith(f"{request_id}-")
-
-
-def test_through_smg(fleet: Fleet) -> None:
-    trace_id, request_id = _call(fleet.router("smg").url)
-    router_spans, ours, engine = _one_trace(trace_id, "smg")
-    _check(router_spans, ours, engine, request_id)
 
 
 def test_through_vllm_router(fleet: Fleet) -> None:
