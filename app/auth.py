@@ -128,3 +128,14 @@ def controlling(principal: Principal) -> Principal:
     if not principal.controls:
         raise PermissionDenied("Only a control-plane key may change the server")
     return principal
+
+
+def reading_every_tenant(principal: Principal) -> Principal:
+    """`principal`, if it may read what every tenant's requests leave behind (the
+    engine's KV-cache events carry their prompts' token ids): a full key (`--api-key`),
+    or any caller when no key is configured."""
+    if principal.role is not Role.FULL:
+        raise PermissionDenied(
+            "The KV-cache events carry every tenant's tokens: only a full key reads them"
+        )
+    return principal

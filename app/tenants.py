@@ -13,7 +13,9 @@ Roles:
     CONTROL_PLANE  the routes that change the server (LoRA load and unload), nothing else
                    (a `--control-plane-api-keys` key)
     FULL           both, as the default tenant (`--api-key`; and every request when no
-                   key is configured, as before tenants existed)
+                   key is configured, as before tenants existed); the only role that
+                   reads what every tenant leaves in the engine (SMG's KV-cache events,
+                   their prompts' token ids: `app.auth.reading_every_tenant`)
 
 What a tenant stores is its own: another tenant's id is NOT_FOUND, never FORBIDDEN (no
 oracle on which ids exist). A role's refusal is FORBIDDEN: the key is good, the route

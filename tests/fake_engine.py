@@ -76,10 +76,16 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.requests: list[GenerationRequest] = []
         self.step_delay = step_delay
+        # KV-event publishers by rank, as vLLM reports its config (tests set them).
+        self.kv_sources: dict[int, dict[str, object]] = {}
 
     @property
     def info(self) -> EngineInfo:
         return self._info
+
+    @info.setter
+    def info(self, info: EngineInfo) -> None:
+        self._info = info
 
     @property
     def tokenizer(self) -> FakeTokenizer:
@@ -107,7 +113,7 @@ class FakeEngine:
         return len(self.running)
 
     def kv_event_sources(self) -> dict[int, dict[str, object]]:
-        return {}
+        return self.kv_sources
 
     async def check_health(self) -> None:
         return None

@@ -314,6 +314,17 @@ class EngineInfo:
     # its template kwargs) only when the operator says so, as `vllm serve
     # --trust-request-chat-template`: the template is Jinja the server runs.
     trust_request_chat_template: bool = False
+    # The KV cache and the scheduler as the engine resolved them, what routers pair and
+    # count replicas by (SMG's GetServerInfo); 0 or "": unknown.
+    kv_block_size: int = 0
+    kv_cache_dtype: str = ""
+    model_dtype: str = ""
+    max_num_seqs: int = 0
+    # The engine's reasoning parser ("": none), and where it starts a request's grammar
+    # on a prompt that ends inside the model's thinking: "after_reasoning" (held back
+    # until the thought ends) or "first_token", SMG's labels; "": unknown.
+    reasoning_parser: str = ""
+    grammar_start: str = ""
 
     def require_vision(self, param: str | None) -> VisionInfo:
         """`vision`, for a request that brings images; a model that takes none refuses

@@ -3,9 +3,11 @@ gRPC worker service (`vllm.grpc.engine.VllmEngine`) and llm-d's token-in/token-o
 route give the engine's own greedy token ids for the same token-id prompt,
 streamed and not; a JSON schema (what SMG sends for a forced tool call) is enforced by
 the engine; an abort by the client's request id stops a long request on either; a bad
-request is refused before any engine request. (Through a real SMG:
-tests/fleet/test_smg_grpc.py; against `vllm serve --enable-scale-out`:
-bench/tokens_vs_vllm.py.)"""
+request is refused before any engine request; GetServerInfo's engine facts are those
+`vllm serve --grpc` reads off the same vLLM config; SubscribeKvEvents is UNIMPLEMENTED
+on a server without a KV-event publisher (the relay: tests/unit/test_smg_worker.py).
+(Through a real SMG: tests/fleet/test_smg_grpc.py; against `vllm serve
+--enable-scale-out`: bench/tokens_vs_vllm.py.)"""
 
 from __future__ import annotations
 
@@ -17,8 +19,14 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
+from smg_grpc_servicer.vllm.model_info import (
+    constrained_decoding_start,
+    engine_reasoning_parser,
+    server_facts,
+)
 
 from app.engine.base import GenerationRequest, SamplingOptions
 from tests.conftest import LiveServer
@@ -116,6 +124,38 @@ def test_smg_abort_stops_the_request(live_server: LiveServer, stub: Any) -> None
     rest = list(stream)
     assert rest[-1].complete.finish_reason == "abort"
     assert rest[-1].complete.completion_tokens < 900
+
+
+def test_smg_server_info_is_vllm_serve_grpcs_on_the_same_engine(
+    live_server: LiveServer, stub: Any
+) -> None:
+    """The engine's facts SMG pairs and counts workers by are what `vllm serve --grpc`
+    (smg-grpc-servicer's `server_facts`) reads off the live engine's own vLLM config."""
+    config = live_server.engine._llm.vllm_config
+    facts = server_facts(config)
+    info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
+    assert (info.block_size, info.kv_cache_dtype, info.model_dtype, info.max_num_seqs) == (
+        facts["block_size"],
+        facts["kv_cache_dtype"],
+        facts["model_dtype"],
+        facts["max_num_seqs"],
+    )
+    assert info.block_size > 0 and info.max_num_seqs > 0 and info.model_dtype
+    # The live server runs no reasoning parser: vLLM constrains from the first token.
+    assert (info.engine_reasoning_parser, info.constrained_decoding_start) == (
+        engine_reasoning_parser(config),
+        constrained_decoding_start(config),
+    )
+    assert info.constrained_decoding_start == "first_token"
+
+
+def test_smg_kv_events_are_unimplemented_without_a_publisher(stub: Any) -> None:
+    """The live server runs without --kv-events-config: vLLM publishes nothing, so SMG is
+    told UNIMPLEMENTED (and stops asking), not left with a silent stream."""
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest(), timeout=30))
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "--kv-events-config" in (info.value.details() or "")
 
 
 def test_tokens_generate_matches_completions(live_server: LiveServer) -> None:

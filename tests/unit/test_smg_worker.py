@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import threading
+import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import grpc
+import msgspec
 import pytest
+import zmq
 from fastapi.testclient import TestClient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from smg_grpc_proto.generated import common_pb2
@@ -27,6 +31,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from app.config import Settings
 from app.main import create_app
+from app.routes.grpc import vllm_engine
 from tests.conftest import free_port
 from tests.fake_engine import FakeEngine
 from tests.waits import until
@@ -237,6 +242,31 @@ def test_model_info_loads_and_server_info() -> None:
         assert server.server_type == "vllm-grpc" and not server.is_paused
 
 
+def test_server_info_carries_the_engines_kv_cache_and_scheduler_facts() -> None:
+    engine = FakeEngine()
+    engine.info = replace(
+        engine.info,
+        kv_block_size=16,
+        kv_cache_dtype="auto",
+        model_dtype="torch.bfloat16",
+        max_num_seqs=64,
+        reasoning_parser="qwen3",
+        grammar_start="after_reasoning",
+    )
+    with worker(engine) as (stub, _, _):
+        server = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
+    assert (server.block_size, server.kv_cache_dtype, server.model_dtype) == (
+        16,
+        "auto",
+        "torch.bfloat16",
+    )
+    assert server.max_num_seqs == 64
+    assert (server.engine_reasoning_parser, server.constrained_decoding_start) == (
+        "qwen3",
+        "after_reasoning",
+    )
+
+
 def test_get_tokenizer_streams_the_model_directorys_tokenizer_files(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text('{"model": {}}')
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
@@ -267,9 +297,128 @@ def test_unserved_methods_are_unimplemented() -> None:
         with pytest.raises(grpc.RpcError) as info:
             stub.Embed(pb.EmbedRequest(request_id="e"), timeout=10)
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        with pytest.raises(grpc.RpcError) as info:
+        with pytest.raises(grpc.RpcError) as info:  # an engine that publishes none
             list(stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest(), timeout=10))
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+# -- KV-cache events -------------------------------------------------------------------
+
+STORED: dict[str, Any] = {  # one BlockStored as vLLM's publisher encodes it
+    "type": "BlockStored",
+    "block_hashes": [2**63 + 5],  # vLLM sends the low 64 bits of the digest unsigned
+    "parent_block_hash": None,
+    "token_ids": [5, 6, 7, 8],
+    "block_size": 4,
+    "lora_id": 1,
+    "medium": "GPU",
+    "lora_name": "tiny-lora",
+    "extra_keys": [["tiny-lora"]],
+}
+
+
+@contextmanager
+def publisher(engine: FakeEngine) -> Iterator[Callable[[], None]]:
+    """A ZMQ publisher in vLLM's framing (topic, sequence, msgpack batch) that `engine`
+    reports as its rank 0's, as vLLM's `--kv-events-config` would (a bind wildcard);
+    yields a function that publishes the next batch."""
+    port = free_port()
+    context = zmq.Context()
+    pub = context.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    engine.kv_sources = {
+        0: {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "",
+            "endpoint": f"tcp://*:{port}", "replay_endpoint": None},
+    }  # fmt: skip
+    sequence = itertools.count(1)
+
+    def publish() -> None:
+        batch = msgspec.msgpack.encode([1.0, [STORED], 0])
+        pub.send_multipart([b"", next(sequence).to_bytes(8, "big"), batch])
+
+    try:
+        yield publish
+    finally:
+        pub.close(linger=0)
+        context.term()
+
+
+def _first_batch(
+    replies: Iterator[common_pb2.KvEventBatch], publish: Callable[[], None]
+) -> common_pb2.KvEventBatch:
+    """The first batch with events (a subscriber joins a publisher late: publish until
+    it hears; the relay's load-only heartbeats carry none)."""
+    found: list[common_pb2.KvEventBatch] = []
+
+    def read() -> None:
+        found.append(next(reply for reply in replies if reply.events))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 20
+    while reader.is_alive() and time.monotonic() < deadline:
+        publish()
+        reader.join(0.1)
+    assert found, "no KV-event batch relayed in 20 s"
+    return found[0]
+
+
+def test_kv_events_are_relayed_with_the_load_record() -> None:
+    engine = FakeEngine()
+    with publisher(engine) as publish, worker(engine) as (stub, _, _):
+        replies = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest(), timeout=30)
+        batch = _first_batch(replies, publish)
+        replies.cancel()
+    (event,) = batch.events
+    (block,) = event.stored.blocks
+    assert block.block_hash == 5 - 2**63  # the proto's signed 64 bits of the same hash
+    assert (list(block.token_ids), block.block_size, block.lora_id) == ([5, 6, 7, 8], 4, 1)
+    assert batch.dp_rank == 0 and batch.sequence_number >= 1
+    assert batch.HasField("load")  # the worker's load on every batch, as GetLoads says it
+
+
+def test_kv_events_need_a_full_key_the_tokens_being_every_tenants() -> None:
+    engine = FakeEngine()
+    keys: dict[str, Any] = {"api_key": "full", "tenant_api_key": ["acme:acme-key"]}
+    with publisher(engine) as publish, worker(engine, **keys) as (stub, _, _):
+        with pytest.raises(grpc.RpcError) as info:
+            acme = (("authorization", "Bearer acme-key"),)
+            request = common_pb2.SubscribeKvEventsRequest()
+            list(stub.SubscribeKvEvents(request, metadata=acme, timeout=10))
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        full = (("authorization", "Bearer full"),)
+        replies = stub.SubscribeKvEvents(
+            common_pb2.SubscribeKvEventsRequest(), metadata=full, timeout=30
+        )
+        assert _first_batch(replies, publish).events
+        replies.cancel()
+
+
+def test_kv_event_subscriptions_are_bounded_and_end_with_the_drain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vllm_engine, "MAX_KV_SUBSCRIBERS", 1)
+    engine = FakeEngine()
+    with publisher(engine) as publish, worker(engine) as (stub, client, _):
+        replies = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest(), timeout=30)
+        _first_batch(replies, publish)
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest(), timeout=10))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        app: Any = client.app
+        portal: Any = client.portal
+        drained = threading.Thread(
+            target=portal.call, args=(app.state.drain.run, engine.abort), daemon=True
+        )
+        drained.start()
+        with pytest.raises(grpc.RpcError) as info:
+            list(replies)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+        drained.join(30)
+        assert not drained.is_alive()  # the drain waited for the subscription's end
+        with pytest.raises(grpc.RpcError) as info:  # none opens while the server drains
+            list(stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest(), timeout=10))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 def test_concurrent_streams_each_get_their_own_tokens() -> None:

@@ -3,9 +3,10 @@
 `start_engine` checks every flag and file that needs no engine first (concepts, LoRA
 directories, vLLM's own engine arguments), applies the CPU host's defaults, starts
 vLLM's `AsyncLLM` and gathers what the protocols need to know about it (`EngineInfo`:
-the model's limits, tools, vision, readouts), its processes held by the server
-(`app.engine.vllm.hold`: they outlive signals meant for the server until it stops
-them). `settle_heap` is for `switchboard serve` once the app is built.
+the model's limits, tools, vision, readouts, and the KV-cache and scheduler facts
+routers pair workers by, read with smg-grpc-servicer's own readers), its processes
+held by the server (`app.engine.vllm.hold`: they outlive signals meant for the server
+until it stops them). `settle_heap` is for `switchboard serve` once the app is built.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from smg_grpc_servicer.vllm.kv_transfer import pairing_fields
+from smg_grpc_servicer.vllm.model_info import (
+    constrained_decoding_start,
+    engine_reasoning_parser,
+    running_window,
+)
 from vllm import AsyncEngineArgs
 from vllm import __version__ as vllm_version
 from vllm.config import VllmConfig
@@ -165,6 +172,9 @@ async def _started(
     lora_config = llm.vllm_config.lora_config
     max_logprobs = int(model_config.max_logprobs)
     vocab_size = int(model_config.get_vocab_size())
+    # What SMG pairs and counts workers by, read as `vllm serve --grpc` reads it
+    # (smg-grpc-servicer's readers), off the config the start resolved (its block size).
+    pairing = pairing_fields(llm.vllm_config)
     info = EngineInfo(
         model_name=settings.model_name,
         model_path=settings.model,
@@ -186,6 +196,12 @@ async def _started(
             settings.tool_strict_level,
             reasoning_parser=llm.vllm_config.structured_outputs_config.reasoning_parser or None,
         ),
+        kv_block_size=int(pairing.get("block_size", 0)),
+        kv_cache_dtype=str(pairing.get("kv_cache_dtype", "")),
+        model_dtype=str(pairing.get("model_dtype", "")),
+        max_num_seqs=running_window(llm.vllm_config),
+        reasoning_parser=engine_reasoning_parser(llm.vllm_config),
+        grammar_start=constrained_decoding_start(llm.vllm_config),
     )
     if concepts is not None and settings.readout_concepts is not None:
         info = replace(

@@ -19,13 +19,23 @@ adapter: the protocol is `app.protocols.smg`'s, the road `app.sessions.calls`'.
   SMG stops sending to a replica that is going away; the grpc.health service says the
   same for this service's name (`app.routes.grpc.server`).
 - `GetModelInfo`, `GetServerInfo`, `GetLoads`: the served model's facts, this server's
-  state, its queue (admission's) and KV-cache usage (vLLM's gauge).
+  state and the engine's (KV block size and dtype, model dtype, running window, reasoning
+  parser: what SMG pairs and counts workers by), its queue (admission's) and KV-cache
+  usage (vLLM's gauge).
+- `SubscribeKvEvents`: vLLM's KV-cache events (its ZMQ publisher, `--kv-events-config`)
+  relayed as one stream of `KvEventBatch`es, each with this server's load record, what
+  SMG's `cache_aware` policy routes by; the relay is smg-grpc-servicer's own
+  (`kv_relay.relay`, as `vllm serve --grpc` runs it), fed the publishers the engine
+  reports. The events carry every tenant's token ids, so only a full key reads them
+  (PERMISSION_DENIED otherwise); UNIMPLEMENTED without a publisher (SMG then stops
+  asking); at most `MAX_KV_SUBSCRIBERS` at once (RESOURCE_EXHAUSTED past it: each one
+  decodes every batch on the event loop). A subscription is a session: none opens
+  while the server drains, and the drain ends each one UNAVAILABLE.
 - `GetTokenizer`: the model directory's tokenizer files as a zip, streamed in chunks,
   the archive built once off the event loop (smg-grpc-servicer's `tokenizer_bundle`,
   taken as it is: it knows which files SMG's tokenizer loader reads).
-- `Embed`, `FlushCache`, `StartProfile`, `StopProfile`, `SubscribeKvEvents`:
-  UNIMPLEMENTED with a message (a generation model; no cache flush, profiler or KV-event
-  relay over this transport: KV events go out on vLLM's own ZMQ publisher).
+- `Embed`, `FlushCache`, `StartProfile`, `StopProfile`: UNIMPLEMENTED with a message (a
+  generation model; no cache flush or profiler over this transport).
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
@@ -43,16 +53,21 @@ from typing import Any, NoReturn
 import grpc
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
+from smg_grpc_servicer.kv_relay import Engine as Publisher
+from smg_grpc_servicer.kv_relay import RankSource, endpoint_for_rank, relay
+from smg_grpc_servicer.load_record import engine_load_from
 from smg_grpc_servicer.tokenizer_bundle import tokenizer_bundle, tokenizer_chunks
 
 from app import __version__
 from app.admission import Admission, ProtocolName, text_tokens_bound
+from app.auth import reading_every_tenant
 from app.drain import Drain
 from app.engine.base import Engine, TokenEvent
 from app.errors import (
     ContextLengthExceeded,
     EngineError,
     FailedPrecondition,
+    ResourceExhausted,
     SwitchboardError,
     Unimplemented,
     client_error,
@@ -72,6 +87,7 @@ from app.routes.grpc.calls import (
 )
 from app.sessions.calls import in_prompt_thread, start_call
 from app.sessions.generations import run_generations
+from app.sessions.lifetime import SessionLifetime
 from app.sessions.named import NamedRequests
 from app.telemetry.logs import logging_as
 from app.telemetry.record import RequestRecord, counted
@@ -79,6 +95,8 @@ from app.telemetry.reports import Telemetry
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["VllmEngine"]
 PROTOCOL = ProtocolName.SMG
+# KV-event subscriptions open at once: a router subscribes once per worker.
+MAX_KV_SUBSCRIBERS = 8
 
 
 class _Outbox:
@@ -156,6 +174,7 @@ class _VllmEngine:
         self._model_info = model_info(engine.info, config)
         self._started = time.time()
         self._last_receive = 0.0
+        self._kv_subscribers = 0
 
     def behaviours(self) -> dict[str, Any]:
         return {
@@ -170,10 +189,7 @@ class _VllmEngine:
             "GetServerInfo": self.get_server_info,
             "GetLoads": self.get_loads,
             "GetTokenizer": self.get_tokenizer,
-            "SubscribeKvEvents": _unimplemented_stream(
-                "KV events are not relayed over gRPC by this worker; subscribe to the "
-                "engine's ZMQ publisher (--kv-events-config)"
-            ),
+            "SubscribeKvEvents": self.subscribe_kv_events,
         }
 
     async def generate(self, data: bytes, context: Context) -> None:
@@ -270,6 +286,7 @@ class _VllmEngine:
         return self._model_info
 
     async def get_server_info(self, data: bytes, context: Context) -> pb.GetServerInfoResponse:
+        info = self._engine.info
         return pb.GetServerInfoResponse(
             active_requests=self._engine.num_running_requests(),
             is_paused=self._drain.draining,
@@ -277,13 +294,29 @@ class _VllmEngine:
             uptime_seconds=time.time() - self._started,
             server_type="vllm-grpc",
             data_parallel_size=1,
+            kv_cache_dtype=info.kv_cache_dtype,
+            block_size=info.kv_block_size,
+            model_dtype=info.model_dtype,
+            max_num_seqs=info.max_num_seqs,
+            engine_reasoning_parser=info.reasoning_parser,
+            constrained_decoding_start=info.grammar_start,
         )
 
     async def get_loads(self, data: bytes, context: Context) -> pb.GetLoadsResponse:
+        return pb.GetLoadsResponse(
+            timestamp=datetime.now(UTC).isoformat(),
+            version=self._engine.info.engine_version or __version__,
+            dp_rank_count=1,
+            loads=[self._load()],
+        )
+
+    def _load(self) -> pb.SchedulerLoad:
+        """This server's load as `GetLoads` and the KV-event stream's record report it:
+        admission's queue and vLLM's KV-cache usage."""
         admission = self._admission
         waiting = sum(admission.queued().values())
         total = admission.in_flight
-        load = pb.SchedulerLoad(
+        return pb.SchedulerLoad(
             dp_rank=0,
             num_running_reqs=max(total - waiting, 0),
             num_waiting_reqs=waiting,
@@ -291,12 +324,72 @@ class _VllmEngine:
             token_usage=kv_cache_usage(),
             num_waiting_uncached_tokens=admission.queued_tokens,
         )
-        return pb.GetLoadsResponse(
-            timestamp=datetime.now(UTC).isoformat(),
-            version=self._engine.info.engine_version or __version__,
-            dp_rank_count=1,
-            loads=[load],
-        )
+
+    def _load_record(self, dp_rank: int | None) -> common_pb2.EngineLoad:
+        """The load record the KV-event relay stamps on its batches (smg-grpc-servicer's
+        `LoadSource`; one rank here, so `dp_rank` changes nothing), with the queued
+        prompt tokens `GetLoads` reports."""
+        return engine_load_from(self._load(), queued_token_work=True)
+
+    async def subscribe_kv_events(self, data: bytes, context: Context) -> None:
+        lifetime = SessionLifetime(self._drain)
+        task = asyncio.current_task()
+        assert task is not None
+        relaying = False
+        said: SwitchboardError | None = None  # the drain's goodbye, once said
+
+        async def goodbye(refusal: SwitchboardError) -> None:
+            nonlocal said
+            if relaying:  # once the relay is ending by itself, its own status goes out
+                said = refusal
+                task.cancel()
+
+        try:
+            request = decode(common_pb2.SubscribeKvEventsRequest, data)
+            lifetime.open(lambda: reading_every_tenant(principal()))
+            sources = self._engine.kv_event_sources()
+            if not sources:
+                raise Unimplemented(
+                    "KV cache events are not published: start the server with "
+                    '--kv-events-config \'{"enable_kv_cache_events": true, "publisher": "zmq"}\''
+                )
+            if self._kv_subscribers >= MAX_KV_SUBSCRIBERS:
+                raise ResourceExhausted(
+                    f"{MAX_KV_SUBSCRIBERS} KV-event subscriptions are open: the most at once"
+                )
+        except Exception as exc:
+            await abort(context, exc)
+        first = sources[min(sources)]
+        hwm = first.get("hwm")
+        self._kv_subscribers += 1
+        try:
+            async with lifetime.serving(goodbye):
+                # The relay ends by itself on a cancellation (its own or the drain's).
+                batches = relay(
+                    _rank_sources(sources),
+                    Publisher.VLLM,
+                    request.start_sequence_number,
+                    context,
+                    topic=str(first.get("topic") or ""),
+                    hwm=hwm if isinstance(hwm, int) else None,
+                    load_source=self._load_record,
+                )
+                relaying = True
+                try:
+                    async for batch in batches:
+                        await context.write(batch)
+                except asyncio.CancelledError:
+                    if said is None:
+                        raise
+                finally:
+                    relaying = False
+                    await batches.aclose()
+        finally:
+            self._kv_subscribers -= 1
+        if said is not None:
+            if task.cancelling():
+                task.uncancel()  # our goodbye's, consumed here
+            await abort(context, said)
 
     async def get_tokenizer(
         self, data: bytes, context: Context
@@ -323,12 +416,20 @@ def _unimplemented(message: str) -> Any:
     return refuse
 
 
-def _unimplemented_stream(message: str) -> Any:
-    async def refuse(data: bytes, context: Context) -> AsyncIterator[Any]:
-        await abort(context, Unimplemented(message))
-        yield  # an async generator, as grpcio's streaming handlers are
-
-    return refuse
+def _rank_sources(configs: Mapping[int, Mapping[str, object]]) -> list[RankSource]:
+    """Where to subscribe to each rank's publisher, and ask it for replay: the endpoints
+    the engine reports are the rank's own already (a bind wildcard read as loopback)."""
+    sources = []
+    for rank, config in sorted(configs.items()):
+        replay = config.get("replay_endpoint")
+        sources.append(
+            RankSource(
+                rank=rank,
+                endpoint=endpoint_for_rank(str(config.get("endpoint") or ""), 0),
+                replay_endpoint=endpoint_for_rank(str(replay), 0) if replay else None,
+            )
+        )
+    return sources
 
 
 def _add(server: grpc.aio.Server, objects: AppObjects) -> None:
