@@ -74,7 +74,11 @@ async def test_a_client_that_disconnects_aborts_its_responses(
 async def test_cancel_aborts_background_responses(
     live_server: LiveServer, abort_workload: Workload
 ) -> None:
-    limits = httpx.Limits(max_connections=32)
+    # A connection idle past 1 s is not reused: uvicorn closes idle ones after 5 s (its
+    # keep-alive), httpx's own expiry is the same 5 s, and a request sent on a connection
+    # as the server closes it is lost (httpx.ReadError), a race of the two timers while
+    # the test waits for the workload to reach the engine.
+    limits = httpx.Limits(max_connections=32, keepalive_expiry=1)
     async with httpx.AsyncClient(
         base_url=live_server.base_url, timeout=120, limits=limits
     ) as client:
