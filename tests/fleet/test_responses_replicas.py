@@ -92,7 +92,7 @@ def test_cancel_on_one_replica_aborts_the_run_on_another(fleet: Fleet) -> None:
 
     for answer in asyncio.run(cancel_all()):
         response = answer.json()
-        assert response["status"] == "cancelled", response
+        assert response.get("status") == "cancelled", (answer.status_code, response)
         assert response["usage"]["output_tokens"] < LONG
     deadline = time.monotonic() + DEADLINE_S
     while _engine_requests(replica_b):
