@@ -73,15 +73,21 @@ def _settings_parser() -> argparse.ArgumentParser:
 
 
 def _settings(known: argparse.Namespace, rest: list[str]) -> Settings:
-    from app.engine.vllm.cli_args import parse_engine_args
+    """Our flags checked, and the files they name, before vLLM's flags are parsed: that
+    imports vLLM (some 20 s), which a bad flag or file should not cost."""
+    from app.engine.preflight import check_files
+    from app.engine.vllm.cli_args import parse_engine_args  # imports vLLM as it parses
 
     given = {k: v for k, v in vars(known).items() if v is not None and k != "help"}
     try:
-        return Settings(**given, engine_args=parse_engine_args(rest))
+        settings = Settings(**given)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "settings"
         raise ConfigError(f"{where}: {first['msg']}") from None
+    check_files(settings)
+    # engine_args is passed through unchecked (no validator reads it).
+    return settings.model_copy(update={"engine_args": parse_engine_args(rest)})
 
 
 def _loopback(host: str) -> bool:

@@ -9,7 +9,8 @@ vLLM (`vllm/`, with `readout_worker`, which runs inside vLLM's workers).
   choices, parsed calls, `ToolSupport.plan`);
 - `images`: image decoding and counting, prompts with images for vLLM;
 - `concepts`, `readout_client`, `readout_worker`: Salience's concept readouts (the files,
-  the frontend's batching, the capture inside vLLM's workers);
+  the frontend's batching, the capture inside vLLM's workers); `preflight`: the
+  start-up files (concepts, LoRA directories) checked without vLLM;
 - `batch_gate`: requests that must run alone in an engine step;
 - `cpu_host`: what a CPU build needs of its host (KV cache, niceness, pinning, the
   compile cache); `announce`: what the server tells the engine's processes as they start;

@@ -12,7 +12,6 @@ until it stops them). `settle_heap` is for `switchboard serve` once the app is b
 from __future__ import annotations
 
 import gc
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from app.config import Settings
 from app.engine.base import EngineInfo, ReadoutManifest
-from app.engine.concepts import Concepts, load_concepts
+from app.engine.concepts import Concepts
 from app.engine.cpu_host import (
     engine_session_announced,
     pin_frontend,
@@ -44,6 +43,7 @@ from app.engine.cpu_host import (
     with_whole_prefills,
     without_aot_compile,
 )
+from app.engine.preflight import check_files
 from app.engine.readout_worker import ReadoutWorkerExtension
 from app.engine.vllm.engine import VllmEngine
 from app.engine.vllm.errors import map_engine_errors
@@ -112,12 +112,7 @@ async def start_engine(settings: Settings) -> VllmEngine:
         args.setdefault("enforce_eager", True)
     # Every start-up check that needs no engine runs before it: a bad flag or file
     # should not cost an engine start.
-    concepts = None
-    if settings.readout_concepts is not None:
-        concepts = load_concepts(settings.readout_concepts)
-    for name, path in settings.lora_pairs():
-        if not os.path.isdir(path):
-            raise ConfigError(f"--lora-modules {name}={path}: no such directory")
+    concepts = check_files(settings)
     cpu = current_platform.is_cpu()
     if cpu:
         args = with_whole_prefills(with_cpu_kv_cache(args))
