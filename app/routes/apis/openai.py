@@ -15,15 +15,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 
 from app import __version__
-from app.admission import ProtocolName
+from app.admission import Admission, ProtocolName
 from app.config import Settings
 from app.engine.base import Engine
 from app.engine.models import served_by
@@ -32,6 +32,7 @@ from app.engine.validation import check_token_ids
 from app.errors import SwitchboardError
 from app.protocols.bodies import validate
 from app.protocols.conversation.plan import template_conversation
+from app.protocols.exchange import Exchange
 from app.protocols.openai.admission_units import admission_units, tokenizer_units
 from app.protocols.openai.chat import ChatExchange, tokenize_conversation
 from app.protocols.openai.completions import CompletionExchange
@@ -74,6 +75,8 @@ from schemas.openai_replies import (
     VersionResponse,
 )
 
+E = TypeVar("E")
+
 
 def openai_error(
     error: SwitchboardError, status: int | None = None, headers: Mapping[str, str] | None = None
@@ -110,12 +113,63 @@ def _answers(model: type[BaseModel], chunk: type[BaseModel] | None = None) -> An
 _PLAIN_ANSWER = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **_ERRORS}
 
 
+def _completion(engine: Engine, body: CompletionRequest) -> Callable[[], CompletionExchange]:
+    """How to build a Completions body's exchange (in the prompt thread, by its caller)."""
+    args = _exchange_args(engine, "cmpl", body.model)
+    return lambda: CompletionExchange(body, engine.info, engine.tokenizer, **args)
+
+
+def _chat(engine: Engine, body: ChatCompletionRequest) -> Callable[[], ChatExchange]:
+    """How to build a Chat body's exchange (in the prompt thread, by its caller)."""
+    args = _exchange_args(engine, "chatcmpl", body.model)
+    return lambda: ChatExchange(body, engine.info, engine.tokenizer, **args)
+
+
 def _exchange_args(engine: Engine, prefix: str, model: str | None) -> dict[str, Any]:
     return {
         "response_id": f"{prefix}-{uuid.uuid4().hex}",
         "created": int(time.time()),
         "served": served_by(engine, model),
     }
+
+
+async def _served(
+    request: Request,
+    engine: Engine,
+    admission: Admission,
+    body: CompletionRequest | ChatCompletionRequest,
+    build: Callable[[], Exchange],
+) -> Response:
+    """An OpenAI call answered: admitted (one unit per prompt x choice), built, run."""
+    return await serve_call(
+        request,
+        engine,
+        admission,
+        protocol=ProtocolName.OPENAI,
+        units=admission_units(body),
+        priority=body.priority,
+        stream=body.stream,
+        build=build,
+    )
+
+
+async def _admitted(
+    request: Request,
+    admission: Admission,
+    units: list[int],
+    build: Callable[[], E],
+    priority: int = 0,
+) -> E:
+    """Prompt work for no engine request (the render routes, /tokenize, /detokenize),
+    admitted as an OpenAI call of `units` would be."""
+    return await admitted_in_prompt_thread(
+        admission,
+        protocol=ProtocolName.OPENAI,
+        units=units,
+        principal=principal_on(request),
+        build=build,
+        priority=priority,
+    )
 
 
 @v1.post(
@@ -125,17 +179,7 @@ def _exchange_args(engine: Engine, prefix: str, model: str | None) -> dict[str, 
 )
 async def completions(request: Request, engine: EngineDep, admission: AdmissionDep) -> Response:
     body = await read_body(request, CompletionRequest)
-    args = _exchange_args(engine, "cmpl", body.model)
-    return await serve_call(
-        request,
-        engine,
-        admission,
-        protocol=ProtocolName.OPENAI,
-        units=admission_units(body),
-        priority=body.priority,
-        stream=body.stream,
-        build=lambda: CompletionExchange(body, engine.info, engine.tokenizer, **args),
-    )
+    return await _served(request, engine, admission, body, _completion(engine, body))
 
 
 @v1.post(
@@ -147,17 +191,7 @@ async def chat_completions(
     request: Request, engine: EngineDep, admission: AdmissionDep
 ) -> Response:
     body = await read_body(request, ChatCompletionRequest)
-    args = _exchange_args(engine, "chatcmpl", body.model)
-    return await serve_call(
-        request,
-        engine,
-        admission,
-        protocol=ProtocolName.OPENAI,
-        units=admission_units(body),
-        priority=body.priority,
-        stream=body.stream,
-        build=lambda: ChatExchange(body, engine.info, engine.tokenizer, **args),
-    )
+    return await _served(request, engine, admission, body, _chat(engine, body))
 
 
 @v1.post(
@@ -169,15 +203,8 @@ async def render_completion(
     request: Request, engine: EngineDep, admission: AdmissionDep
 ) -> Response:
     body = await read_body(request, CompletionRequest)
-    args = _exchange_args(engine, "cmpl", body.model)
-    exchange = await admitted_in_prompt_thread(
-        admission,
-        protocol=ProtocolName.OPENAI,
-        units=admission_units(body),
-        priority=body.priority,
-        principal=principal_on(request),
-        build=lambda: CompletionExchange(body, engine.info, engine.tokenizer, **args),
-    )
+    build = _completion(engine, body)
+    exchange = await _admitted(request, admission, admission_units(body), build, body.priority)
     return OrjsonResponse(render_completions(exchange))
 
 
@@ -190,15 +217,8 @@ async def render_chat_completion(
     request: Request, engine: EngineDep, admission: AdmissionDep
 ) -> Response:
     body = await read_body(request, ChatCompletionRequest)
-    args = _exchange_args(engine, "chatcmpl", body.model)
-    exchange = await admitted_in_prompt_thread(
-        admission,
-        protocol=ProtocolName.OPENAI,
-        units=admission_units(body),
-        priority=body.priority,
-        principal=principal_on(request),
-        build=lambda: ChatExchange(body, engine.info, engine.tokenizer, **args),
-    )
+    build = _chat(engine, body)
+    exchange = await _admitted(request, admission, admission_units(body), build, body.priority)
     return OrjsonResponse(render_chat(exchange))
 
 
@@ -283,13 +303,7 @@ async def tokenize(request: Request, engine: EngineDep, admission: AdmissionDep)
             result["token_strs"] = [tokenizer.token_to_str(t) for t in tokens]
         return result
 
-    return await admitted_in_prompt_thread(
-        admission,
-        protocol=ProtocolName.OPENAI,
-        units=tokenizer_units(body),
-        principal=principal_on(request),
-        build=build,
-    )
+    return await _admitted(request, admission, tokenizer_units(body), build)
 
 
 @v1.post(
@@ -303,12 +317,8 @@ async def detokenize(
     body = await read_body(request, DetokenizeRequest)
     served_by(engine, body.model)
     check_token_ids(body.tokens, engine.info, "tokens")
-    prompt = await admitted_in_prompt_thread(
-        admission,
-        protocol=ProtocolName.OPENAI,
-        units=tokenizer_units(body),
-        principal=principal_on(request),
-        build=lambda: engine.tokenizer.decode(body.tokens),
+    prompt = await _admitted(
+        request, admission, tokenizer_units(body), lambda: engine.tokenizer.decode(body.tokens)
     )
     return {"prompt": prompt}
 
