@@ -15,10 +15,6 @@ stops writing it where vLLM writes it (`message.reasoning`, `delta.reasoning`).
 
 from __future__ import annotations
 
-import asyncio
-import json
-import types
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -30,6 +26,7 @@ from app.protocols.openai.chat import ChatExchange
 from schemas.openai import ChatCompletionRequest
 from tests.conftest import tiny_model_path
 from tests.fake_engine import FakeEngine, vllm_tool_support
+from tests.vllm_chat import full_answer, serving_chat, stream_chunks
 
 PARSER = "deepseek_r1"
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -65,41 +62,7 @@ def switchboard(tokenizer: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def vllm_serve(tokenizer: Any) -> Any:
-    """vLLM's `OpenAIServingChat` as `vllm serve --reasoning-parser deepseek_r1
-    --tool-call-parser hermes --enable-auto-tool-choice` sets it up (see
-    test_tool_parsing.py for how it is built without an engine)."""
-    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
-    from vllm.parser import ParserManager
-
-    model_config = types.SimpleNamespace(model=str(tiny_model_path()))
-    serving = OpenAIServingChat.__new__(OpenAIServingChat)
-    serving.__dict__.update(
-        model_config=model_config,
-        parser_cls=ParserManager.get_parser(
-            tool_parser_name="hermes",
-            reasoning_parser_name=PARSER,
-            enable_auto_tools=True,
-            tool_strict_level="auto",
-            model_name=model_config.model,
-            is_harmony=False,
-            tokenizer=tokenizer,
-        ),
-        enable_auto_tools=True,
-        response_role="assistant",
-        request_logger=None,
-        enable_log_outputs=False,
-        enable_log_deltas=True,
-        enable_force_include_usage=False,
-        _include_reasoning_tokens_details=False,
-        system_fingerprint=None,
-        enable_prompt_tokens_details=False,
-        enable_per_request_metrics=False,
-        chat_template=None,
-        chat_template_content_format="auto",
-        default_chat_template_kwargs={},
-        return_tokens_as_token_ids=False,
-    )
-    return serving
+    return serving_chat(tokenizer, str(tiny_model_path()), reasoning_parser=PARSER)
 
 
 def _body(tools: bool, stream: bool) -> dict[str, Any]:
@@ -148,48 +111,13 @@ def _ours(info: Any, tokenizer: Any, text: str, tools: bool, stream: bool) -> di
     return _joined(chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"])
 
 
-async def _outputs(pieces: list[tuple[list[int], str]]) -> AsyncIterator[Any]:
-    from vllm.outputs import CompletionOutput, RequestOutput
-
-    for i, (ids, piece) in enumerate(pieces):
-        last = i == len(pieces) - 1
-        output = CompletionOutput(0, piece, ids, None, None, finish_reason="stop" if last else None)
-        yield RequestOutput("r", None, [1], None, [output], last)
-
-
 def _theirs(serving: Any, tokenizer: Any, text: str, tools: bool, stream: bool) -> dict[str, str]:
-    from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
-    from vllm.entrypoints.openai.chat_completion.protocol import (
-        ChatCompletionRequest as VllmRequest,
-    )
-
-    request = VllmRequest.model_validate(_body(tools, stream))
-    metadata = RequestResponseMetadata(request_id="r")
     pieces = _pieces(tokenizer, text)
     if not stream:
-        parser = serving._make_parser(request, tokenizer, {})
-        response = asyncio.run(
-            serving.chat_completion_full_generator(
-                request,
-                _outputs([([t for ids, _ in pieces for t in ids], text)]),
-                "r",
-                "tiny",
-                [],
-                tokenizer,
-                metadata,
-                parser=parser,
-            )
-        )
-        return _message(json.loads(response.model_dump_json())["choices"][0]["message"])
-
-    async def collect() -> list[str]:
-        generator = serving.chat_completion_stream_generator(
-            request, _outputs(pieces), "r", "tiny", [], tokenizer, metadata
-        )
-        return [line async for line in generator]
-
-    lines = [line.strip() for line in asyncio.run(collect())][:-1]  # [DONE] last
-    chunks = [json.loads(line.removeprefix("data: ")) for line in lines]
+        whole = [([t for ids, _ in pieces for t in ids], text)]
+        answer = full_answer(serving, tokenizer, _body(tools, stream), whole)
+        return _message(answer["choices"][0]["message"])
+    chunks = stream_chunks(serving, tokenizer, _body(tools, stream), pieces)
     return _joined(chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"])
 
 

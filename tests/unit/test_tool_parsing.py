@@ -21,10 +21,8 @@ What vLLM's hermes parser does, and so what both servers do (never re-implemente
 
 from __future__ import annotations
 
-import asyncio
 import json
-import types
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +36,7 @@ from app.protocols.openai.chat import ChatExchange
 from schemas.openai import ChatCompletionRequest
 from tests.conftest import tiny_model_path
 from tests.fake_engine import FakeEngine, vllm_tool_support
+from tests.vllm_chat import full_answer, serving_chat, stream_chunks
 
 WEATHER: dict[str, object] = {
     "type": "object",
@@ -154,55 +153,15 @@ def tokenizer() -> Any:
 
 
 @pytest.fixture(scope="module")
-def model_config() -> Any:
-    # What the parsers read of vLLM's ModelConfig: the model's name and (for the call id
-    # style) its hf_config's model_type, which a Llama leaves at "random" ids.
-    return types.SimpleNamespace(model=str(tiny_model_path()))
-
-
-@pytest.fixture(scope="module")
-def switchboard(tokenizer: Any, model_config: Any) -> Any:
+def switchboard(tokenizer: Any) -> Any:
     """The chat core with Switchboard's vLLM tool support (what `VllmEngine` builds for
     `--tool-call-parser hermes --enable-auto-tool-choice`), over the fake engine's info."""
-    return replace(FakeEngine().info, tools=vllm_tool_support(tokenizer, model_config.model))
+    return replace(FakeEngine().info, tools=vllm_tool_support(tokenizer, str(tiny_model_path())))
 
 
 @pytest.fixture(scope="module")
-def vllm_serve(tokenizer: Any, model_config: Any) -> Any:
-    """vLLM's `OpenAIServingChat` as `vllm serve --tool-call-parser hermes
-    --enable-auto-tool-choice` sets it up, minus what its generators never touch (the
-    engine client, the renderer): built without its __init__, fields set as it sets them."""
-    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
-    from vllm.parser import ParserManager
-
-    serving = OpenAIServingChat.__new__(OpenAIServingChat)
-    serving.__dict__.update(
-        model_config=model_config,
-        parser_cls=ParserManager.get_parser(
-            tool_parser_name="hermes",
-            reasoning_parser_name="",
-            enable_auto_tools=True,
-            tool_strict_level="auto",
-            model_name=model_config.model,
-            is_harmony=False,
-            tokenizer=tokenizer,
-        ),
-        enable_auto_tools=True,
-        response_role="assistant",
-        request_logger=None,
-        enable_log_outputs=False,
-        enable_log_deltas=True,
-        enable_force_include_usage=False,
-        _include_reasoning_tokens_details=False,
-        system_fingerprint=None,
-        enable_prompt_tokens_details=False,
-        enable_per_request_metrics=False,
-        chat_template=None,
-        chat_template_content_format="auto",
-        default_chat_template_kwargs={},
-        return_tokens_as_token_ids=False,
-    )
-    return serving
+def vllm_serve(tokenizer: Any) -> Any:
+    return serving_chat(tokenizer, str(tiny_model_path()))
 
 
 def _body(case: Case, stream: bool) -> dict[str, Any]:
@@ -251,66 +210,15 @@ def _ours_stream(info: Any, case: Case, deltas: list[str]) -> list[dict[str, Any
     return chunks
 
 
-async def _outputs(deltas: list[str]) -> AsyncIterator[Any]:
-    from vllm.outputs import CompletionOutput, RequestOutput
-
-    for i, delta in enumerate(deltas):
-        last = i == len(deltas) - 1
-        output = CompletionOutput(
-            0, delta, [7 + i], None, None, finish_reason="stop" if last else None
-        )
-        yield RequestOutput("r", None, [1], None, [output], last)
-
-
 def _vllm_full(serving: Any, tokenizer: Any, case: Case) -> dict[str, Any]:
-    from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
-    from vllm.entrypoints.openai.chat_completion.protocol import (
-        ChatCompletionRequest as VllmRequest,
-    )
-
-    request = VllmRequest.model_validate(_body(case, False))
-    parser = serving._make_parser(request, tokenizer, {})
-    response = asyncio.run(
-        serving.chat_completion_full_generator(
-            request,
-            _outputs([case.text]),
-            "r",
-            "tiny",
-            [],
-            tokenizer,
-            RequestResponseMetadata(request_id="r"),
-            parser=parser,
-        )
-    )
-    answer: dict[str, Any] = json.loads(response.model_dump_json())
-    return answer
+    return full_answer(serving, tokenizer, _body(case, False), [([7], case.text)])
 
 
 def _vllm_stream(
     serving: Any, tokenizer: Any, case: Case, deltas: list[str]
 ) -> list[dict[str, Any]]:
-    from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
-    from vllm.entrypoints.openai.chat_completion.protocol import (
-        ChatCompletionRequest as VllmRequest,
-    )
-
-    request = VllmRequest.model_validate(_body(case, True))
-
-    async def collect() -> list[str]:
-        generator = serving.chat_completion_stream_generator(
-            request,
-            _outputs(deltas),
-            "r",
-            "tiny",
-            [],
-            tokenizer,
-            RequestResponseMetadata(request_id="r"),
-        )
-        return [line async for line in generator]
-
-    lines = [line.strip() for line in asyncio.run(collect())]
-    assert lines[-1] == "data: [DONE]", lines
-    return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    pieces = [([7 + i], delta) for i, delta in enumerate(deltas)]
+    return stream_chunks(serving, tokenizer, _body(case, True), pieces)
 
 
 # -- what a client sees ---------------------------------------------------------------
