@@ -48,8 +48,16 @@ class Wire:
             "subprotocols": [],
             "app": app,
         }
-        self.task = asyncio.create_task(app(scope, self.inbox.get, self.outbox.put))
+        self.task = asyncio.create_task(app(scope, self.inbox.get, self._sent))
         _WIRES.append(self)
+
+    async def _sent(self, message: dict[str, Any]) -> None:
+        await self.outbox.put(message)
+        if message["type"] == "websocket.close":
+            # The client answers a close at once, as a browser does, whether or not the
+            # test has read that far: an app waiting for the handshake (a drain's goodbye)
+            # is not held until the test reads the close.
+            self.inbox.put_nowait({"type": "websocket.disconnect", "code": message["code"]})
 
     def send(self, *frames: dict[str, Any]) -> None:
         """JSON text frames, all in the inbox at once."""
@@ -61,7 +69,7 @@ class Wire:
 
     async def frame(self, timeout: float = TIMEOUT_S) -> str | bytes | int:
         """The next frame the app sends (text or bytes), or its close code once it closes
-        (the client then answers the close, as a browser would)."""
+        (answered as it was sent: `_sent`)."""
         while True:
             message = await asyncio.wait_for(self.outbox.get(), timeout)
             if message["type"] == "websocket.accept":
@@ -70,7 +78,6 @@ class Wire:
                 text: str | None = message.get("text")
                 return text if text is not None else bytes(message["bytes"])
             if message["type"] == "websocket.close":
-                self.inbox.put_nowait({"type": "websocket.disconnect", "code": message["code"]})
                 return int(message["code"])
 
     async def recv_or_close(self) -> dict[str, Any] | int:
