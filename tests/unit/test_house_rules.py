@@ -18,6 +18,7 @@ too. The layers (DESIGN.md):
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,16 @@ CORE_FORBIDDEN = (*FRAMEWORKS, "vllm")
 ENGINE_FORBIDDEN = (*FRAMEWORKS, "app.routes", "app.protocols", "app.sessions")
 
 
+@cache
+def _tree(path: Path) -> ast.Module:
+    """`path` parsed, once a run: the rules read each file three or four times, and the
+    trees are only read."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 def _imports(path: Path) -> list[str]:
     names: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -57,7 +65,7 @@ def _graph(root: Path) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in root.rglob("*.py"):
         found: set[str | None] = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Import):
                 found.update(owner(alias.name) for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -97,7 +105,7 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _private_imports(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _tree(path)
     return [
         f"{node.module}.{alias.name}"
         for node in ast.walk(tree)
