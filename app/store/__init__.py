@@ -2,7 +2,8 @@
 sessions, files and batches.
 
 - `base`: the contract every response store keeps (records by id, time to live, a size
-  bound, a cancel flag per id) and its errors;
+  bound, a cancel flag per id), its errors, and the bounds every store by tenant keeps
+  (`BoundedStore`: the response and the conversations' stores on either backend);
 - `sqlite`: the embedded default, one file under the state directory, surviving restarts;
 - `redis`: one Redis shared by every replica;
 - `conversations`: the Conversations API's store (a conversation and its items in order),

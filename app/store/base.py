@@ -33,7 +33,9 @@ tests hold both to them (tests/unit/test_response_store.py):
   moves them into its order and totals when it is first opened.
 
 Time is the caller's clock (`clock`, wall time by default, shared by replicas), so
-expiry is tested without waiting. No framework imports; blocking I/O never runs on the
+expiry is tested without waiting. `BoundedStore` holds what every store by tenant (these
+and the conversations', `app.store.conversations`) keeps of its `Bounds`, and the
+refusals they rule. No framework imports; blocking I/O never runs on the
 event loop.
 """
 
@@ -41,12 +43,48 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import NotRequired, Protocol, TypedDict, Unpack
 
 from app.errors import ResourceExhausted, Unavailable
 
 Clock = Callable[[], float]
 DEFAULT_CLOCK: Clock = time.time
+
+
+class Bounds(TypedDict):
+    """What every store by tenant is bounded by, as its constructor takes it: a record's
+    time to live, the store's bytes, one record's bytes (0: the store's), its clock."""
+
+    ttl_s: float
+    max_bytes: int
+    max_record_bytes: NotRequired[int]
+    clock: NotRequired[Clock]
+
+
+class BoundedStore:
+    """A store by tenant (responses or conversations, on SQLite or Redis): its `Bounds`,
+    and the refusals of a write they rule out, told of the store `where` (the log's)."""
+
+    def __init__(self, where: str, **bounds: Unpack[Bounds]) -> None:
+        self.ttl_s = bounds["ttl_s"]
+        self.max_bytes = bounds["max_bytes"]
+        self.max_record_bytes = record_bound(self.max_bytes, bounds.get("max_record_bytes", 0))
+        self._clock = bounds.get("clock", DEFAULT_CLOCK)
+        self._where = where
+
+    def _quota(self, quota: int) -> int:
+        """A tenant's quota (0: none of its own) within the store's bound."""
+        return min(quota or self.max_bytes, self.max_bytes)
+
+    def _check(self, size: int, quota: int) -> None:
+        """Refuse a write of `size` bytes that no eviction could make fit `quota`."""
+        why = refusal(size, quota, self.max_record_bytes)
+        if why is not None:
+            raise full(self._where, why)
+
+    def _no_room(self, size: int) -> ResourceExhausted:
+        """The refusal of a write its tenant cannot make room for."""
+        return full(self._where, no_room(size, self.max_bytes))
 
 
 class ResponseStore(Protocol):

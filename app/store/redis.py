@@ -26,18 +26,16 @@ same time to live as the SQLite store does.
 Redis that cannot be reached (refused, timed out) is `store_unavailable`; a Redis out of
 memory (`OOM` under `maxmemory` with `noeviction`) is `store_full`
 (`app.store.redis_connection`, as for every store on Redis).
+
+`RedisBoundedStore` (a store's bounds, connection, prefix and its one move from before
+tenants) serves the conversations' store too (`app.store.redis_conversations`).
 """
 
 from __future__ import annotations
 
-from app.store.base import (
-    DEFAULT_CLOCK,
-    Clock,
-    full,
-    no_room,
-    record_bound,
-    refusal,
-)
+from typing import ClassVar, Unpack
+
+from app.store.base import BoundedStore, Bounds
 from app.store.redis_connection import RedisConnection
 from app.tenants import DEFAULT_TENANT
 
@@ -126,11 +124,11 @@ return existed
 """
 )
 
-# ARGV: prefix, the default tenant, first rank, count. Records stored before tenants
-# (no owner in `tenants`) become the default tenant's; the number it moved.
+# ARGV: prefix, the default tenant, the default tenant, first rank, count. Records stored
+# before tenants (no owner in `tenants`) become the default tenant's; {seen, moved}.
 _MIGRATE = """
 local prefix, tenant = ARGV[1], ARGV[2]
-local first, count = tonumber(ARGV[3]), tonumber(ARGV[4])
+local first, count = tonumber(ARGV[4]), tonumber(ARGV[5])
 local moved = 0
 local ids = redis.call('ZRANGE', prefix .. 'index', first, first + count - 1, 'WITHSCORES')
 for i = 1, #ids, 2 do
@@ -149,59 +147,58 @@ end
 return {#ids / 2, moved}
 """
 _MIGRATE_CHUNK = 1000
-_SCHEMA = "2"  # records by tenant
+_SCHEMA = "2"  # records by tenant (the conversations' too)
 
 
-class RedisStore:
-    def __init__(
-        self,
-        url: str,
-        *,
-        ttl_s: float,
-        max_bytes: int,
-        max_record_bytes: int = 0,
-        clock: Clock = DEFAULT_CLOCK,
-        prefix: str = "switchboard:responses:",
-    ) -> None:
-        self.url = url
-        self.ttl_s = ttl_s
-        self.max_bytes = max_bytes
-        self.max_record_bytes = record_bound(max_bytes, max_record_bytes)
-        self.prefix = prefix
-        self._clock = clock
+class RedisBoundedStore(BoundedStore):
+    """A store by tenant on the shared Redis: its bounds, its connection, its keys under
+    `prefix` (`PREFIX` unless given), and the move of what it holds from before tenants
+    into the default tenant's bookkeeping, once per store (`_ready`: every replica checks
+    once; moving a record twice is moving it once). `MIGRATE` is that move for a chunk of
+    the expiry order: a script of ARGV prefix, the default tenant (as the caller's), the
+    default tenant, first rank, count, answering {seen, moved}."""
+
+    PREFIX: ClassVar[str]
+    MIGRATE: ClassVar[str]
+
+    def __init__(self, url: str, *, prefix: str | None = None, **bounds: Unpack[Bounds]) -> None:
         self._redis = RedisConnection(url, store="response store")
-        self._call = self._redis.call
-        self._where = self._redis.where
+        super().__init__(self._redis.where, **bounds)
+        self.url = url
+        self.prefix = self.PREFIX if prefix is None else prefix
         self._migrated = False
 
     def _ms(self) -> int:
         return int(self._clock() * 1000)
 
     async def _ready(self) -> None:
-        """Records stored before tenants made the default tenant's, once per store (every
-        replica checks once; moving a record twice is moving it once)."""
         if self._migrated:
             return
-        if await self._call("get", self.prefix + "schema") != _SCHEMA.encode():
+        if await self._redis.call("get", self.prefix + "schema") != _SCHEMA.encode():
             while True:  # passes until one moves nothing (evictions meanwhile shift ranks)
                 first = moved = 0
                 while True:
-                    args = (self.prefix, DEFAULT_TENANT, first, _MIGRATE_CHUNK)
-                    seen, chunk_moved = await self._call("eval", _MIGRATE, 0, *args)
+                    args = (self.prefix, DEFAULT_TENANT, DEFAULT_TENANT, first, _MIGRATE_CHUNK)
+                    seen, chunk_moved = await self._redis.call("eval", self.MIGRATE, 0, *args)
                     moved += int(chunk_moved)
                     first += _MIGRATE_CHUNK
                     if int(seen) < _MIGRATE_CHUNK:
                         break
                 if not moved:
                     break
-            await self._call("set", self.prefix + "schema", _SCHEMA)
+            await self._redis.call("set", self.prefix + "schema", _SCHEMA)
         self._migrated = True
+
+
+class RedisStore(RedisBoundedStore):
+    PREFIX = "switchboard:responses:"
+    MIGRATE = _MIGRATE
 
     # -- the contract (app.store.base) ------------------------------------------------
 
     async def get(self, tenant: str, key: str) -> bytes | None:
         await self._ready()
-        exp, data, owner = await self._call(
+        exp, data, owner = await self._redis.call(
             "hmget", self.prefix + "r:" + key, "exp", "data", "tenant"
         )
         if data is None or exp is None or int(exp) <= self._ms():
@@ -219,31 +216,31 @@ class RedisStore:
         quota: int = 0,
         unless_cancelled: bool = False,
     ) -> bool:
-        quota = min(quota or self.max_bytes, self.max_bytes)
-        why = refusal(len(data), quota, self.max_record_bytes)
-        if why is not None:
-            raise full(self._where, why)
+        quota = self._quota(quota)
+        self._check(len(data), quota)
         await self._ready()
         now, ttl = self._ms(), int(self.ttl_s * 1000)
         conditional = "1" if unless_cancelled else "0"
         args = (self.prefix, tenant, key, data, now + ttl, now, ttl, self.max_bytes, quota)
-        written = int(await self._call("eval", _PUT, 0, *args, conditional, DEFAULT_TENANT))
+        written = int(await self._redis.call("eval", _PUT, 0, *args, conditional, DEFAULT_TENANT))
         if written == -2:
             raise RuntimeError(f"record {key} is another tenant's: ids must not collide")
         if written < 0:
-            raise full(self._where, no_room(len(data), self.max_bytes))
+            raise self._no_room(len(data))
         return bool(written)
 
     async def delete(self, tenant: str, key: str) -> bool:
         await self._ready()
         args = (self.prefix, tenant, key, self._ms(), DEFAULT_TENANT)
-        return bool(await self._call("eval", _DELETE, 0, *args))
+        return bool(await self._redis.call("eval", _DELETE, 0, *args))
 
     async def request_cancel(self, key: str) -> None:
-        await self._call("set", self.prefix + "cancel:" + key, 1, None, int(self.ttl_s * 1000))
+        await self._redis.call(
+            "set", self.prefix + "cancel:" + key, 1, None, int(self.ttl_s * 1000)
+        )
 
     async def cancel_requested(self, key: str) -> bool:
-        return bool(await self._call("exists", self.prefix + "cancel:" + key))
+        return bool(await self._redis.call("exists", self.prefix + "cancel:" + key))
 
     async def close(self) -> None:
         await self._redis.close()

@@ -34,9 +34,8 @@ from typing import Any
 
 import orjson
 
-from app.store.base import DEFAULT_CLOCK, Clock, full, no_room, record_bound, refusal
 from app.store.conversations import Item, Order, Page, encoded, repeated, unknown_after
-from app.store.redis_connection import RedisConnection
+from app.store.redis import RedisBoundedStore
 from app.tenants import DEFAULT_TENANT
 
 # Every script's ARGV begins: prefix, the caller's tenant, the default tenant.
@@ -304,71 +303,20 @@ end
 return {#ids / 2, moved}
 """
 )
-_MIGRATE_CHUNK = 1000
-_SCHEMA = "2"  # conversations by tenant
 
 
-class RedisConversations:
-    def __init__(
-        self,
-        url: str,
-        *,
-        ttl_s: float,
-        max_bytes: int,
-        max_record_bytes: int = 0,
-        clock: Clock = DEFAULT_CLOCK,
-        prefix: str = "switchboard:conversations:",
-    ) -> None:
-        self.url = url
-        self.ttl_s = ttl_s
-        self.max_bytes = max_bytes
-        self.max_record_bytes = record_bound(max_bytes, max_record_bytes)
-        self.prefix = prefix
-        self._clock = clock
-        self._redis = RedisConnection(url, store="response store")
-        self._migrated = False
+class RedisConversations(RedisBoundedStore):
+    PREFIX = "switchboard:conversations:"
+    MIGRATE = _MIGRATE
 
     async def _script(self, script: str, tenant: str, *args: Any) -> Any:
         await self._ready()
         return await self._redis.call("eval", script, 0, self.prefix, tenant, DEFAULT_TENANT, *args)
 
-    async def _ready(self) -> None:
-        """Conversations stored before tenants made the default tenant's, once per store
-        (every replica checks once; moving one twice is moving it once)."""
-        if self._migrated:
-            return
-        if await self._redis.call("get", self.prefix + "schema") != _SCHEMA.encode():
-            while True:  # passes until one moves nothing (evictions meanwhile shift ranks)
-                first = moved = 0
-                while True:
-                    seen, chunk_moved = await self._redis.call(
-                        "eval", _MIGRATE, 0, self.prefix, DEFAULT_TENANT, DEFAULT_TENANT,
-                        first, _MIGRATE_CHUNK,
-                    )  # fmt: skip
-                    moved += int(chunk_moved)
-                    first += _MIGRATE_CHUNK
-                    if int(seen) < _MIGRATE_CHUNK:
-                        break
-                if not moved:
-                    break
-            await self._redis.call("set", self.prefix + "schema", _SCHEMA)
-        self._migrated = True
-
     def _times(self) -> tuple[int, int, int]:
         """Now's expiry, now and the time to live, in ms."""
-        now, ttl = int(self._clock() * 1000), int(self.ttl_s * 1000)
+        now, ttl = self._ms(), int(self.ttl_s * 1000)
         return now + ttl, now, ttl
-
-    def _quota(self, quota: int) -> int:
-        return min(quota or self.max_bytes, self.max_bytes)
-
-    def _check(self, size: int, quota: int) -> None:
-        why = refusal(size, quota, self.max_record_bytes)
-        if why is not None:
-            raise full(self._redis.where, why)
-
-    def _no_room(self, size: int) -> Exception:
-        return full(self._redis.where, no_room(size, self.max_bytes))
 
     # -- the contract (app.store.conversations) ----------------------------------------
 
@@ -393,7 +341,7 @@ class RedisConversations:
         exp, data, owner = await self._redis.call(
             "hmget", self.prefix + "c:" + key, "exp", "data", "tenant"
         )
-        if data is None or exp is None or int(exp) <= int(self._clock() * 1000):
+        if data is None or exp is None or int(exp) <= self._ms():
             return None
         if (owner.decode() if owner is not None else DEFAULT_TENANT) != tenant:
             return None

@@ -17,8 +17,9 @@ before tenants gains the `tenant` column as it opens, its records the default te
 SQLite's own failures are the store's: a full disk (`SQLITE_FULL`) is `store_full`; a
 file that cannot be opened, a lock held past the timeout or a corrupt file is
 `store_unavailable`, for that call. `SqliteFile` (the connection, its thread, that
-mapping) and `transaction` serve the conversations' store on the same file too
-(`app.store.sqlite_conversations`).
+mapping), `transaction`, `TenantTables` (a store's tables: each tenant's total, the move
+of a file from before tenants) and `SqliteBoundedStore` (a store's bounds and file) serve
+the conversations' store on the same file too (`app.store.sqlite_conversations`).
 """
 
 from __future__ import annotations
@@ -32,18 +33,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar, Unpack
 
 from app.errors import ResourceExhausted
-from app.store.base import (
-    DEFAULT_CLOCK,
-    Clock,
-    full,
-    no_room,
-    record_bound,
-    refusal,
-    unavailable,
-)
+from app.store.base import BoundedStore, Bounds, full, unavailable
 from app.tenants import DEFAULT_TENANT
 
 T = TypeVar("T")
@@ -127,29 +120,79 @@ class SqliteFile:
         self._thread.shutdown(wait=False)
 
 
-class SqliteStore:
+@dataclass(frozen=True, slots=True)
+class TenantTables:
+    """A store's tables in its SQLite file, by tenant: its `schema`, its thread's name,
+    the table of its `records` (id, expires, size, data, tenant) and the table of each
+    tenant's total (tenant, bytes)."""
+
+    schema: str
+    thread: str
+    records: str
+    tenant_totals: str
+
+    def tenant_total(self, db: sqlite3.Connection, tenant: str) -> int:
+        row = db.execute(
+            f"SELECT bytes FROM {self.tenant_totals} WHERE tenant = ?", (tenant,)
+        ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def add_to_tenant(self, db: sqlite3.Connection, tenant: str, size: int) -> None:
+        db.execute(
+            f"INSERT INTO {self.tenant_totals} VALUES (?, ?) "
+            "ON CONFLICT (tenant) DO UPDATE SET bytes = bytes + excluded.bytes",
+            (tenant, size),
+        )
+
+    def with_tenants(self, db: sqlite3.Connection) -> None:
+        """A file from before tenants: its records become the default tenant's (the
+        column's default), counted in its total; then the index of each tenant's order."""
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({self.records})")}
+        if "tenant" not in columns:
+            db.execute(
+                f"ALTER TABLE {self.records} "
+                f"ADD COLUMN tenant TEXT NOT NULL DEFAULT '{DEFAULT_TENANT}'"
+            )
+            db.execute(
+                f"INSERT OR REPLACE INTO {self.tenant_totals} "
+                f"SELECT tenant, SUM(size) FROM {self.records} GROUP BY tenant"
+            )
+        db.execute(
+            f"CREATE INDEX IF NOT EXISTS {self.records}_by_tenant "
+            f"ON {self.records} (tenant, expires)"
+        )
+
+
+class SqliteBoundedStore(BoundedStore):
+    """A store by tenant in an SQLite file: its `TABLES`, through a `SqliteFile` of its
+    own (waiting up to `busy_timeout_s` for another process's write lock)."""
+
+    TABLES: ClassVar[TenantTables]
+
     def __init__(
-        self,
-        path: Path,
-        *,
-        ttl_s: float,
-        max_bytes: int,
-        max_record_bytes: int = 0,
-        clock: Clock = DEFAULT_CLOCK,
-        busy_timeout_s: float = 5.0,
+        self, path: Path, *, busy_timeout_s: float = 5.0, **bounds: Unpack[Bounds]
     ) -> None:
+        super().__init__(str(path), **bounds)
         self.path = path
-        self.ttl_s = ttl_s
-        self.max_bytes = max_bytes
-        self.max_record_bytes = record_bound(max_bytes, max_record_bytes)
-        self._clock = clock
         self._file = SqliteFile(
             path,
-            _SCHEMA,
+            self.TABLES.schema,
             busy_timeout_s=busy_timeout_s,
-            name="response-store",
-            migrate=_with_tenants,
+            name=self.TABLES.thread,
+            migrate=self.TABLES.with_tenants,
         )
+
+
+_TABLES = TenantTables(_SCHEMA, "response-store", "responses", "tenant_totals")
+
+
+class SqliteStore(SqliteBoundedStore):
+    TABLES = _TABLES
+
+    def __init__(
+        self, path: Path, *, busy_timeout_s: float = 5.0, **bounds: Unpack[Bounds]
+    ) -> None:
+        super().__init__(path, busy_timeout_s=busy_timeout_s, **bounds)
         self._run = self._file.run
         self._waiting: list[tuple[_Put, asyncio.Future[bool]]] = []
         self._writer: asyncio.Task[None] | None = None
@@ -177,10 +220,8 @@ class SqliteStore:
         quota: int = 0,
         unless_cancelled: bool = False,
     ) -> bool:
-        quota = min(quota or self.max_bytes, self.max_bytes)
-        why = refusal(len(data), quota, self.max_record_bytes)
-        if why is not None:
-            raise full(str(self.path), why)
+        quota = self._quota(quota)
+        self._check(len(data), quota)
         written = asyncio.get_running_loop().create_future()
         self._waiting.append((_Put(tenant, key, data, quota, unless_cancelled), written))
         if self._writer is None:  # it starts next turn: this turn's puts join its group
@@ -231,9 +272,9 @@ class SqliteStore:
                     continue
                 size = len(put.data)
                 total -= _remove(db, "id = ?", (put.key,))
-                own = _tenant_total(db, put.tenant)
+                own = _TABLES.tenant_total(db, put.tenant)
                 if total - own + size > self.max_bytes:  # all or nothing: its own cannot
-                    done.append(full(str(self.path), no_room(size, self.max_bytes)))
+                    done.append(self._no_room(size))
                     continue
                 while own + size > put.quota or total + size > self.max_bytes:
                     oldest = db.execute(
@@ -249,13 +290,13 @@ class SqliteStore:
                         _remove(db, "id = ?", (row_id,))
                         total, own = total - row_size, own - row_size
                 if own + size > put.quota or total + size > self.max_bytes:
-                    done.append(full(str(self.path), no_room(size, self.max_bytes)))
+                    done.append(self._no_room(size))
                     continue
                 db.execute(
                     "INSERT INTO responses VALUES (?, ?, ?, ?, ?)",
                     (put.key, now + self.ttl_s, size, put.data, put.tenant),
                 )
-                _add_to_tenant(db, put.tenant, size)
+                _TABLES.add_to_tenant(db, put.tenant, size)
                 total += size
                 done.append(True)
             db.execute("UPDATE total SET bytes = ?", (total,))
@@ -345,19 +386,6 @@ def _total(db: sqlite3.Connection) -> int:
     return int(db.execute("SELECT bytes FROM total").fetchone()[0])
 
 
-def _tenant_total(db: sqlite3.Connection, tenant: str) -> int:
-    row = db.execute("SELECT bytes FROM tenant_totals WHERE tenant = ?", (tenant,)).fetchone()
-    return 0 if row is None else int(row[0])
-
-
-def _add_to_tenant(db: sqlite3.Connection, tenant: str, size: int) -> None:
-    db.execute(
-        "INSERT INTO tenant_totals VALUES (?, ?) "
-        "ON CONFLICT (tenant) DO UPDATE SET bytes = bytes + excluded.bytes",
-        (tenant, size),
-    )
-
-
 def _remove(db: sqlite3.Connection, where: str, args: tuple[object, ...]) -> int:
     """Delete the rows `where` selects (their tenants' totals kept); the bytes they held.
     The caller keeps the store's total."""
@@ -365,21 +393,6 @@ def _remove(db: sqlite3.Connection, where: str, args: tuple[object, ...]) -> int
         f"SELECT tenant, SUM(size) FROM responses WHERE {where} GROUP BY tenant", args
     ).fetchall()
     for tenant, size in freed:
-        _add_to_tenant(db, tenant, -int(size))
+        _TABLES.add_to_tenant(db, tenant, -int(size))
     db.execute(f"DELETE FROM responses WHERE {where}", args)
     return sum(int(size) for _, size in freed)
-
-
-def _with_tenants(db: sqlite3.Connection) -> None:
-    """A file from before tenants: its records become the default tenant's (the column's
-    default), counted in its total; then the index of each tenant's order."""
-    columns = {row[1] for row in db.execute("PRAGMA table_info(responses)")}
-    if "tenant" not in columns:
-        db.execute(
-            f"ALTER TABLE responses ADD COLUMN tenant TEXT NOT NULL DEFAULT '{DEFAULT_TENANT}'"
-        )
-        db.execute(
-            "INSERT OR REPLACE INTO tenant_totals "
-            "SELECT tenant, SUM(size) FROM responses GROUP BY tenant"
-        )
-    db.execute("CREATE INDEX IF NOT EXISTS responses_by_tenant ON responses (tenant, expires)")

@@ -22,13 +22,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from functools import partial
-from pathlib import Path
 
 import orjson
 
-from app.store.base import DEFAULT_CLOCK, Clock, full, no_room, record_bound, refusal
 from app.store.conversations import Item, Order, Page, encoded, repeated, unknown_after
-from app.store.sqlite import SqliteFile, transaction
+from app.store.sqlite import SqliteBoundedStore, TenantTables, transaction
 from app.tenants import DEFAULT_TENANT
 
 _SCHEMA = """
@@ -49,34 +47,11 @@ CREATE TABLE IF NOT EXISTS conversations_total (
 INSERT OR IGNORE INTO conversations_total VALUES (1, 0);
 CREATE TABLE IF NOT EXISTS conversation_tenants (tenant TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
 """.replace("{default}", DEFAULT_TENANT)
+_TABLES = TenantTables(_SCHEMA, "conversation-store", "conversations", "conversation_tenants")
 
 
-class SqliteConversations:
-    def __init__(
-        self,
-        path: Path,
-        *,
-        ttl_s: float,
-        max_bytes: int,
-        max_record_bytes: int = 0,
-        clock: Clock = DEFAULT_CLOCK,
-        busy_timeout_s: float = 5.0,
-    ) -> None:
-        self.path = path
-        self.ttl_s = ttl_s
-        self.max_bytes = max_bytes
-        self.max_record_bytes = record_bound(max_bytes, max_record_bytes)
-        self._clock = clock
-        self._file = SqliteFile(
-            path,
-            _SCHEMA,
-            busy_timeout_s=busy_timeout_s,
-            name="conversation-store",
-            migrate=_with_tenants,
-        )
-
-    def _quota(self, quota: int) -> int:
-        return min(quota or self.max_bytes, self.max_bytes)
+class SqliteConversations(SqliteBoundedStore):
+    TABLES = _TABLES
 
     # -- the contract (app.store.conversations) ----------------------------------------
 
@@ -97,7 +72,7 @@ class SqliteConversations:
                     (key, now + self.ttl_s, size, data, tenant),
                 )
                 _insert(db, key, 0, rows)
-                _add_to_tenant(db, tenant, size)
+                _TABLES.add_to_tenant(db, tenant, size)
                 _set_total(db, total + size)
 
         await self._file.run(partial(create, now=self._clock()))
@@ -131,7 +106,7 @@ class SqliteConversations:
                     "UPDATE conversations SET data = ?, size = ?, expires = ? WHERE id = ?",
                     (data, size + grown, now + self.ttl_s, key),
                 )
-                _add_to_tenant(db, tenant, grown)
+                _TABLES.add_to_tenant(db, tenant, grown)
                 _set_total(db, total + grown)
                 return True
 
@@ -181,7 +156,7 @@ class SqliteConversations:
                     "UPDATE conversations SET size = size + ?, expires = ? WHERE id = ?",
                     (added, now + self.ttl_s, key),
                 )
-                _add_to_tenant(db, tenant, added)
+                _TABLES.add_to_tenant(db, tenant, added)
                 _set_total(db, total + added)
                 return True
 
@@ -252,7 +227,7 @@ class SqliteConversations:
                     "UPDATE conversations SET size = size - ?, expires = ? WHERE id = ?",
                     (row[0], now + self.ttl_s, key),
                 )
-                _add_to_tenant(db, tenant, -row[0])
+                _TABLES.add_to_tenant(db, tenant, -row[0])
                 _set_total(db, total - row[0])
                 return True
 
@@ -262,11 +237,6 @@ class SqliteConversations:
         await self._file.close()
 
     # -- bookkeeping -------------------------------------------------------------------
-
-    def _check(self, size: int, quota: int) -> None:
-        why = refusal(size, quota, self.max_record_bytes)
-        if why is not None:
-            raise full(str(self.path), why)
 
     def _expire(self, db: sqlite3.Connection, now: float) -> int:
         """Expired conversations out; the total left."""
@@ -282,13 +252,13 @@ class SqliteConversations:
     ) -> int:
         """The tenant's conversations written longest ago (but `keep`) out until `grown`
         more bytes fit its quota and the store's bound; the total left."""
-        own = _tenant_total(db, tenant)
+        own = _TABLES.tenant_total(db, tenant)
         kept = db.execute(
             "SELECT size FROM conversations WHERE id = ? AND tenant = ?", (keep, tenant)
         ).fetchone()
         if total - own + (kept[0] if kept else 0) + grown > self.max_bytes:
             # All or nothing: even all of its own could not make the room.
-            raise full(str(self.path), no_room(grown, self.max_bytes))
+            raise self._no_room(grown)
         while total + grown > self.max_bytes or own + grown > quota:
             oldest = db.execute(
                 "SELECT id FROM conversations WHERE tenant = ? AND id != ? "
@@ -296,7 +266,7 @@ class SqliteConversations:
                 (tenant, keep),
             ).fetchone()
             if oldest is None:
-                raise full(str(self.path), no_room(grown, self.max_bytes))
+                raise self._no_room(grown)
             freed = _drop(db, oldest[0])
             total, own = total - freed, own - freed
         return total
@@ -318,7 +288,7 @@ def _drop(db: sqlite3.Connection, key: str) -> int:
     db.execute("DELETE FROM conversations WHERE id = ?", (key,))
     if row is None:
         return 0
-    _add_to_tenant(db, row[1], -int(row[0]))
+    _TABLES.add_to_tenant(db, row[1], -int(row[0]))
     return int(row[0])
 
 
@@ -331,35 +301,3 @@ def _insert(db: sqlite3.Connection, key: str, first: int, rows: list[tuple[str, 
 
 def _set_total(db: sqlite3.Connection, total: int) -> None:
     db.execute("UPDATE conversations_total SET bytes = ?", (total,))
-
-
-def _tenant_total(db: sqlite3.Connection, tenant: str) -> int:
-    row = db.execute(
-        "SELECT bytes FROM conversation_tenants WHERE tenant = ?", (tenant,)
-    ).fetchone()
-    return 0 if row is None else int(row[0])
-
-
-def _add_to_tenant(db: sqlite3.Connection, tenant: str, size: int) -> None:
-    db.execute(
-        "INSERT INTO conversation_tenants VALUES (?, ?) "
-        "ON CONFLICT (tenant) DO UPDATE SET bytes = bytes + excluded.bytes",
-        (tenant, size),
-    )
-
-
-def _with_tenants(db: sqlite3.Connection) -> None:
-    """A file from before tenants: its conversations become the default tenant's (the
-    column's default), counted in its total; then the index of each tenant's order."""
-    columns = {row[1] for row in db.execute("PRAGMA table_info(conversations)")}
-    if "tenant" not in columns:
-        db.execute(
-            f"ALTER TABLE conversations ADD COLUMN tenant TEXT NOT NULL DEFAULT '{DEFAULT_TENANT}'"
-        )
-        db.execute(
-            "INSERT OR REPLACE INTO conversation_tenants "
-            "SELECT tenant, SUM(size) FROM conversations GROUP BY tenant"
-        )
-    db.execute(
-        "CREATE INDEX IF NOT EXISTS conversations_by_tenant ON conversations (tenant, expires)"
-    )
