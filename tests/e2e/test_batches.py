@@ -19,6 +19,7 @@ import anthropic
 import openai
 import pytest
 
+from app.protocols.openai.batches import ENDPOINTS, Endpoint
 from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +27,6 @@ pytestmark = pytest.mark.e2e
 T = TypeVar("T")
 DEADLINE_S = 120.0
 COUNT = 6
-ENDPOINTS: Final = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
 def _until(fetch: Callable[[], T], done: Callable[[T], bool], what: str) -> T:
@@ -72,14 +72,14 @@ def _ended(client: openai.OpenAI, batch_id: str) -> Any:
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
-def test_a_batch_over_each_endpoint(live_server: LiveServer, endpoint: str) -> None:
+def test_a_batch_over_each_endpoint(live_server: LiveServer, endpoint: Endpoint) -> None:
     client = openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused")
     bodies = [_body(endpoint, live_server.model, i) for i in range(COUNT)]
     bodies.append({**bodies[0], "model": "no-such-model"})
     upload = client.files.create(file=("in.jsonl", _jsonl(endpoint, bodies)), purpose="batch")
     created = client.batches.create(
         input_file_id=upload.id,
-        endpoint=endpoint,  # type: ignore[arg-type]  # one of the SDK's Literal, as a str
+        endpoint=endpoint,
         completion_window="24h",
     )
     batch = _ended(client, created.id)

@@ -29,6 +29,7 @@ from app.batches.lane import BATCH_PRIORITY
 from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
 from app.main import create_app
+from app.protocols.openai.batches import Endpoint
 from tests.error_bodies import body_of
 from tests.fake_engine import FakeEngine
 from tests.uvicorn_thread import uvicorn_in_thread
@@ -139,7 +140,7 @@ def _response(i: int) -> dict[str, Any]:
     return {"model": "fake", "input": f"resp {i}", "max_output_tokens": 3}
 
 
-BODIES: dict[str, Callable[[int], dict[str, Any]]] = {
+BODIES: dict[Endpoint, Callable[[int], dict[str, Any]]] = {
     CHAT: lambda i: _chat(f"chat {i}"),
     "/v1/completions": _completion,
     "/v1/responses": _response,
@@ -152,7 +153,9 @@ OBJECTS = {
 
 
 @pytest.mark.parametrize("endpoint", list(BODIES))
-def test_a_batch_answers_every_request_once(served: tuple[str, HeldEngine], endpoint: str) -> None:
+def test_a_batch_answers_every_request_once(
+    served: tuple[str, HeldEngine], endpoint: Endpoint
+) -> None:
     url, _ = served
     client = _openai(url)
     count = 40
@@ -167,7 +170,7 @@ def test_a_batch_answers_every_request_once(served: tuple[str, HeldEngine], endp
     )
     created = client.batches.create(
         input_file_id=upload.id,
-        endpoint=endpoint,  # type: ignore[arg-type]  # one of the SDK's Literal, as a str
+        endpoint=endpoint,
         completion_window="24h",
         metadata={"job": "nightly"},
     )

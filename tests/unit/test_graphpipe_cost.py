@@ -19,8 +19,15 @@ from app.engine.constraints import Constraint
 from app.errors import InvalidRequest, PayloadTooLarge
 from app.main import create_app
 from app.protocols.graphpipe import decode
-from app.protocols.graphpipe.decode import MAX_STRINGS, MAX_TENSORS, decode_request
-from tests.fake_engine import FakeEngine
+from app.protocols.graphpipe.decode import (
+    MAX_STRINGS,
+    MAX_TENSORS,
+    InferCall,
+    MetadataCall,
+    decode_request,
+)
+from app.protocols.graphpipe.reader import Buffer
+from tests.fake_engine import FakeEngine, FakeTokenizer
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
 from tests.graphpipe_hostile import shared_name, shared_string, shared_tensor
 
@@ -100,13 +107,18 @@ class LoopWatchingEngine(FakeEngine):
             inner(constraint)
 
         object.__setattr__(self.info, "check_constraint", check)
-        encode = self.tokenizer.encode
+        self._tokenizer = WatchedTokenizer(self.threads)
 
-        def watched(text: str, add_special_tokens: bool = True) -> list[int]:
-            self.threads.append(threading.current_thread().name)
-            return encode(text, add_special_tokens)
 
-        self.tokenizer.encode = watched  # type: ignore[method-assign]  # a probe on the fake
+class WatchedTokenizer(FakeTokenizer):
+    """The fake tokenizer, recording the thread every encode ran in into `threads`."""
+
+    def __init__(self, threads: list[str]) -> None:
+        self.threads = threads
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        return super().encode(text, add_special_tokens)
 
 
 @pytest.fixture
@@ -136,9 +148,9 @@ async def test_decoding_the_constraint_and_tokenizing_run_off_the_event_loop(
     loop_thread = threading.current_thread().name
     decoded_in: list[str] = []
 
-    def watched_decode(*args: object, **kwargs: object) -> object:
+    def watched_decode(buf: Buffer, *, max_bytes: int) -> InferCall | MetadataCall:
         decoded_in.append(threading.current_thread().name)
-        return decode_request(*args, **kwargs)  # type: ignore[arg-type]  # passed through
+        return decode_request(buf, max_bytes=max_bytes)
 
     monkeypatch.setattr("app.routes.apis.graphpipe.decode_request", watched_decode)
     prompts = np.empty(2, dtype=object)

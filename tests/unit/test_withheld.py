@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -111,9 +112,9 @@ def _adapter(root: Path, config: object) -> Path:
     ],
 )
 def test_every_lora_refusal_is_one_message_without_its_path(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, make: object, detail: str
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, make: Callable[[Path], Path], detail: str
 ) -> None:
-    path = make(tmp_path)  # type: ignore[operator]  # the parametrized builder
+    path = make(tmp_path)
     with caplog.at_level(logging.WARNING), pytest.raises(InvalidRequest) as refused:
         check_adapter(str(path), LORA_CONFIG, 1024)
     message = refused.value.message

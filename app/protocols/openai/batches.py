@@ -23,7 +23,7 @@ Sans-IO.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 import orjson
 
@@ -40,7 +40,9 @@ from app.protocols.batches import (
 )
 from app.store.batches import Tally
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+# The endpoints a batch's requests may call.
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
+ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
 # The outcomes whose lines go to the output file, and to the error file.
 OUTPUT_OUTCOMES = (SUCCEEDED,)
 ERROR_OUTCOMES = (ERRORED, EXPIRED, CANCELLED)
