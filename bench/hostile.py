@@ -1,0 +1,363 @@
+"""Honest clients beside one hostile client (issue 38): their time to first token while
+each hostile request runs, against idle, on Switchboard and on `vllm serve` under the same
+requests where they apply.
+
+Per start: `HONEST` clients each stream one chat after another (a short prompt, 8 output
+tokens), and their TTFT (the first content chunk) is taken over `--phase` seconds, first
+with nothing else (idle), then beside each hostile client in turn, which repeats its
+request for as long as the phase lasts:
+
+- a 16 MiB chat body (one message of 8 Mi words; refused on Switchboard before it is
+  tokenized, being longer than the context);
+- `/tokenize` of a 16 MiB prompt (it was tokenized on the event loop);
+- a request's own chat template looping 4M times (nested loops: Jinja's sandbox refuses
+  a single range past 100,000), on chat completions (both servers refuse it unless
+  trusted: vLLM's rule; the phase shows what the refusal costs);
+- GraphPipe's string tensor of 4,096 offsets to one 256 KiB string (Switchboard only);
+- an urgent flood: 16 streamed completions at priority -1000 at a time (vLLM's scheduler
+  runs smaller first; `vllm serve` runs first-come-first-served unless told otherwise);
+- 64 connections that each send half a request head and wait (slowloris);
+- 8 streamed completions whose reader stops reading after the head.
+
+Figures per phase: the honest TTFT p50 and p99, their ratio to idle's (goal: within
+1.5x), the honest requests served and failed, the hostile answers by status, and the
+peak growth of the server's memory (frontend and engine) over idle's. Between phases the
+server settles: honest chats until one starts within 1.5x idle's p50 (at most 120 s; what
+a hostile phase left running, a `vllm serve` tokenization of 16 MiB say, ends first), the
+seconds it took kept as `settle_s`. Writes bench/results/hostile.json and the table
+between the `bench:hostile` markers. Several alternating rounds, one server alive at a
+time (about 30 minutes with the defaults; `--smoke`: one round of 3 s phases, nothing
+published, about 6 minutes):
+
+    PYTHONPATH=$PWD .venv/bin/python bench/hostile.py [--rounds 3] [--phase 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import socket
+import statistics
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import harness
+import httpx
+import psutil
+from harness import Round, Server, Target, markdown_table, publish
+
+from tests.graphpipe_hostile import shared_string
+
+HONEST = 4
+MIB = 1 << 20
+BIG_TEXT = "x " * (8 * MIB)
+TEMPLATE = "{% for i in range(2000) %}{% for j in range(2000) %}{% endfor %}{% endfor %}"
+Hostile = Callable[[aiohttp.ClientSession, Server, Counter[str]], Awaitable[None]]
+
+
+def targets() -> list[Target]:
+    return [harness.switchboard("switchboard"), harness.vllm_serve("vllm serve")]
+
+
+HONEST_CHAT = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 8,
+    "stream": True,
+}
+SETTLE_S = 120.0
+
+
+def _first_token(line: bytes) -> bool:
+    """An SSE line carrying generated text (not the role chunk's empty content)."""
+    return line.startswith(b"data: {") and b'"content":"' in line and b'"content":""' not in line
+
+
+async def _honest(
+    session: aiohttp.ClientSession, url: str, ttfts: list[float], failed: Counter[str]
+) -> None:
+    body = HONEST_CHAT
+    while True:
+        start = time.perf_counter()
+        try:
+            async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+                if response.status != 200:
+                    failed[str(response.status)] += 1
+                    await response.read()
+                    continue
+                first = None
+                async for raw in response.content:
+                    if first is None and _first_token(raw):
+                        first = time.perf_counter() - start
+                if first is not None:
+                    ttfts.append(first)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            failed[type(exc).__name__] += 1
+
+
+async def _repeat(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    seen: Counter[str],
+    kind: str = "application/json",
+) -> None:
+    while True:
+        try:
+            async with session.post(url, data=body, headers={"content-type": kind}) as response:
+                await response.read()
+                seen[str(response.status)] += 1
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            seen[type(exc).__name__] += 1
+
+
+def _posting(path: str, body: Callable[[], bytes], kind: str = "application/json") -> Hostile:
+    data = body()
+
+    async def hostile(session: aiohttp.ClientSession, server: Server, seen: Counter[str]) -> None:
+        await _repeat(session, server.url + path, data, seen, kind)
+
+    return hostile
+
+
+async def _urgent_flood(session: aiohttp.ClientSession, server: Server, seen: Counter[str]) -> None:
+    body = json.dumps(
+        {"model": "tiny", "prompt": "a", "max_tokens": 256, "ignore_eos": True, "priority": -1000}
+    ).encode()
+    await asyncio.gather(
+        *(_repeat(session, server.url + "/v1/completions", body, seen) for _ in range(16))
+    )
+
+
+async def _half_heads(session: aiohttp.ClientSession, server: Server, seen: Counter[str]) -> None:
+    async def one() -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                try:
+                    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-")
+                    await writer.drain()
+                    answer = await reader.read(64)  # until the server answers or closes
+                    status = answer.split(b" ")[1] if answer.startswith(b"HTTP/") else b"closed"
+                    seen[status.decode()] += 1
+                finally:
+                    writer.close()
+            except OSError as exc:
+                seen[type(exc).__name__] += 1
+                await asyncio.sleep(0.1)
+
+    await asyncio.gather(*(one() for _ in range(64)))
+
+
+async def _stalled_readers(
+    session: aiohttp.ClientSession, server: Server, seen: Counter[str]
+) -> None:
+    request = json.dumps(
+        {"model": "tiny", "prompt": "a", "max_tokens": 900, "ignore_eos": True, "stream": True}
+    ).encode()
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    head += b"Content-Length: %d\r\n\r\n" % len(request)
+
+    async def one() -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port, limit=1024)
+                try:
+                    writer.get_extra_info("socket").setsockopt(
+                        socket.SOL_SOCKET, socket.SO_RCVBUF, 4096
+                    )
+                    writer.write(head + request)
+                    await writer.drain()
+                    await reader.read(64)  # the head, then it reads nothing more
+                    await asyncio.sleep(3600)
+                finally:
+                    writer.close()
+            except OSError as exc:
+                seen[type(exc).__name__] += 1
+                await asyncio.sleep(0.1)
+
+    await asyncio.gather(*(one() for _ in range(8)))
+
+
+def hostiles(server: Server) -> dict[str, Hostile]:
+    chat = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": BIG_TEXT}]})
+    found: dict[str, Hostile] = {
+        "16 MiB chat body": _posting("/v1/chat/completions", lambda: chat.encode()),
+        "/tokenize of 16 MiB": _posting(
+            "/tokenize", lambda: json.dumps({"model": "tiny", "prompt": BIG_TEXT}).encode()
+        ),
+        "request template looping 4M times": _posting(
+            "/v1/chat/completions",
+            lambda: json.dumps(
+                {
+                    "model": "tiny",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 1,
+                    "chat_template_kwargs": {"chat_template": TEMPLATE},
+                }
+            ).encode(),
+        ),
+        "urgent flood (priority -1000)": _urgent_flood,
+        "64 half-sent heads": _half_heads,
+        "8 readers that stop reading": _stalled_readers,
+    }
+    if server.target.name.startswith("switchboard"):
+        found["GraphPipe string shared 4,096 times"] = _posting(
+            "/graphpipe", lambda: shared_string(4096, 256 * 1024), "application/octet-stream"
+        )
+    return found
+
+
+class Memory:
+    """The peak RSS of the server's process tree, sampled every 0.2 s in a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _rss(self) -> int:
+        total = 0
+        for process in (self.root, *self.root.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                total += process.memory_info().rss
+        return total
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._rss())
+            time.sleep(0.2)
+
+    def __enter__(self) -> Memory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+async def _phase(server: Server, hostile: Hostile | None, seconds: float) -> dict[str, Any]:
+    ttfts: list[float] = []
+    failed: Counter[str] = Counter()
+    seen: Counter[str] = Counter()
+    timeout = aiohttp.ClientTimeout(total=120)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        tasks = [
+            asyncio.ensure_future(_honest(session, server.url, ttfts, failed))
+            for _ in range(HONEST)
+        ]
+        if hostile is not None:
+            tasks.append(asyncio.ensure_future(hostile(session, server, seen)))
+        with Memory(server.pid) as memory:
+            await asyncio.sleep(seconds)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    quantiles = statistics.quantiles(ttfts, n=100) if len(ttfts) > 1 else [float("nan")] * 99
+    return {
+        "ttft_p50_ms": statistics.median(ttfts) * 1e3 if ttfts else float("nan"),
+        "ttft_p99_ms": quantiles[98] * 1e3,
+        "served": len(ttfts),
+        "failed": dict(failed),
+        "hostile_answers": dict(seen),
+        "peak_rss_mib": memory.peak / MIB,
+    }
+
+
+def _settle(server: Server, idle_ms: float) -> float:
+    """Seconds until one honest chat starts within 1.5x idle's p50 TTFT (at most
+    `SETTLE_S`): what a phase left running (a cut reader's request, a flood's, a
+    tokenization no client waits for any more) ends before the next phase starts."""
+    start = time.perf_counter()
+    url = f"{server.url}/v1/chat/completions"
+    while time.perf_counter() - start < SETTLE_S:
+        sent = time.perf_counter()
+        try:
+            with httpx.stream("POST", url, json=HONEST_CHAT, timeout=SETTLE_S) as response:
+                for line in response.iter_lines():
+                    if _first_token(line.encode()):
+                        if (time.perf_counter() - sent) * 1e3 <= 1.5 * idle_ms:
+                            return time.perf_counter() - start
+                        break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    return time.perf_counter() - start
+
+
+def measure(server: Server, round_: Round, seconds: float) -> dict[str, Any]:
+    server.warm("/v1/chat/completions")
+    figures: dict[str, Any] = {"idle": asyncio.run(_phase(server, None, seconds))}
+    for name, hostile in hostiles(server).items():
+        figures[name] = asyncio.run(_phase(server, hostile, seconds))
+        figures[name]["settle_s"] = _settle(server, figures["idle"]["ttft_p50_ms"])
+    return figures
+
+
+def table(results: harness.Results, names: list[str]) -> str:
+    rows = []
+    phases: list[str] = []
+    for name in names:
+        for starts in results.raw[name]:
+            for figures in starts:
+                phases += [p for p in figures if p not in phases and p != "idle"]
+    for phase in ["idle", *phases]:
+        row: list[object] = [phase]
+        for name in names:
+            if not any(phase in f for starts in results.raw[name] for f in starts):
+                row += ["(n/a)", "", ""]
+                continue
+            p50 = results.per_round(name, phase, "ttft_p50_ms")
+            p99 = results.per_round(name, phase, "ttft_p99_ms")
+            idle50 = results.per_round(name, "idle", "ttft_p50_ms")
+            idle99 = results.per_round(name, "idle", "ttft_p99_ms")
+            growth = [
+                a - b
+                for a, b in zip(
+                    results.per_round(name, phase, "peak_rss_mib"),
+                    results.per_round(name, "idle", "peak_rss_mib"),
+                    strict=True,
+                )
+            ]
+            row += [
+                f"{statistics.median(p50):.0f} / {statistics.median(p99):.0f}",
+                f"{statistics.median(harness.ratios(p50, idle50)):.2f}x / "
+                f"{statistics.median(harness.ratios(p99, idle99)):.2f}x",
+                f"{statistics.median(growth):+.0f}",
+            ]
+        rows.append(row)
+    header = ["hostile client"]
+    for name in names:
+        header += [f"{name}: honest TTFT p50 / p99 (ms)", "against idle", "memory (MiB)"]
+    return "\n".join(markdown_table(header, rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--phase", type=float, default=15.0, help="seconds per phase")
+    parser.add_argument("--smoke", action="store_true", help="one short round, nothing published")
+    args = parser.parse_args()
+    chosen = targets()
+    rounds, seconds = (1, 3.0) if args.smoke else (args.rounds, args.phase)
+    results = harness.run_rounds(
+        chosen, lambda s, r: measure(s, r, seconds), rounds=rounds, name="hostile"
+    )
+    names = [t.name for t in chosen]
+    text = table(results, names)
+    if args.smoke:
+        print(text)
+        return
+    publish("hostile", {"phase_s": seconds, "honest_clients": HONEST, **results.record()}, text)
+
+
+if __name__ == "__main__":
+    main()
