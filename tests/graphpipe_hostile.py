@@ -6,6 +6,7 @@ corpus's cost dimension."""
 from __future__ import annotations
 
 import flatbuffers
+import numpy as np
 
 from app.protocols.graphpipe.tensors import TensorType
 from fbs.graphpipe import graphpipe_generated as fb
@@ -20,10 +21,15 @@ def _shape(builder: flatbuffers.Builder, dims: list[int]) -> int:
 
 
 def _offsets(builder: flatbuffers.Builder, target: int, count: int) -> int:
-    """A vector of `count` offsets, every one to `target`."""
-    builder.StartVector(4, count, 4)
-    for _ in range(count):
-        builder.PrependUOffsetTRelative(target)
+    """A vector of `count` offsets, every one to `target`: the bytes
+    `PrependUOffsetTRelative` writes one offset at a time, written at once (a million
+    offsets took 1.4 s one by one)."""
+    start = builder.StartVector(4, count, 4)  # the room made, aligned
+    # The k-th offset prepended lands at Offset() start + 4k + 4 and holds its distance to
+    # `target`; the vector reads from the last one prepended.
+    values = start + 4 - target + 4 * np.arange(count - 1, -1, -1, dtype=np.int64)
+    builder.head -= 4 * count
+    builder.Bytes[builder.head : builder.head + 4 * count] = values.astype("<u4").tobytes()
     return int(builder.EndVector())
 
 
