@@ -26,7 +26,7 @@ bench/results/README.md, not as code to maintain):
    drift); `spread` prints a median with its range.
 5. `publish(NAME, figures, table)`: bench/results/NAME.json (with the date, the machine
    and every round) and the table between `<!-- bench:NAME -->` and
-   `<!-- /bench:NAME -->` (in docs/benchmarks.md, or the page of the API it measures: add
+   `<!-- /bench:NAME -->` (in docs/benchmarks.md, or the page of what it measures: add
    the markers, and the claim on docs/benchmarks.md). Run it under the engine lock,
    with nothing else measuring: `flock /tmp/switchboard-engine.lock .venv/bin/python bench/NAME.py`.
 
