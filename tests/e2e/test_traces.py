@@ -32,6 +32,7 @@ from tests.conftest import LiveServer
 from tests.evergreen_frames import generate, leaf, message
 from tests.graphpipe_client import Infer, infer_request, read_infer_response
 from tests.otlp_receiver import Span, session_receiver, traceparent
+from tests.waits import until_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -226,7 +227,13 @@ def test_the_access_log_of_real_requests(
         ids.append(request_id)
 
     def line_of(request_id: str) -> dict[str, Any]:
-        (line,) = [line for line in access_lines if line["request_id"] == request_id]
+        # Written once the answer has gone: the client may read it before the server's
+        # thread logs it.
+        def lines() -> list[dict[str, Any]]:
+            return [line for line in access_lines if line["request_id"] == request_id]
+
+        until_sync(lambda: bool(lines()), f"the access log's line of {request_id}")
+        (line,) = lines()
         return line
 
     first, second = (line_of(i) for i in ids)
