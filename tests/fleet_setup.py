@@ -56,6 +56,10 @@ def _serve_args() -> list[str]:
         # dead replica's are taken over within seconds.
         "--batch-busy-running", "2",
         "--batch-lease-s", "3",
+        # The engines give way to everything else (their spinning included): a replica
+        # restarting beside the other's spinning under the roll's load took minutes to
+        # import vLLM at the default niceness (10).
+        "--engine-niceness", "19",
         "--log-level", "warning",
     ]  # fmt: skip
 
