@@ -19,6 +19,8 @@ reaches the client as anything but OpenAI's 503, or one the router did not retry
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import httpx
@@ -96,9 +98,18 @@ def test_a_lora_adapter_by_model_on_every_replica(client: openai.OpenAI) -> None
     assert len(base) == len(texts) == 1 and texts != base
 
 
+def _each_seed(sample: Callable[[int], None], seeds: int = SAMPLES) -> None:
+    """`sample(seed)` for each seed, all at once (the replicas' engines step them
+    together, where one after the other each waited for its own steps: 85-110 s for six
+    while the suite's other lane ran), each sample's failure raised."""
+    with ThreadPoolExecutor(max_workers=seeds) as pool:
+        for sampled in [pool.submit(sample, seed) for seed in range(seeds)]:
+            sampled.result()
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_forced_tool_calls_are_calls(client: openai.OpenAI, stream: bool) -> None:
-    for seed in range(SAMPLES):
+    def sample(seed: int) -> None:
         body: dict[str, Any] = dict(
             model=LIVE_MODEL,
             messages=[{"role": "user", "content": "Weather in Paris?"}],
@@ -119,9 +130,11 @@ def test_forced_tool_calls_are_calls(client: openai.OpenAI, stream: bool) -> Non
         arguments = json.loads(call.function.arguments)
         jsonschema.validate(arguments, WEATHER["function"]["parameters"])
 
+    _each_seed(sample)
+
 
 def test_structured_outputs_follow_the_schema(client: openai.OpenAI) -> None:
-    for seed in range(SAMPLES):
+    def sample(seed: int) -> None:
         answer = client.chat.completions.create(
             model=LIVE_MODEL,
             messages=[{"role": "user", "content": "forecast"}],
@@ -135,11 +148,14 @@ def test_structured_outputs_follow_the_schema(client: openai.OpenAI) -> None:
         assert answer.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(answer.choices[0].message.content or ""), ANSWER)
 
+    _each_seed(sample)
+
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_responses_and_a_forced_call(client: openai.OpenAI, stream: bool) -> None:
     tool = {**WEATHER["function"], "type": "function"}
-    for seed in range(SAMPLES // 2):
+
+    def sample(seed: int) -> None:
         body: dict[str, Any] = dict(
             model=LIVE_MODEL,
             input="Weather in Paris?",
@@ -160,6 +176,8 @@ def test_responses_and_a_forced_call(client: openai.OpenAI, stream: bool) -> Non
         calls = [item for item in response.output if item.type == "function_call"]
         assert calls and all(call.name == "get_weather" for call in calls)
         jsonschema.validate(json.loads(calls[0].arguments), tool["parameters"])
+
+    _each_seed(sample, SAMPLES // 2)
 
 
 def test_a_chain_of_responses_alternates_replicas(client: openai.OpenAI, fleet: Fleet) -> None:
