@@ -135,24 +135,41 @@ async def _urgent_flood(session: aiohttp.ClientSession, server: Server, seen: Co
     )
 
 
-async def _half_heads(session: aiohttp.ClientSession, server: Server, seen: Counter[str]) -> None:
+Talk = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _raw_clients(
+    server: Server, seen: Counter[str], count: int, talk: Talk, limit: int = 1 << 16
+) -> None:
+    """`count` clients on raw sockets, each connecting again and again and running
+    `talk` on its connection (a connection refused or reset counted in `seen`)."""
+
     async def one() -> None:
         while True:
             try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1", server.port, limit=limit
+                )
                 try:
-                    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-")
-                    await writer.drain()
-                    answer = await reader.read(64)  # until the server answers or closes
-                    status = answer.split(b" ")[1] if answer.startswith(b"HTTP/") else b"closed"
-                    seen[status.decode()] += 1
+                    await talk(reader, writer)
                 finally:
                     writer.close()
             except OSError as exc:
                 seen[type(exc).__name__] += 1
                 await asyncio.sleep(0.1)
 
-    await asyncio.gather(*(one() for _ in range(64)))
+    await asyncio.gather(*(one() for _ in range(count)))
+
+
+async def _half_heads(session: aiohttp.ClientSession, server: Server, seen: Counter[str]) -> None:
+    async def talk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-")
+        await writer.drain()
+        answer = await reader.read(64)  # until the server answers or closes
+        status = answer.split(b" ")[1] if answer.startswith(b"HTTP/") else b"closed"
+        seen[status.decode()] += 1
+
+    await _raw_clients(server, seen, 64, talk)
 
 
 async def _stalled_readers(
@@ -164,25 +181,14 @@ async def _stalled_readers(
     head = b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
     head += b"Content-Length: %d\r\n\r\n" % len(request)
 
-    async def one() -> None:
-        while True:
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", server.port, limit=1024)
-                try:
-                    writer.get_extra_info("socket").setsockopt(
-                        socket.SOL_SOCKET, socket.SO_RCVBUF, 4096
-                    )
-                    writer.write(head + request)
-                    await writer.drain()
-                    await reader.read(64)  # the head, then it reads nothing more
-                    await asyncio.sleep(3600)
-                finally:
-                    writer.close()
-            except OSError as exc:
-                seen[type(exc).__name__] += 1
-                await asyncio.sleep(0.1)
+    async def talk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        writer.write(head + request)
+        await writer.drain()
+        await reader.read(64)  # the head, then it reads nothing more
+        await asyncio.sleep(3600)
 
-    await asyncio.gather(*(one() for _ in range(8)))
+    await _raw_clients(server, seen, 8, talk, limit=1024)
 
 
 def hostiles(server: Server) -> dict[str, Hostile]:
