@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -129,9 +128,13 @@ def _sockets_ended() -> Iterator[None]:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port below the kernel's ephemeral range, as the fleet's members take theirs: a
+    live server binds its ports only once its engine has started, tens of seconds after
+    they are chosen, and an ephemeral one may meanwhile be taken by any outgoing
+    connection (one took the image server's port in a whole-suite run)."""
+    from app.fleet.members import free_port as below_ephemeral
+
+    return below_ephemeral()
 
 
 @dataclass
