@@ -75,7 +75,14 @@ def test_health_answers_for_the_name_smg_probes_and_turns_with_the_drain() -> No
         assert not answer.healthy and answer.message == "draining"
         with pytest.raises(grpc.RpcError) as info:
             list(stub.Generate(request([65, 66], max_tokens=2), timeout=10))
-        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        refused = info.value
+        assert isinstance(refused, grpc.Call)
+        assert refused.code() == grpc.StatusCode.UNAVAILABLE
+        # The status alone, no initial metadata before it: SMG's client sees the call's
+        # start fail and tries another worker (a stream that began and then failed
+        # would be passed on to its client as an error).
+        assert not refused.initial_metadata()
+        assert [key for key, _ in refused.trailing_metadata() or ()].count("x-request-id") == 1
 
 
 def test_streamed_generate_sends_delta_chunks_then_a_complete() -> None:

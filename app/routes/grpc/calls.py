@@ -135,14 +135,19 @@ async def abort(context: Context, exc: BaseException) -> NoReturn:
     await end(context, error, error.grpc_status)
 
 
-async def end(context: Context, error: SwitchboardError, code_name: str) -> NoReturn:
+async def end(
+    context: Context, error: SwitchboardError, code_name: str, request_id: str | None = None
+) -> NoReturn:
     """End the call with status `code_name` and `error`'s message (cut to fit a trailer),
-    plus the retry hint of a refusal."""
+    plus the retry hint of a refusal, and `request_id` (a call that answered no initial
+    metadata: its status is all the client gets)."""
     code = grpc.StatusCode[code_name]
     message = status_message(error)
     trailers: tuple[tuple[str, str | bytes], ...] = ()
     if isinstance(error, Overloaded):
         trailers = _retry_trailers(code, message, error.retry_after_s)
+    if request_id is not None:
+        trailers += ((REQUEST_ID_HEADER, request_id),)
     await context.abort(code, message, trailing_metadata=trailers)
 
 

@@ -5,7 +5,10 @@ adapter: the protocol is `app.protocols.smg`'s, the road `app.sessions.calls`'.
 - `Generate`: admission (one unit per choice, protocol `smg`, before any prompt work;
   refused UNAVAILABLE with the retry hint), the request built in the prompt thread
   (a bad one INVALID_ARGUMENT, a prompt past the context too, before any engine
-  request), then the engine's events
+  request); a refusal or a bad request is the call's status alone, its `x-request-id`
+  in the trailers (initial metadata goes once admitted: SMG retries a call whose start
+  fails on another worker, streamed or not, but passes a stream's error on to its
+  client), then the engine's events
   pushed from its loop into an outbox the call's writer empties: a stream's first chunk
   goes at once, then at most one every `--grpc-stream-interval-ms` (10), each with every
   token made meanwhile, since a gRPC message costs several times a token's own work
@@ -138,12 +141,12 @@ def _units(request: pb.GenerateRequest) -> list[int]:
     return [bound] * max(request.sampling_params.n, 1)
 
 
-async def abort(context: Context, exc: BaseException) -> NoReturn:
+async def abort(context: Context, exc: BaseException, request_id: str | None = None) -> NoReturn:
     """End the call with `exc`'s status, a prompt past the context INVALID_ARGUMENT (as
     vLLM's servicer ends it): SMG answers RESOURCE_EXHAUSTED with a 429 it may retry."""
     error = client_error(exc)
     code = "INVALID_ARGUMENT" if isinstance(error, ContextLengthExceeded) else error.grpc_status
-    await end(context, error, code)
+    await end(context, error, code, request_id)
 
 
 def _read_config(model_path: str) -> dict[str, Any]:
@@ -199,7 +202,6 @@ class _VllmEngine:
         record = self._telemetry.open_call(caller, name=f"{_SERVICE.full_name}/Generate", api="smg")
         try:
             with logging_as(record.request_id):
-                await answer_id(context, record.request_id)
                 await self._generate(data, context, record)
         except asyncio.CancelledError:  # the client has gone
             record.cancelled = True
@@ -224,8 +226,14 @@ class _VllmEngine:
                 build=lambda: in_prompt_thread(lambda: SmgGenerate(request, info, tokenizer)),
             )
         except Exception as exc:
+            # Refused before a byte of the answer: the status alone (a trailers-only
+            # response), which SMG's client sees as the call's start failing, and so
+            # retries on another worker, streamed or not; after initial metadata it
+            # would be a stream that broke, cut at its client (a draining replica's
+            # refusals, in a roll).
             record.failed(client_error(exc))
-            await abort(context, exc)
+            await abort(context, exc, record.request_id)
+        await answer_id(context, record.request_id)
         exchange: SmgGenerate = call.exchange
         outbox = _Outbox(exchange.stream)
         # Straight to grpcio (not `calls.Writer`, whose task per write costs more than
