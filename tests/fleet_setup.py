@@ -1,6 +1,7 @@
 """The suite's one fleet (tests/fleet/): two real `switchboard serve` replicas of the tiny
 model sharing a real redis-server, behind vLLM's router (round robin), SMG (round robin)
-and nginx (websockets, gRPC), built by `app.fleet` exactly as `switchboard fleet` builds
+in its HTTP mode and in its gRPC mode (the replicas' `vllm.grpc.engine.VllmEngine`), and
+nginx (websockets, gRPC), built by `app.fleet` exactly as `switchboard fleet` builds
 one.
 
 It is launched in the background when the unit tests begin (`tests/conftest.py`): they
@@ -19,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from app.fleet.fleet import Fleet, RouterSpec
-from app.fleet.routers import SMG, VLLM_ROUTER, Probe
+from app.fleet.routers import SMG, SMG_GRPC, VLLM_ROUTER, Probe
 from tests.conftest import LIVE_LORA, LIVE_MODEL, tiny_lora_path, tiny_model_path
 
 CONTEXT = 8192
@@ -76,6 +77,7 @@ def launch() -> Fleet:
             routers={
                 "vllm-router": RouterSpec(VLLM_ROUTER, "round_robin"),
                 "smg": RouterSpec(SMG, "round_robin"),
+                "smg-grpc": RouterSpec(SMG_GRPC, "round_robin"),
             },
             nginx=True,
             probe=PROBE,
@@ -108,6 +110,7 @@ def stop() -> None:
 MODULES = [
     "test_openai_through_router",
     "test_smg",
+    "test_smg_grpc",
     "test_sessions",
     "test_responses_replicas",
     "test_kv_aware",

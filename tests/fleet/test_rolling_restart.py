@@ -1,6 +1,6 @@
 """A rolling restart and a replica's death under a steady streaming load through vLLM's
-router, on the suite's fleet (two replicas, one Redis, the router probing /ready every
-second): what the clients and the fleet's state see.
+router, and another through SMG in its gRPC mode, on the suite's fleet (two replicas, one
+Redis, the routers probing every second): what the clients and the fleet's state see.
 
 Once, for the module (`rolled`): stored responses and a Salience session are made; then,
 under the load (`app.fleet.load.SteadyLoad`: three clients streaming short chats one
@@ -13,10 +13,18 @@ run there, replica 1's whole process group is killed (SIGKILL: its machine died)
 run out), and replica 1 starts again and rejoins. Each replica is restarted once: a
 restart costs the suite ~25 s, and once in a few runs minutes (docs/testing.md).
 
-How these fail: a request of the load fails during the roll (a replica closed its port
-while the router still sent to it, or cut a stream); a request that started after the
-death, or was not running on the dead replica, fails; a request hangs; a stored response
-or the Salience session is lost with a replica; a restarted replica never gets work again
+SMG's gRPC mode during the roll (one client of its own): the draining replica's gRPC
+health turns NOT_SERVING as its drain begins, so SMG counts it out while it still answers
+(SMG's /readiness, watched beside the replica's /ready), and its Generate refuses new
+calls UNAVAILABLE as the call's status alone, so SMG retries them on the other replica,
+streams included; the restarted replica's service is probed back in.
+
+How these fail: a request of either load fails during the roll (a replica closed its port
+while the router still sent to it, or cut a stream, or a refusal reached SMG's client as
+a broken stream); SMG counts the draining replica out only once its port closes; a
+request that started after the death, or was not running on the dead replica, fails; a
+request hangs; a stored response or the Salience session is lost with a replica; a
+restarted replica never gets work again
 (a router's circuit breaker holding it out); a batch whose replica died never ends, loses
 a request or answers one twice, or the replicas disagree on it; a background response
 whose server died stays `in_progress`, or its stream hangs.
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -45,6 +54,7 @@ from tests.salience_client import ENDLESS, JsonClient, decoded, open_session
 pytestmark = pytest.mark.e2e
 
 STREAMS = 3
+GRPC_STREAMS = 1  # SMG's gRPC mode: one client, enough to meet the drain's every phase
 STORED = 6
 ROLLED = 0  # the replica drained and restarted (and drained for good by test_drain.py)
 DEAD = 1  # the replica killed
@@ -78,6 +88,52 @@ def _serving(replica: Replica, timeout_s: float) -> float:
         assert time.monotonic() - started < timeout_s, f"{replica.name} got no work"
         time.sleep(0.2)
     return time.monotonic() - started
+
+
+def _admitting(replica: Replica, protocol: str, timeout_s: float) -> float:
+    """Seconds until `replica` admits work of `protocol` again."""
+    started = time.monotonic()
+    before = replica.metric("switchboard_admitted_total", protocol=protocol)
+    while replica.metric("switchboard_admitted_total", protocol=protocol) == before:
+        assert time.monotonic() - started < timeout_s, f"{replica.name} got no {protocol} work"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+class _Watch:
+    """From another thread, every 0.2 s until stopped: how many workers SMG's gRPC mode
+    counts healthy (its /readiness) beside what a replica's /ready answers (None: its
+    listener is closed)."""
+
+    def __init__(self, smg: str, replica: Replica) -> None:
+        self.seen: list[tuple[int | None, int | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(smg, replica.url), daemon=True)
+        self._thread.start()
+
+    def _run(self, smg: str, replica: str) -> None:
+        with httpx.Client(timeout=2) as client:
+            while not self._stop.wait(0.2):
+                healthy = _get(client, f"{smg}/readiness")
+                ready = _get(client, f"{replica}/ready")
+                self.seen.append(
+                    (
+                        None if healthy is None else healthy.json().get("healthy_workers"),
+                        None if ready is None else ready.status_code,
+                    )
+                )
+
+    def stop(self) -> list[tuple[int | None, int | None]]:
+        self._stop.set()
+        self._thread.join(10)
+        return self.seen
+
+
+def _get(client: httpx.Client, url: str) -> httpx.Response | None:
+    try:
+        return client.get(url)
+    except httpx.HTTPError:
+        return None
 
 
 async def _salience_session(replica: Replica) -> tuple[str, list[int]]:
@@ -157,12 +213,21 @@ def rolled(fleet: Fleet) -> dict[str, Any]:
     session, tokens = asyncio.run(_salience_session(fleet.replica(DEAD)))
 
     load = SteadyLoad(url, LIVE_MODEL, streams=STREAMS)
+    grpc_load = SteadyLoad(fleet.router("smg-grpc").url, LIVE_MODEL, streams=GRPC_STREAMS)
     load.start()
+    grpc_load.start()
     try:
         time.sleep(2)  # the load under way on both replicas
         seen["roll_started"] = time.monotonic()
-        fleet.restart(ROLLED, group=True)
+        smg = fleet.router("smg-grpc").url
+        watch = _Watch(smg, fleet.replica(ROLLED))
+        try:
+            fleet.restart(ROLLED, group=True)
+        finally:
+            seen["smg_healthy_and_ready"] = watch.stop()
         seen["rejoined_s"] = _serving(fleet.replica(ROLLED), REJOIN_S)
+        seen["grpc_rejoined_s"] = _admitting(fleet.replica(ROLLED), "smg", REJOIN_S)
+        seen["grpc_outcomes"] = grpc_load.stop()
         dead = fleet.replica(DEAD)
         seen["batch"], seen["background"] = _doomed_work(dead)
         seen["killed_at"] = time.monotonic()
@@ -179,7 +244,9 @@ def rolled(fleet: Fleet) -> dict[str, Any]:
         seen["rejoined_after_death_s"] = _serving(dead, REJOIN_S)
     finally:
         seen["outcomes"] = load.stop()
+        grpc_load.stop()
     seen["load"] = load
+    seen["grpc_load"] = grpc_load
     seen["tokens"] = tokens
     return seen
 
@@ -190,6 +257,29 @@ def test_a_rolling_restart_fails_no_request(rolled: dict[str, Any]) -> None:
     during = [o for o in load.outcomes if began <= o.started and o.ended < killed]
     assert len(during) > 20, len(during)  # the load ran through the roll
     assert [o for o in during if o.error] == []
+
+
+def test_a_rolling_restart_through_smgs_grpc_mode_fails_no_request(
+    rolled: dict[str, Any],
+) -> None:
+    """SMG retries what the draining replica refused on the other one, streams included
+    (a refusal is the call's status alone: its start fails, where a stream that began
+    and broke would reach the client as an error event)."""
+    load: SteadyLoad = rolled["grpc_load"]
+    during = [o for o in load.outcomes if rolled["roll_started"] <= o.started]
+    assert len(during) > 10, len(during)  # the load ran through the roll
+    assert [o for o in load.outcomes if o.error] == []
+    assert rolled["grpc_rejoined_s"] <= REJOIN_S
+
+
+def test_smgs_grpc_mode_counts_a_draining_replica_out_while_it_answers(
+    rolled: dict[str, Any],
+) -> None:
+    """The drained replica's gRPC health turns NOT_SERVING as its drain begins, so SMG
+    counts it out (one healthy worker) while its listener is still open (/ready 503,
+    for the drain's grace), not only once its port has closed."""
+    seen = rolled["smg_healthy_and_ready"]
+    assert (1, 503) in seen, seen
 
 
 def test_a_restarted_replica_gets_work_again(rolled: dict[str, Any]) -> None:
