@@ -32,6 +32,7 @@ from app.fleet.routers import (
     Probe,
     nginx_conf,
     smg_argv,
+    smg_env,
     smg_grpc_argv,
     vllm_router_argv,
 )
@@ -171,6 +172,8 @@ class Fleet:
     def _start_router(self, name: str, spec: RouterSpec) -> None:
         router = self.router(name)
         router.argv = self._router_argv(spec, router.port)
+        if spec.kind == SMG:
+            router.env = smg_env(self.otlp_traces_endpoint)
         router.start()
 
     def stop(self) -> None:

@@ -332,6 +332,8 @@ class Router(Member):
     argv: list[str] = field(default_factory=list)
     port: int = field(default_factory=free_port)
     health_path: str = "/health"
+    # Variables set in its environment, beside the fleet's own.
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -339,6 +341,9 @@ class Router(Member):
 
     def command(self) -> list[str]:
         return self.argv
+
+    def environment(self) -> dict[str, str]:
+        return {**super().environment(), **self.env}
 
     def ready(self) -> bool:
         return _get_ok(f"{self.url}{self.health_path}")

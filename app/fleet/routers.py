@@ -8,8 +8,8 @@ inside the replica's `--drain-grace-s`, while its listener still answers.
 
 Traced (`traces`: an OTLP receiver's HOST:PORT), each exports its own spans there and
 sends their W3C context on to the replica: SMG with `--enable-trace
---otlp-traces-endpoint`, vllm-router through `app.fleet.traced_router` (its command line
-has no flag for it).
+--otlp-traces-endpoint` and a log filter that keeps its spans (`smg_env`), vllm-router
+through `app.fleet.traced_router` (its command line has no flag for it).
 """
 
 from __future__ import annotations
@@ -120,6 +120,16 @@ def smg_argv(
         "--prometheus-port", str(free_port()),
         "--log-level", "warn",
     ]  # fmt: skip
+
+
+def smg_env(traces: str | None) -> dict[str, str]:
+    """SMG's environment beside its command line. Traced, its log filter lets its span
+    through: SMG makes its span of a request (`http_request`, target `smg::otel-trace`)
+    at INFO, and the filter its `--log-level` sets (or `RUST_LOG`, which replaces it)
+    drops spans below that level as it drops log lines. At `--log-level warn` SMG 1.13
+    made no span, exported nothing and sent the caller's own `traceparent` on unchanged
+    (measured); `RUST_LOG` here keeps its log at warn and its spans at INFO."""
+    return {} if traces is None else {"RUST_LOG": "warn,smg::otel-trace=info"}
 
 
 def smg_grpc_argv(
