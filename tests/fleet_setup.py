@@ -10,7 +10,8 @@ the fleet's tests, which run last, find them ready (`started`). Its replicas tak
 flags of the suite's live server (tools, structured outputs, a LoRA adapter) and those of
 the drain test (an 8k context, a 4 s drain, a grace period past it); a prompt bound small
 enough that one call can be refused on purpose; every tool's arguments constrained to
-its schema (vLLM's router forwards chat tools without their `strict`).
+its schema (vLLM's router forwards chat tools without their `strict`). Replicas and
+routers are traced to the suite's OTLP receiver (tests/otlp_receiver.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from app.fleet.fleet import Fleet, RouterSpec
 from app.fleet.routers import SMG, SMG_GRPC, VLLM_ROUTER, Probe
 from tests.conftest import LIVE_LORA, LIVE_MODEL, tiny_lora_path, tiny_model_path
+from tests.otlp_receiver import session_receiver
 
 CONTEXT = 8192
 DRAIN_TIMEOUT_S = 4.0
@@ -86,6 +88,7 @@ def launch() -> Fleet:
             # As a user's replicas would: no KV-cache size set, so serve picks its own on
             # a CPU host, on a page cache the suite has filled.
             replica_env={"VLLM_CPU_KVCACHE_SPACE": None},
+            otlp_traces_endpoint=session_receiver().endpoint,
         )
         _fleet.launch()
     return _fleet
@@ -111,6 +114,7 @@ MODULES = [
     "test_openai_through_router",
     "test_smg",
     "test_smg_grpc",
+    "test_traces",
     "test_sessions",
     "test_responses_replicas",
     "test_kv_aware",
