@@ -44,6 +44,9 @@ def _serve_args() -> list[str]:
         "--served-model-name", LIVE_MODEL,
         "--dtype", "float32",
         "--max-model-len", str(CONTEXT),
+        # No torch.compile: from an empty compile cache (CI's) each start compiled for
+        # ~30 s of a core, restarts included, and the eager model steps no slower here.
+        "--enforce-eager",
         "--lora-modules", f"{LIVE_LORA}={tiny_lora_path()}",
         "--max-loras", "2",
         "--max-lora-rank", "8",

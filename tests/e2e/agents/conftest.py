@@ -57,6 +57,8 @@ def long_server() -> Iterator[LiveServer]:
         engine_args={
             "dtype": "float32",
             "max_model_len": CONTEXT,
+            # Not compiled, as the live server is not (tests/fleet_setup.py says why).
+            "enforce_eager": True,
             "structured_outputs_config": StructuredOutputsConfig(
                 backend="xgrammar", disable_any_whitespace=True
             ),
