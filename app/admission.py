@@ -28,7 +28,7 @@ a byte-level tokenizer never makes more tokens than bytes, plus its few specials
 correct it with `Ticket.measured` once the prompt is tokenized.
 
 Retry hint: the median-ish recent queue wait (an exponentially weighted mean of
-admission-to-running times), at least `min_retry_after_s`.
+admission-to-running times, the batch lane's left out), at least `min_retry_after_s`.
 
 Draining (`close`): once closed, every admission is refused as `Overloaded` (the server is
 going away; another replica, or this one restarted, takes the retry), and `cut` marks the
@@ -426,7 +426,9 @@ class Admission:
         self._queue.remove(ticket)
         self._queued_tokens -= ticket.tokens
         ticket.queued = False
-        if waited:
+        # The lane's requests wait in the engine's queue behind every other by design
+        # (`app.batches.lane`): their waits tell a refused client nothing of its own.
+        if waited and ticket.priority < LANE_PRIORITY:
             wait = self._clock() - ticket.admitted_at
             self._wait_s += _EWMA_WEIGHT * (wait - self._wait_s)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.admission import Admission, ProtocolName
+from app.admission import LANE_PRIORITY, Admission, ProtocolName
 from app.errors import Overloaded
 
 
@@ -103,6 +103,20 @@ def test_the_retry_hint_follows_the_queue_wait() -> None:
         admission.admit(ProtocolName.OPENAI)
     assert refused.value.retry_after_s == 4
     assert "retry after 4 s" in refused.value.message
+
+
+def test_the_retry_hint_leaves_out_the_batch_lanes_waits() -> None:
+    clock = Clock()
+    admission = Admission(1, None, clock=clock)
+    for _ in range(30):  # batch requests wait long in the engine's queue, by design
+        ticket = admission.admit(ProtocolName.BATCH, priority=LANE_PRIORITY)
+        clock.now += 60.0
+        ticket.running()
+        ticket.release()
+    admission.admit(ProtocolName.OPENAI)
+    with pytest.raises(Overloaded) as refused:
+        admission.admit(ProtocolName.OPENAI)
+    assert refused.value.retry_after_s == 1
 
 
 def test_a_call_is_admitted_whole_or_not_at_all() -> None:
