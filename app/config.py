@@ -262,13 +262,14 @@ class Settings(BaseSettings):
         description="Most requests in one batch (OpenAI documents 50,000).",
     )
     batch_max_running: int = Field(
-        default=64,
-        ge=1,
+        default=0,
+        ge=0,
         description="Batch requests in the engine at once while no interactive request is "
-        "(the lane's width on an idle server).",
+        "(the lane's width on an idle server); 0: the engine's max_num_seqs and half as many "
+        "again, its running batch full and some waiting to take finished ones' places.",
     )
     batch_busy_running: int = Field(
-        default=0,
+        default=2,
         ge=0,
         description="Batch requests in the engine at once while interactive requests are "
         "queued or running (or were, within the last half second): the lane's width under "

@@ -30,7 +30,7 @@ process alive at a time, rounds alternating the order. Writes bench/results/batc
 and the table between the `bench:batches` markers (docs/batches.md).
 
     /work/bin/heavy --exclusive .venv/bin/python bench/batches.py [--rounds 3] \
-        [--requests 2000] [--tokens 64] [--duration 20] [--busy 0 16]
+        [--requests 2000] [--tokens 64] [--duration 20] [--busy 2 0]
 """
 
 from __future__ import annotations
@@ -344,7 +344,7 @@ def main() -> None:
     parser.add_argument("--interactive-tokens", type=int, default=32)
     parser.add_argument("--duration", type=float, default=20.0, help="s of interactive load")
     parser.add_argument(
-        "--busy", type=int, nargs="+", default=[0, 16], help="--batch-busy-running values"
+        "--busy", type=int, nargs="+", default=[2, 0], help="--batch-busy-running values"
     )
     args = parser.parse_args()
     harness.tiny_model()

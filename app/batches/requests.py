@@ -58,6 +58,11 @@ from schemas.openai import ChatCompletionRequest, CompletionRequest
 from schemas.openai_responses import ResponsesRequest
 
 _LANE = (PROTOCOL, BATCH_PRIORITY)
+# Batch requests whose prompts are being built at once. The prompt thread is the one
+# interactive calls build theirs in, first come first served: a lane widening by a
+# hundred would queue a hundred builds ahead of the next interactive request (its TTFT
+# up by their time); two keep the thread fed between batch builds without a queue.
+BUILDING = 2
 
 
 class Retry(Exception):
@@ -133,6 +138,7 @@ class Endpoints:
         self.telemetry = telemetry
         self.tenants = tenants
         self._responses = responses
+        self._building = asyncio.Semaphore(BUILDING)
 
     async def answer(self, endpoint: str, body: Any, *, request_id: str, tenant: str) -> Answer:
         """The endpoint's answer to `body`; `Retry` if the server could not give one. It
@@ -242,10 +248,14 @@ class Endpoints:
             units=units,
             priority=BATCH_PRIORITY,
             principal=principal,
-            build=lambda: in_prompt_thread(lambda: _InLane(build())),
+            build=lambda: self._built(build),
         )
         result: dict[str, Any] = await collect_call(self.engine, call)
         return result
+
+    async def _built(self, build: Callable[[], Exchange]) -> _InLane:
+        async with self._building:
+            return await in_prompt_thread(lambda: _InLane(build()))
 
     async def _response(
         self, body: ResponsesRequest, record: RequestRecord, principal: Principal
@@ -255,7 +265,8 @@ class Endpoints:
                 "A batch's request does not run in the background", param="background"
             )
         responses = self._responses()
-        call = await responses.start(principal, body, record, lane=_LANE)
+        async with self._building:  # admitted, read and built: as `_built`
+            call = await responses.start(principal, body, record, lane=_LANE)
         hooks = responses.hooks(principal, call, body, None)
         lane = Call(_InLane(call.exchange), call.tickets, record)
         result: dict[str, Any] = await collect_call(self.engine, lane, hooks)

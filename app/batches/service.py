@@ -22,7 +22,7 @@ from typing import Any
 
 from app.admission import Admission
 from app.batches.files import Files
-from app.batches.lane import Lane
+from app.batches.lane import Lane, idle_width
 from app.batches.requests import Endpoints
 from app.batches.runner import ACTIVE, CHUNK, BatchRunner, in_batch_thread
 from app.config import Settings
@@ -88,7 +88,7 @@ class Batches:
         files = Files(store, max_bytes=settings.batch_max_input_bytes)
         lane = Lane(
             admission,
-            max_running=settings.batch_max_running,
+            max_running=idle_width(settings.batch_max_running, engine.info.max_num_seqs),
             busy_running=settings.batch_busy_running,
         )
         runner = BatchRunner(

@@ -27,7 +27,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.batches.lane import BATCH_PRIORITY
+from app.batches import requests as batch_requests
+from app.batches.lane import BATCH_PRIORITY, idle_width
+from app.batches.requests import BUILDING
 from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
 from app.main import create_app
@@ -526,6 +528,45 @@ def test_the_lane_yields_to_interactive_requests(tmp_path: Path) -> None:
         out = _lines(client, ended.output_file_id)
         assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(30))
         assert ended.error_file_id is None
+
+
+def test_the_lane_builds_two_batch_prompts_at_a_time(
+    served: tuple[str, HeldEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prompt thread is the interactive requests' too: the lane widening (8 here)
+    queues no more than `BUILDING` batch builds ahead of the next interactive one."""
+    url, _ = served
+    real = batch_requests.in_prompt_thread
+    building, most = 0, 0
+
+    async def watched(build: Callable[[], T]) -> T:
+        nonlocal building, most
+        building += 1
+        most = max(most, building)
+        try:
+            await asyncio.sleep(0.01)  # a slow build: the lane's starts pile up behind it
+            return await real(build)
+        finally:
+            building -= 1
+
+    monkeypatch.setattr(batch_requests, "in_prompt_thread", watched)
+    client = _openai(url)
+    lines = [_line(f"b{i}", _chat(f"built {i}")) for i in range(16)]
+    upload = client.files.create(file=("in.jsonl", _jsonl(lines)), purpose="batch")
+    created = client.batches.create(
+        input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
+    )
+    batch = _ended(client, created.id)
+    assert batch.status == "completed" and batch.request_counts is not None
+    assert batch.request_counts.completed == 16
+    assert most == BUILDING
+
+
+def test_the_idle_lane_holds_the_engines_running_window_and_half_again() -> None:
+    # The engine's running batch full and half as many again waiting for its places.
+    assert idle_width(0, 128) == 192
+    assert idle_width(0, 0) == 64  # an engine that does not say
+    assert idle_width(40, 128) == 40  # --batch-max-running wins
 
 
 def _app(store: Path, engine: FakeEngine, **settings: Any) -> Any:
