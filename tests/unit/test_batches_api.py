@@ -34,6 +34,7 @@ from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
 from app.main import create_app
 from app.protocols.openai.batches import Endpoint
+from app.sessions.calls import in_prompt_thread
 from tests.error_bodies import body_of
 from tests.fake_engine import FakeEngine
 from tests.uvicorn_thread import uvicorn_in_thread
@@ -536,7 +537,6 @@ def test_the_lane_builds_two_batch_prompts_at_a_time(
     """The prompt thread is the interactive requests' too: the lane widening (8 here)
     queues no more than `BUILDING` batch builds ahead of the next interactive one."""
     url, _ = served
-    real = batch_requests.in_prompt_thread
     building, most = 0, 0
 
     async def watched(build: Callable[[], T]) -> T:
@@ -545,7 +545,7 @@ def test_the_lane_builds_two_batch_prompts_at_a_time(
         most = max(most, building)
         try:
             await asyncio.sleep(0.01)  # a slow build: the lane's starts pile up behind it
-            return await real(build)
+            return await in_prompt_thread(build)
         finally:
             building -= 1
 
@@ -553,9 +553,7 @@ def test_the_lane_builds_two_batch_prompts_at_a_time(
     client = _openai(url)
     lines = [_line(f"b{i}", _chat(f"built {i}")) for i in range(16)]
     upload = client.files.create(file=("in.jsonl", _jsonl(lines)), purpose="batch")
-    created = client.batches.create(
-        input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
-    )
+    created = client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="24h")
     batch = _ended(client, created.id)
     assert batch.status == "completed" and batch.request_counts is not None
     assert batch.request_counts.completed == 16
