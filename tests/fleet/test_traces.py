@@ -89,8 +89,9 @@ def test_through_smg(fleet: Fleet) -> None:
 def _exporting(router: str, url: str) -> None:
     """Calls through the router until the receiver has any span of its. vllm-router
     0.1.17 never exports the spans of the first request it serves (ten starts of ten;
-    app/fleet/traced_router.py), so a test of one traced call needs another before it
-    when the suite has sent the router none."""
+    app/fleet/traced_router.py; in the fleet, once, none of its calls' of the first 8 s),
+    so a test of one traced call waits for it to export when the suite has sent it none
+    (in the whole suite, the tests before this one have)."""
     receiver = session_receiver()
 
     def exported(spans: list[Span]) -> bool:
