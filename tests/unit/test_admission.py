@@ -90,33 +90,32 @@ def test_higher_priority_is_not_refused_behind_lower_priority_waiters() -> None:
     assert admission.saturated()
 
 
-def test_the_retry_hint_follows_the_queue_wait() -> None:
+def _refused_after_waits(protocol: ProtocolName, priority: int, wait_s: float) -> Overloaded:
+    """The refusal of a bound of one, after 30 tickets of `protocol` at `priority` each
+    waited `wait_s` in the queue."""
     clock = Clock()
     admission = Admission(1, None, clock=clock)
     for _ in range(30):
-        ticket = admission.admit(ProtocolName.OPENAI)
-        clock.now += 4.0
+        ticket = admission.admit(protocol, priority=priority)
+        clock.now += wait_s
         ticket.running()
         ticket.release()
     admission.admit(ProtocolName.OPENAI)
     with pytest.raises(Overloaded) as refused:
         admission.admit(ProtocolName.OPENAI)
-    assert refused.value.retry_after_s == 4
-    assert "retry after 4 s" in refused.value.message
+    return refused.value
+
+
+def test_the_retry_hint_follows_the_queue_wait() -> None:
+    refused = _refused_after_waits(ProtocolName.OPENAI, 0, 4.0)
+    assert refused.retry_after_s == 4
+    assert "retry after 4 s" in refused.message
 
 
 def test_the_retry_hint_leaves_out_the_batch_lanes_waits() -> None:
-    clock = Clock()
-    admission = Admission(1, None, clock=clock)
-    for _ in range(30):  # batch requests wait long in the engine's queue, by design
-        ticket = admission.admit(ProtocolName.BATCH, priority=LANE_PRIORITY)
-        clock.now += 60.0
-        ticket.running()
-        ticket.release()
-    admission.admit(ProtocolName.OPENAI)
-    with pytest.raises(Overloaded) as refused:
-        admission.admit(ProtocolName.OPENAI)
-    assert refused.value.retry_after_s == 1
+    # Batch requests wait long in the engine's queue, by design.
+    refused = _refused_after_waits(ProtocolName.BATCH, LANE_PRIORITY, 60.0)
+    assert refused.retry_after_s == 1
 
 
 def test_a_call_is_admitted_whole_or_not_at_all() -> None:
