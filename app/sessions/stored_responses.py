@@ -44,8 +44,9 @@ writes. `close()` (the app's shutdown) ends what is left the same way.
 
 A server that dies (SIGKILL, its machine gone) writes nothing more. So a run holds a
 lease on its response (`leases`: the store's, as batches' chunks are held), taken before
-its first record and renewed every third of `lease_s` while it runs. A response still
-queued or in progress whose lease has run out was orphaned: whoever reads it (a
+its first record, renewed every third of `lease_s` while it runs, and ended only once its
+last record is written. A response still queued or in progress whose lease has run out
+(read again after the lease is found gone) was orphaned: whoever reads it (a
 retrieval, a stream following it, a cancel, on any replica) ends it `failed`, with a
 `server_error` saying so, raising its cancel flag first, so that a run that was only
 slow to renew cannot write over it (its last write is refused, as a cancel's would be).
@@ -396,6 +397,13 @@ class BackgroundRuns:
             or record.id in self._runs
             or await self.leases.leased(_lease_key(record.id), time.time())
         ):
+            return record
+        # A run writes its last record before it lets go of its lease, so the record is
+        # read again: the one in hand may predate that write (the owner ended between the
+        # read and the look at the lease), and declaring that run dead would write `failed`
+        # over how it ended.
+        record = await self.records.load(principal, record.id)
+        if record.status in TERMINAL:
             return record
         await self.records.store.request_cancel(record.id)
         failed = {

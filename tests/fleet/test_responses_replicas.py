@@ -92,8 +92,7 @@ def test_cancel_on_one_replica_aborts_the_run_on_another(fleet: Fleet) -> None:
 
     for answer in asyncio.run(cancel_all()):
         response = answer.json()
-        # Its error, when it ended otherwise (`failed` in loaded whole-suite runs, cause
-        # not yet known), is what to read first.
+        # Its error, when it ended otherwise, is what to read first.
         assert response.get("status") == "cancelled", (
             answer.status_code,
             response.get("status"),

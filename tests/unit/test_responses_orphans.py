@@ -4,7 +4,9 @@ has run out ends `failed` with a reason when anyone reads it, and a stream follo
 ends. On the fake engine, with the store of another replica played by writes of its own.
 
 How these fail: a dead server's response stays `in_progress` (its stream never ends); a
-live run's response is declared dead; the run's lease outlives it.
+live run's response is declared dead, or one that ended between its read and the look at
+its lease (a cross-replica cancel's `cancelled` overwritten by `failed`); the run's lease
+outlives it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import asyncio
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from app.admission import Admission
 from app.protocols.openai.responses.record import StoredResponse
@@ -69,6 +73,33 @@ async def test_a_response_whose_server_lives_is_left_running(tmp_path: Path) -> 
     assert await leases.lease("response:" + alive, owner="other", now=now, until=now + 60)
     assert (await responses.runs.current(ANYONE, alive)).status == "queued"
     assert not await responses.records.store.cancel_requested(alive)
+    await responses.close()
+    await leases.close()
+
+
+async def test_a_run_that_ended_after_its_record_was_read_is_not_declared_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    responses, leases = _responses(tmp_path, FakeEngine())
+    running = await _left_behind(responses, "in_progress")
+    now = time.time()
+    assert await leases.lease("response:" + running, owner="other", now=now, until=now + 60)
+    looked = leases.leased
+
+    async def owner_ends_first(key: str, now: float) -> bool:
+        # The other replica's run ends just before the lease is looked at: its last
+        # record, then its lease let go (the order a run keeps).
+        body = {"id": running, "object": "response", "status": "cancelled", "background": True}
+        await responses.records.store.put(
+            ANYONE.tenant, running, StoredResponse({**body, "output": []}).encode()
+        )
+        await leases.unlease(key, owner="other")
+        return await looked(key, now)
+
+    monkeypatch.setattr(leases, "leased", owner_ends_first)
+    assert (await responses.runs.current(ANYONE, running)).status == "cancelled"
+    assert (await responses.records.load(ANYONE, running)).status == "cancelled"
+    assert not await responses.records.store.cancel_requested(running)
     await responses.close()
     await leases.close()
 
