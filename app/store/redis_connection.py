@@ -3,7 +3,8 @@ failures turned into the store's, in one place.
 
 - The client is made on the first call, on the loop that makes it (a redis-py client
   belongs to one loop), so opening a store connects nothing: a server whose store is
-  never used never reaches Redis.
+  never used never reaches Redis. It holds at most `MAX_CONNECTIONS`; a call waits for a
+  free one (up to `POOL_WAIT_S`).
 - `failures()` maps what Redis raises, most specific first: a transaction's `WatchError`
   passes through unchanged (the caller runs its transaction again); out of memory (`OOM`
   under `maxmemory` with `noeviction`) is `store_full`; anything else (refused, timed out,
@@ -23,6 +24,15 @@ from redis import exceptions as redis_errors
 
 from app.store.base import full, unavailable
 
+# Redis runs one command at a time: a burst of calls (every replica's requests racing to
+# record their results) waits for one of a few connections rather than opening one each,
+# which adds handshakes and Redis clients, not throughput. A connect is given as long as a
+# command (a handshake of dozens at once on a loaded host took over 2 s in CI).
+MAX_CONNECTIONS = 16
+POOL_WAIT_S = 20.0  # for a free connection, before the call fails as the store unavailable
+CONNECT_TIMEOUT_S = 5.0
+SOCKET_TIMEOUT_S = 5.0
+
 
 class RedisConnection:
     """One Redis at `url`, for the store `store` names in its errors."""
@@ -35,9 +45,14 @@ class RedisConnection:
 
     def _redis(self) -> aioredis.Redis:
         if self._client is None:
-            self._client = aioredis.Redis.from_url(
-                self.url, socket_connect_timeout=2.0, socket_timeout=5.0
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self.url,
+                max_connections=MAX_CONNECTIONS,
+                timeout=POOL_WAIT_S,
+                socket_connect_timeout=CONNECT_TIMEOUT_S,
+                socket_timeout=SOCKET_TIMEOUT_S,
             )
+            self._client = aioredis.Redis.from_pool(pool)
         return self._client
 
     @contextmanager
