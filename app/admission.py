@@ -24,7 +24,8 @@ exceed the bound by lower-priority work that was admitted first; it drains first
 within a priority.)
 
 Tokens before tokenizing: the caller passes an upper bound (a text prompt's UTF-8 length:
-a byte-level tokenizer never makes more tokens than bytes, plus its few specials) and may
+a byte-level tokenizer never makes more tokens than bytes, plus its few specials), counted
+at most as the engine's context (`max_unit_tokens`: a longer prompt never runs), and may
 correct it with `Ticket.measured` once the prompt is tokenized.
 
 Retry hint: the median-ish recent queue wait (an exponentially weighted mean of
@@ -122,8 +123,9 @@ def text_tokens_bound(text: str | bytes) -> int:
     """An upper bound of the tokens `text` (or its UTF-8 bytes) makes, without tokenizing
     it: its UTF-8 length (a byte-level tokenizer never makes more tokens than bytes) plus
     a few specials."""
-    data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
-    return len(data) + _SPECIALS_ALLOWANCE
+    if isinstance(text, bytes) or text.isascii():  # isascii is O(1) on a str: its kind
+        return len(text) + _SPECIALS_ALLOWANCE
+    return len(text.encode("utf-8", "surrogatepass")) + _SPECIALS_ALLOWANCE
 
 
 def prompt_tokens_bound(request: GenerationRequest) -> int:
@@ -244,6 +246,11 @@ class Admission:
     ) -> None:
         self.max_requests = max_requests
         self.max_tokens = max_tokens
+        # The most prompt tokens one unit is counted for (the engine's context, once
+        # known: `AppObjects.build_on`): a longer prompt is refused before it runs, so a
+        # bound past it only overstates, and one 16 MiB prompt's bound would take every
+        # place of the queue's tokens from the others while it is refused.
+        self.max_unit_tokens: int | None = None
         self.min_retry_after_s = min_retry_after_s
         self._clock = clock
         self._queue: list[Ticket] = []
@@ -274,6 +281,8 @@ class Admission:
         would wait behind (priority <= its own) is at a bound, or its tenant's work in
         flight at its `concurrent` limit."""
         lane = protocol is ProtocolName.BATCH  # the server's own: its priority is the lane's
+        if self.max_unit_tokens is not None:
+            tokens = min(tokens, self.max_unit_tokens)
         if not lane:
             ceiling = DEFAULT_PRIORITY_CEILING if principal is None else principal.limits.priority
             priority = clamp_priority(priority, ceiling)

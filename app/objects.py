@@ -93,6 +93,7 @@ class AppObjects:
         """What runs on `engine`, built once."""
         settings, admission, drain = self.settings, self.admission, self.drain
         self.engine = engine
+        admission.max_unit_tokens = engine.info.max_model_len
         self.named_requests = NamedRequests(engine)
         where = settings.responses_store_location()
         ttl_s, max_bytes = settings.responses_store_ttl_s, settings.responses_store_max_bytes

@@ -144,3 +144,15 @@ def test_a_closed_admission_refuses_everything_and_cut_marks_what_is_in_flight()
     assert admission.cut() == ["r1"]
     assert queued.cut and running.cut
     assert admission.refused == {"openai": 1}
+
+
+def test_a_unit_counts_at_most_the_engines_context() -> None:
+    """A prompt bound past the context (a 16 MiB prompt, refused once measured) counts as
+    the context: it does not take every queued token's place from the others meanwhile."""
+    admission = Admission(None, 100)
+    admission.max_unit_tokens = 50
+    huge = admission.admit(ProtocolName.OPENAI, tokens=16 << 20)
+    assert huge.tokens == 50 and admission.queued_tokens == 50
+    admission.admit(ProtocolName.OPENAI, tokens=50)
+    with pytest.raises(Overloaded):
+        admission.admit(ProtocolName.OPENAI, tokens=1)

@@ -70,3 +70,9 @@ def test_an_app_given_an_engine_builds_at_once_opens_nothing_and_leaves_it_runni
         assert client.post("/v1/responses", json=body).status_code == 200
         assert store.exists()
     assert engine.stopped == 0  # the giver's to stop
+
+
+def test_admission_counts_a_unit_at_most_as_the_engines_context() -> None:
+    engine = StoppedEngine()
+    objects = _objects(create_app(Settings(model="fake"), engine=engine))
+    assert objects.admission.max_unit_tokens == engine.info.max_model_len
