@@ -9,6 +9,9 @@ flatbuffers) or `read_json` / `read_body` (every JSON API). Bounded before the w
   `--graphpipe-max-request-bytes`) is `PayloadTooLarge` (413 in the API's shape) before
   any of it is read when its Content-Length says so, and as soon as the count passes the
   limit when it is chunked; nothing past the limit is ever held;
+- parsed off the event loop when big: a body over `IN_CHILD_BYTES` is parsed in the
+  body worker's process (`app.routes.body_worker`), whose parsing holds no lock the
+  serving process needs;
 - declared type: a JSON API's body must say `application/json` (or `application/*+json`;
   parameters such as charset allowed), else `UnsupportedMediaType` (415): a web page may
   POST `text/plain`, a form, or a body with no type to any server without the browser
@@ -32,6 +35,8 @@ from starlette.requests import Request
 
 from app.errors import PayloadTooLarge, UnsupportedMediaType
 from app.protocols.bodies import parse_json, validate
+from app.routes.body_worker import IN_CHILD_BYTES
+from app.routes.deps import get_objects
 
 M = TypeVar("M", bound=BaseModel)
 _REF = "#/components/schemas/{model}"
@@ -80,9 +85,12 @@ def check_json_type(request: Request) -> None:
 
 async def read_json(request: Request) -> Any:
     """A JSON API's body: declared JSON, within the body limit and `MAX_JSON_VALUES`,
-    parsed."""
+    parsed (in the body worker's process when it is over `IN_CHILD_BYTES`)."""
     check_json_type(request)
-    return parse_json(await read_bytes(request, body_limit(request)))
+    raw = await read_bytes(request, body_limit(request))
+    if len(raw) > IN_CHILD_BYTES:
+        return await get_objects(request.app).body_worker.run("json", raw)
+    return parse_json(raw)
 
 
 async def read_body(request: Request, model: type[M]) -> M:
