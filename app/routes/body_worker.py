@@ -89,10 +89,13 @@ class BodyWorker:
 
     def _started(self) -> subprocess.Popen[bytes]:
         if self._child is None or self._child.poll() is not None:
+            # The child imports what this process imported: its modules, from its path.
+            path = os.pathsep.join(p for p in sys.path if p)
             self._child = subprocess.Popen(
                 [sys.executable, "-m", __name__],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
+                env={**os.environ, "PYTHONPATH": path},
             )
         return self._child
 
