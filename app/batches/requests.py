@@ -49,7 +49,7 @@ from app.protocols.openai.chat import ChatExchange
 from app.protocols.openai.completions import CompletionExchange
 from app.protocols.openai.errors import error_body as openai_error_body
 from app.sessions.calls import Call, collect_call, in_prompt_thread, start_call
-from app.sessions.responses import Responses
+from app.sessions.responses import CallLane, Responses
 from app.telemetry.record import RequestRecord
 from app.telemetry.reports import Telemetry
 from app.tenants import Principal, Role, Tenants
@@ -57,7 +57,6 @@ from schemas.anthropic import AnthropicMessagesRequest
 from schemas.openai import ChatCompletionRequest, CompletionRequest
 from schemas.openai_responses import ResponsesRequest
 
-_LANE = (PROTOCOL, BATCH_PRIORITY)
 # Batch requests whose prompts are being built at once. The prompt thread is the one
 # interactive calls build theirs in, first come first served: a lane widening by a
 # hundred would queue a hundred builds ahead of the next interactive request (its TTFT
@@ -139,6 +138,7 @@ class Endpoints:
         self.tenants = tenants
         self._responses = responses
         self._building = asyncio.Semaphore(BUILDING)
+        self._lane = CallLane(PROTOCOL, BATCH_PRIORITY, self._building)
 
     async def answer(self, endpoint: str, body: Any, *, request_id: str, tenant: str) -> Answer:
         """The endpoint's answer to `body`; `Retry` if the server could not give one. It
@@ -265,8 +265,7 @@ class Endpoints:
                 "A batch's request does not run in the background", param="background"
             )
         responses = self._responses()
-        async with self._building:  # admitted, read and built: as `_built`
-            call = await responses.start(principal, body, record, lane=_LANE)
+        call = await responses.start(principal, body, record, lane=self._lane)
         hooks = responses.hooks(principal, call, body, None)
         lane = Call(_InLane(call.exchange), call.tickets, record)
         result: dict[str, Any] = await collect_call(self.engine, lane, hooks)

@@ -27,11 +27,12 @@ module only starts them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.admission import Admission, ProtocolName
 from app.drain import Drain
@@ -60,6 +61,18 @@ from schemas.openai_responses import ResponsesRequest
 
 PROTOCOL = ProtocolName.RESPONSES  # admission's and /metrics' name for this API
 PREVIOUS = "previous_response_id"
+
+
+class CallLane(NamedTuple):
+    """Where a call of another lane than the API's own runs (a batch's request,
+    `app.batches.requests`): admitted as `protocol` at `priority`, its prompt built
+    through `building` (the lane's bound on its builds in the prompt thread). Only the
+    build passes the gate: reading the response or conversation a call continues is the
+    store's I/O, and a call waiting on it must not keep the lane's others from building."""
+
+    protocol: ProtocolName
+    priority: int
+    building: asyncio.Semaphore
 
 
 class ConnectionResponses:
@@ -140,7 +153,7 @@ class Responses:
         *,
         kept: ConnectionResponses | None = None,
         generate: bool = True,
-        lane: tuple[ProtocolName, int] | None = None,
+        lane: CallLane | None = None,
     ) -> Call[ResponsesExchange]:
         """Every Responses call's start, whatever carries it (HTTP, the websocket, a
         background run, compaction): the model it names (`served_by`: an unknown one is
@@ -150,15 +163,17 @@ class Responses:
         own), the exchange planned. Not to `generate` (`generate: false`): nothing for
         the engine, but planned all the same (its prompt built, so admitted as any prompt
         work is), so the call is checked and completes, with no output, to continue
-        from. A batch's request is admitted in its `lane` (protocol, priority)."""
+        from. A batch's request is admitted in its `lane`, its prompt built through the
+        lane's gate."""
         served = served_by(self.engine, body.model)
 
         async def build() -> ResponsesExchange:
             context = await self._context(principal, body, kept)
             info, tokenizer = self.engine.info, self.engine.tokenizer
             response_id, created_at = new_id("resp"), int(time.time())
-            return await in_prompt_thread(
-                lambda: ResponsesExchange(
+
+            def exchange() -> ResponsesExchange:
+                return ResponsesExchange(
                     body,
                     info,
                     tokenizer,
@@ -169,15 +184,19 @@ class Responses:
                     input_items=read_input(body.input),
                     generate=generate,
                 )
-            )
+
+            if lane is None:
+                return await in_prompt_thread(exchange)
+            async with lane.building:  # the build alone: never the context's read
+                return await in_prompt_thread(exchange)
 
         try:
             return await start_call(
                 self.admission,
                 record,
-                protocol=PROTOCOL if lane is None else lane[0],
+                protocol=PROTOCOL if lane is None else lane.protocol,
                 units=[prompt_bound(body)],
-                priority=body.priority if lane is None else lane[1],
+                priority=body.priority if lane is None else lane.priority,
                 principal=principal,
                 build=build,
             )

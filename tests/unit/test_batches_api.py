@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import threading
 import time
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterator
@@ -34,7 +35,11 @@ from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
 from app.main import create_app
 from app.protocols.openai.batches import Endpoint
+from app.protocols.openai.responses.items import Item
 from app.sessions.calls import in_prompt_thread
+from app.sessions.responses import Responses
+from app.tenants import Principal
+from schemas.openai_responses import ResponsesRequest
 from tests.error_bodies import body_of
 from tests.fake_engine import FakeEngine
 from tests.uvicorn_thread import uvicorn_in_thread
@@ -42,6 +47,7 @@ from tests.uvicorn_thread import uvicorn_in_thread
 T = TypeVar("T")
 DEADLINE_S = 30.0
 CHAT: Final = "/v1/chat/completions"
+RESPONSES: Final = "/v1/responses"
 JSON = {"content-type": "application/json"}  # what a JSON API takes (else 415)
 
 
@@ -558,6 +564,49 @@ def test_the_lane_builds_two_batch_prompts_at_a_time(
     assert batch.status == "completed" and batch.request_counts is not None
     assert batch.request_counts.completed == 16
     assert most == BUILDING
+
+
+def test_a_responses_line_reading_its_conversation_holds_no_build_place(
+    served: tuple[str, HeldEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Responses request reads the conversation it continues (the store's I/O) before
+    its prompt is built: `BUILDING` requests stuck in that read keep none of the lane's
+    build places, and the batch's other requests are built and answered meanwhile."""
+    url, _ = served
+    released = threading.Event()
+    reading = 0
+    context = Responses._context
+
+    async def slow(
+        self: Responses, principal: Principal, body: ResponsesRequest, kept: Any
+    ) -> list[Item]:
+        nonlocal reading
+        if "stuck" in str(body.input):
+            reading += 1
+            while not released.is_set():  # the app's loop is uvicorn's thread's
+                await asyncio.sleep(0.01)
+        return await context(self, principal, body, kept)
+
+    monkeypatch.setattr(Responses, "_context", slow)
+    client = _openai(url)
+    stuck = [_line(f"s{i}", _response(i) | {"input": "stuck"}, RESPONSES) for i in range(BUILDING)]
+    free = [_line(f"f{i}", _response(i), RESPONSES) for i in range(4)]
+    upload = client.files.create(file=("in.jsonl", _jsonl(stuck + free)), purpose="batch")
+    created = client.batches.create(
+        input_file_id=upload.id, endpoint=RESPONSES, completion_window="24h"
+    )
+    try:
+        counted = _until(
+            lambda: client.batches.retrieve(created.id).request_counts,
+            lambda counts: counts is not None and counts.completed == len(free),
+            "the requests not stuck answered while the stuck ones read",
+        )
+        assert counted is not None and reading == BUILDING
+    finally:
+        released.set()
+    batch = _ended(client, created.id)
+    assert batch.status == "completed" and batch.request_counts is not None
+    assert batch.request_counts.completed == BUILDING + len(free)
 
 
 def test_the_idle_lane_holds_the_engines_running_window_and_half_again() -> None:
