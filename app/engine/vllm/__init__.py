@@ -5,6 +5,7 @@
   readouts.
 - `consumer`: the one consumer of the engine core's outputs, a loop per engine step over
   vLLM's own request states, in place of AsyncLLM's output handler.
+- `aborts`: the aborts of one turn of the event loop sent to vLLM in one call.
 - `startup`: building it from `Settings` (engine arguments, CPU host, tools, vision,
   readouts), and what the process does once it runs (the environment cache, the heap).
 - `errors`: vLLM's exceptions -> `app.errors`, in one place (`map_engine_errors`).

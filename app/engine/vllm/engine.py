@@ -16,7 +16,8 @@ would be taken for an image's placeholder the next time the text is sent back.
 
 Invariants:
 - A request whose consumer stops (closes the iterator, or its task is cancelled) is
-  aborted in the engine before `generate`'s iterator (or `run`) finishes closing.
+  aborted in the engine before `generate`'s iterator (or `run`) finishes closing; the
+  aborts of one turn of the event loop in one call (`app.engine.vllm.aborts`).
 - `num_running_requests()` counts requests between submission and their final event.
 - `engine_requests()` is the engine core's own count (its scheduler's running + waiting),
   as reported with the outputs of its latest step: it drops only once the engine core has
@@ -53,6 +54,7 @@ from app.engine.images import collapse_blocks
 from app.engine.readout_client import ReadoutBatcher, ReadoutTracker
 from app.engine.readout_worker import READOUT_ID_KEY, READOUT_KEY
 from app.engine.validation import check_prompt, validate_sampling
+from app.engine.vllm.aborts import Aborts
 from app.engine.vllm.consumer import Delta, Sink, StepConsumer, merge_deltas
 from app.engine.vllm.convert import EventConverter, check_expansion, prompt_only
 from app.engine.vllm.errors import map_engine_errors
@@ -92,6 +94,7 @@ class VllmEngine:
         self._gate = BatchGate() if lora_on_cpu else None
         self._consumer = StepConsumer(llm)
         self._consumer.start()
+        self._aborts = Aborts(llm)
         # The consumer hands on every step's tokens: not with an engine-level stream
         # interval, which keeps AsyncLLM's path for every request (see `_consumed`).
         self._stepwise: bool = llm.output_processor.stream_interval == 1
@@ -296,7 +299,7 @@ class VllmEngine:
             try:
                 self._running.discard(request.request_id)
                 if internal_id is not None and not finished:
-                    await asyncio.shield(self._llm.abort(internal_id, internal=True))
+                    await self._aborts.abort(internal_id)
             finally:
                 release()
 
@@ -331,7 +334,7 @@ class VllmEngine:
                 yield event
         finally:
             if not finished:
-                await asyncio.shield(self._llm.abort(internal_id, internal=True))
+                await self._aborts.abort(internal_id)
 
     async def _converted_events(
         self, prepared: _Prepared, request: GenerationRequest
