@@ -76,7 +76,8 @@ class Lane:
         self.hold_s = hold_s
         self._clock = clock
         self._busy_until = 0.0
-        self.running = 0  # batch requests in the engine (the runner counts them)
+        # Batch requests in the engine, less those being taken off (the runner counts).
+        self.running = 0
         # Called (by admission, synchronously) when an interactive request is admitted
         # while batch requests are past the busy width: the runner takes them off.
         self.on_busy: Callable[[], None] | None = None

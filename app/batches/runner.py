@@ -96,6 +96,9 @@ class _Item:
     task: asyncio.Task[None] | None = None
     started: int = 0  # the order it last started in
     requeue: bool = False  # taken off the engine to run again, not dropped
+    # Taken off to make room (`_take_off`): out of the lane's count at once, while its
+    # task unwinds.
+    off: bool = False
 
 
 @dataclass(eq=False)
@@ -503,12 +506,16 @@ class BatchRunner:
         item.task = asyncio.create_task(self._run(item), name=f"batch {item.record.id}")
 
     def _take_off(self, count: int) -> None:
-        """The `count` newest requests running leave the engine, to run again later."""
+        """The `count` newest requests running leave the engine, to run again later.
+        They leave the lane's count at once: while their tasks unwind (their aborts go
+        to the engine together, `app.engine.vllm.aborts`), the next admission or tick
+        must not count them again and take the oldest, the ones meant to stay."""
         if count <= 0:
             return
-        going = sorted((i for i in self._running if not i.requeue), key=lambda i: i.started)
+        going = sorted((i for i in self._running if not i.off), key=lambda i: i.started)
         for item in going[-count:]:
-            item.requeue = True
+            item.requeue = item.off = True
+            self.lane.running -= 1
             if item.task is not None:
                 item.task.cancel()
 
@@ -538,9 +545,10 @@ class BatchRunner:
             item.requeue = True
         finally:
             self._running.discard(item)
-            self.lane.running -= 1
+            if not item.off:
+                self.lane.running -= 1
             if item.requeue and not self._stopped and (record.id, item.chunk) in self._held:
-                item.requeue = False
+                item.requeue = item.off = False
                 item.task = None
                 self._queue.appendleft(item)
 

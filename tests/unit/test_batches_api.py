@@ -537,6 +537,53 @@ def test_the_lane_yields_to_interactive_requests(tmp_path: Path) -> None:
         assert ended.error_file_id is None
 
 
+class LeavingWatched(WatchedEngine):
+    """Notes, too, the batch requests that left the engine before their end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left: list[str] = []
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        ended = False
+        try:
+            async for event in super().generate(request):
+                ended = event.finish_reason is not None
+                yield event
+        finally:
+            if not ended and request.priority == BATCH_PRIORITY:
+                self.left.append(request.request_id)
+
+
+def test_the_lane_keeps_its_oldest_running_as_it_narrows(tmp_path: Path) -> None:
+    """Past the busy width the newest leave and the oldest stay, however many interactive
+    requests are admitted while the others unwind (two at once here: `n` = 2). Counted
+    twice, the leaving would take the oldest too, to start others from nothing."""
+    engine = LeavingWatched()
+    settings = Settings(
+        model="fake",
+        batch_store=str(tmp_path / "b.sqlite3"),
+        batch_max_running=6,
+        batch_busy_running=2,
+    )
+    with uvicorn_in_thread(create_app(settings, engine=engine), lifespan="on") as port:
+        client = _openai(f"http://127.0.0.1:{port}")
+        lines = [_line(f"r{i}", _chat(f"batch {i}", 60)) for i in range(30)]
+        upload = client.files.create(file=("in.jsonl", _jsonl(lines)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
+        )
+        _until(lambda: len(engine.batch), lambda n: n == 6, "the lane at its width")
+        first = {r.request_id for r in engine.requests if r.priority == BATCH_PRIORITY}
+        interactive = client.chat.completions.create(**_chat("interactive", 20), n=2)
+        assert len(interactive.choices) == 2
+        assert len(first & set(engine.left)) == 4, engine.left
+        engine.step_delay = 0
+        ended = _ended(client, batch.id)
+        out = _lines(client, ended.output_file_id)
+        assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(30))
+
+
 def test_the_lane_builds_two_batch_prompts_at_a_time(
     served: tuple[str, HeldEngine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
