@@ -140,6 +140,8 @@ class AppObjects:
         engine stops when these objects close (or at once, if building on it fails)."""
         from app.engine.vllm.startup import start_engine
 
+        if self.telemetry.tracing is not None:
+            self.telemetry.tracing.lend_to_vllm()
         engine = await start_engine(self.settings)
         try:
             self.build_on(engine)

@@ -7,7 +7,10 @@ metrics.
 - `callers`: `Caller`, who a connection's calls come from;
 - `reports`: `Telemetry`, the app's one place that opens records and reports them once
   they end (span, access log, metrics);
-- `tracing`: the OpenTelemetry tracer, on with `--otlp-traces-endpoint`;
+- `tracing`: the OpenTelemetry tracer, on with `--otlp-traces-endpoint` (vLLM's spans of
+  this process through it too);
+- `otlp`: the OTLP encoding of a batch of spans its gRPC exporter sends (the SDK's
+  exporter, a cheaper encoder);
 - `access_log`, `metrics`: the line and the per-API, per-tenant figures of a record;
 - `http`: the HTTP and websocket edge (an ASGI middleware).
 

@@ -110,35 +110,37 @@ class Telemetry:
         self.metrics.observe(record)
         self._access.write(record, model)
         if record.span is not None:
-            _end_span(record, model)
+            assert self.tracing is not None
+            _end_span(self.tracing, record, model)
 
     def shutdown(self) -> None:
         if self.tracing is not None:
             self.tracing.shutdown()
 
 
-def _end_span(record: RequestRecord, model: str) -> None:
+def _end_span(tracing: Tracing, record: RequestRecord, model: str) -> None:
     span = record.span
-    assert span is not None
+    assert span is not None and record.ended is not None
     operation = OPERATIONS.get(record.api or "")
     if operation is not None:
-        span.update_name(f"{operation} {model}")
+        name = f"{operation} {model}"
     elif record.route:
-        span.update_name(f"{record.method} {record.route}")
-    span.set_attributes(_attributes(record, operation, model))
-    for name, at in _stages(record):
-        span.add_event(name, timestamp=epoch_ns(at))
+        name = f"{record.method} {record.route}"
+    else:
+        name = record.name
+    attributes = _attributes(record, operation, model)
     error = record.error
     if error is not None:
-        span.set_attribute("error.type", type(error).__name__)
+        attributes["error.type"] = type(error).__name__
     elif record.outcome == "cancelled":
-        span.set_attribute("error.type", "cancelled")
+        attributes["error.type"] = "cancelled"
     elif record.status >= 400:
-        span.set_attribute("error.type", str(record.status))
+        attributes["error.type"] = str(record.status)
+    status = None
     if (error is not None and error.http_status >= 500) or record.status >= 500:
-        span.set_status(Status(StatusCode.ERROR, error.message if error else None))
-    assert record.ended is not None
-    span.end(epoch_ns(record.ended))
+        status = Status(StatusCode.ERROR, error.message if error else None)
+    events = [(stage, epoch_ns(at)) for stage, at in _stages(record)]
+    tracing.finish(span, name, attributes, events, status, epoch_ns(record.ended))
 
 
 def _attributes(record: RequestRecord, operation: str | None, model: str) -> dict[str, Any]:

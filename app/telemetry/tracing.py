@@ -8,15 +8,18 @@ that vLLM's own tracing picks for the same endpoint (`OTEL_EXPORTER_OTLP_TRACES_
 so that one flag sends the server's spans and vLLM's to one receiver. The SDK's own
 environment variables apply as everywhere (`OTEL_SERVICE_NAME`, default `switchboard`;
 `OTEL_TRACES_SAMPLER`, default parent-based always-on; `OTEL_EXPORTER_OTLP_TRACES_HEADERS`;
-`OTEL_BSP_*`). The provider is the server's own, not the process's global one: vLLM sets
-that to its own, for its engine spans (`llm_request`), which are children of ours through
-the W3C context each engine request carries (`EngineTrace`).
+`OTEL_BSP_*`). The provider is the server's own. vLLM's engine spans (`llm_request`, children of
+ours through the W3C context each engine request carries: `EngineTrace`) are made in
+this process too, with the process's global provider: `lend_to_vllm` makes that one
+whose spans go out through this tracer's processor and exporter, under vLLM's resource.
+Over gRPC the batches are encoded by `app.telemetry.otlp` (what tracing cost the serving
+process was mostly the SDK's encoder: docs/benchmarks.md "Traces").
 
 With the flag absent, `from_settings` is None and nothing of OpenTelemetry's runs: the
 code that would trace checks `record.span is not None` and does nothing else.
 
 Spans are ended with their attributes and events all at once, at the request's end
-(`app.telemetry.record`): a stream's tokens cost the tracer nothing.
+(`app.telemetry.record`, `Tracing.finish`): a stream's tokens cost the tracer nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import (
@@ -32,9 +36,17 @@ from opentelemetry.sdk.resources import (
     OTELResourceDetector,
     Resource,
 )
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import Span, SpanKind, Tracer, set_span_in_context
+from opentelemetry.trace import (
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    set_span_in_context,
+    set_tracer_provider,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from app import __version__
@@ -46,12 +58,14 @@ logger = logging.getLogger(__name__)
 ENDPOINT_ARG = "otlp_traces_endpoint"  # vLLM's engine argument (--otlp-traces-endpoint)
 _PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 _HEADERS = ("traceparent", "tracestate")
+_UNSET = Status(StatusCode.UNSET)
 
 
 class Tracing:
     """The server's tracer."""
 
     def __init__(self, processor: SpanProcessor) -> None:
+        self._processor = processor
         self._provider = TracerProvider(resource=_resource())
         self._provider.add_span_processor(processor)
         self.tracer: Tracer = self._provider.get_tracer("switchboard", __version__)
@@ -83,6 +97,54 @@ class Tracing:
         self._propagator.inject(carrier, context=set_span_in_context(span))
         return carrier
 
+    def finish(
+        self,
+        span: Span,
+        name: str,
+        attributes: dict[str, Any],
+        events: Iterable[tuple[str, int]],
+        status: Status | None,
+        end_ns: int,
+    ) -> None:
+        """End `span` (from `start`) with everything it records, at once: its name, its
+        attributes, its events (name, time) and its status, handed to the processor as
+        the SDK's record of a finished span. Not through the SDK span's setters: they
+        take its lock and check each value, and each event gets a table of attributes of
+        its own, which made ending the span cost more than starting it (measured under
+        the benchmark's load: docs/benchmarks.md "Traces"). The span the SDK started
+        only carries the context and what the sampler decided; one it does not record
+        (a caller's unsampled trace) is not exported."""
+        if not isinstance(span, ReadableSpan):  # a NonRecordingSpan: not sampled
+            return
+        finished = ReadableSpan(
+            name=name,
+            context=span.get_span_context(),
+            parent=span.parent,
+            resource=span.resource,
+            attributes=attributes,
+            events=[Event(event, None, at) for event, at in events],
+            kind=span.kind,
+            status=status or _UNSET,
+            start_time=span.start_time,
+            end_time=end_ns,
+            instrumentation_scope=span.instrumentation_scope,
+        )
+        self._processor.on_end(finished)
+
+    def lend_to_vllm(self) -> None:
+        """Make vLLM's spans of this process (`llm_request`, made in its output processor,
+        which runs in ours) go out through this tracer's processor and exporter, under
+        the resource vLLM gives them: one batching thread, one encoding (`otlp.encode`,
+        far cheaper than the SDK's) and one channel for both. vLLM makes its spans with
+        the process's global tracer provider, which it sets to its own when its engine
+        starts unless one is set already: this sets it first (call it before the engine
+        starts). vLLM's own provider is still made, and stays idle."""
+        provider = TracerProvider(resource=_vllm_resource())
+        provider.add_span_processor(self._processor)
+        set_tracer_provider(provider)
+        # vLLM's attempt to set its own then logs a warning that would only mislead.
+        logging.getLogger("opentelemetry.trace").addFilter(_NOT_OVERRIDDEN)
+
     def flush(self) -> None:
         self._provider.force_flush()
 
@@ -95,9 +157,9 @@ def exporter(endpoint: str) -> SpanExporter:
     """The OTLP exporter vLLM's tracing makes of `endpoint`."""
     protocol = os.environ.get(_PROTOCOL, "grpc")
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from app.telemetry.otlp import GrpcSpanExporter
 
-        return OTLPSpanExporter(endpoint=endpoint, insecure=True)
+        return GrpcSpanExporter(endpoint=endpoint, insecure=True)
     if protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
             OTLPSpanExporter as OTLPHttpSpanExporter,
@@ -119,6 +181,21 @@ def carrier_of(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
 def carrier_of_metadata(metadata: Iterable[tuple[str, str | bytes]]) -> dict[str, str]:
     """The W3C trace headers among a gRPC call's metadata."""
     return {key: value for key, value in metadata if key in _HEADERS and isinstance(value, str)}
+
+
+class _NotOverridden(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Overriding of current TracerProvider")
+
+
+_NOT_OVERRIDDEN = _NotOverridden()
+
+
+def _vllm_resource() -> Resource:
+    """The resource vLLM's `init_tracer` gives its spans (vllm/tracing/otel.py)."""
+    return Resource.create(
+        {"vllm.instrumenting_module_name": "vllm.llm_engine", "vllm.process_id": str(os.getpid())}
+    )
 
 
 def _resource() -> Resource:
