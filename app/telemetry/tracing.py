@@ -48,6 +48,7 @@ from opentelemetry.trace import (
     set_tracer_provider,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import Attributes
 
 from app import __version__
 from app.config import Settings
@@ -139,7 +140,7 @@ class Tracing:
         the process's global tracer provider, which it sets to its own when its engine
         starts unless one is set already: this sets it first (call it before the engine
         starts). vLLM's own provider is still made, and stays idle."""
-        provider = TracerProvider(resource=_vllm_resource())
+        provider = _KeptTracers(resource=_vllm_resource())
         provider.add_span_processor(self._processor)
         set_tracer_provider(provider)
         # vLLM's attempt to set its own then logs a warning that would only mislead.
@@ -181,6 +182,35 @@ def carrier_of(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
 def carrier_of_metadata(metadata: Iterable[tuple[str, str | bytes]]) -> dict[str, str]:
     """The W3C trace headers among a gRPC call's metadata."""
     return {key: value for key, value in metadata if key in _HEADERS and isinstance(value, str)}
+
+
+class _KeptTracers(TracerProvider):
+    """A provider whose tracers are made once a name: vLLM asks for its tracer anew for
+    each span it makes, and the SDK's `get_tracer`, though it keeps its tracers too,
+    first changes the process's warning filters and makes two scope objects each time."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource=resource)
+        self._kept: dict[tuple[str, str | None, str | None], Tracer] = {}
+
+    def get_tracer(
+        self,
+        instrumenting_module_name: str,
+        instrumenting_library_version: str | None = None,
+        schema_url: str | None = None,
+        attributes: Attributes = None,
+    ) -> Tracer:
+        if attributes:
+            return super().get_tracer(
+                instrumenting_module_name, instrumenting_library_version, schema_url, attributes
+            )
+        key = (instrumenting_module_name, instrumenting_library_version, schema_url)
+        tracer = self._kept.get(key)
+        if tracer is None:
+            tracer = super().get_tracer(*key)
+            if len(self._kept) < 256:
+                self._kept[key] = tracer
+        return tracer
 
 
 class _NotOverridden(logging.Filter):
