@@ -117,6 +117,8 @@ def _value(value: Any) -> bytes | None:
         items = [_value(item) for item in value]
         array = b"".join(_delimited(_ARRAY_VALUE, item) for item in items if item is not None)
         return _delimited(_ARRAY, array)
+    if value is None:  # the SDK's span drops such an attribute as it is set
+        return None
     try:
         encoded: bytes = _encode_value(value).SerializeToString()
     except Exception:  # the SDK's encoder leaves such an attribute out too (and logs it)
