@@ -114,21 +114,6 @@ def test_a_streams_chunks_carry_what_came_in_the_interval(interval_ms: float, fe
         assert len(chunks) < 10, [len(c.token_ids) for c in chunks]
 
 
-def test_a_chunk_later_than_the_interval_goes_at_once() -> None:
-    """The pace of a stream's chunks (a clock passed in, no time taken): the first goes at
-    once, the next no sooner than the interval after the last, and one whose tokens came
-    later than that waits for nothing (a loaded engine's steps outlast the interval)."""
-    pace = vllm_engine.Pace(0.010)
-    assert pace.wait_s(100.0) == 0.0
-    pace.sent(100.0)
-    assert pace.wait_s(100.004) == pytest.approx(0.006)
-    assert pace.wait_s(100.010) == 0.0
-    pace.sent(100.025)  # a step of 25 ms: sent as it came
-    assert pace.wait_s(100.040) == 0.0
-    assert pace.wait_s(100.030) == pytest.approx(0.005)
-    assert vllm_engine.Pace(0.0).wait_s(0.0) == 0.0
-
-
 def test_unstreamed_generate_answers_one_complete_per_choice() -> None:
     with worker() as (stub, _, _):
         replies = list(
