@@ -11,10 +11,10 @@ use, started again if it dies) fed the body through a pipe, answering the parsed
 parsed the body itself. The serving process only moves bytes for it (the pipe's reads and
 writes release the lock; unpickling the answer is a copy).
 
-The child runs at a lower CPU priority (`CHILD_NICENESS`): it takes the CPU the serving
-process and the engine leave, so one client's big bodies cannot take the machine's cores
-from everyone else's tokens. Small bodies keep the fast path: parsed where they are read,
-no process hop.
+The child runs at a lower CPU priority (`CHILD_NICENESS`): the serving process's own
+threads come first. It stays in the serving process's session, so its scheduling group
+(autogroup), not the engine's, which is niced apart (`app.engine.cpu_host`). Small bodies
+keep the fast path: parsed where they are read, no process hop.
 
 Jobs run one at a time, in arrival order, on one thread of the worker's own: a job is
 never interrupted half-way (a client that leaves does not cancel its parse), so the
