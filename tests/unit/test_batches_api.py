@@ -19,6 +19,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -504,23 +505,32 @@ class WatchedEngine(FakeEngine):
             self.batch.discard(request.request_id)
 
 
-def test_the_lane_yields_to_interactive_requests(tmp_path: Path) -> None:
-    engine = WatchedEngine()
+@contextmanager
+def _lane_at_its_width(
+    tmp_path: Path, engine: WatchedEngine, busy_running: int
+) -> Iterator[tuple[openai.OpenAI, str]]:
+    """A server on `engine` whose lane runs at most 6, busy `busy_running`, running a batch
+    of 30 chats of 60 tokens, its 6 in the engine: its client and the batch's id."""
     settings = Settings(
         model="fake",
         batch_store=str(tmp_path / "b.sqlite3"),
         batch_max_running=6,
-        batch_busy_running=0,
+        batch_busy_running=busy_running,
     )
     with uvicorn_in_thread(create_app(settings, engine=engine), lifespan="on") as port:
-        url = f"http://127.0.0.1:{port}"
-        client = _openai(url)
+        client = _openai(f"http://127.0.0.1:{port}")
         lines = [_line(f"r{i}", _chat(f"batch {i}", 60)) for i in range(30)]
         upload = client.files.create(file=("in.jsonl", _jsonl(lines)), purpose="batch")
         batch = client.batches.create(
             input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
         )
         _until(lambda: len(engine.batch), lambda n: n == 6, "the lane at its width")
+        yield client, batch.id
+
+
+def test_the_lane_yields_to_interactive_requests(tmp_path: Path) -> None:
+    engine = WatchedEngine()
+    with _lane_at_its_width(tmp_path, engine, busy_running=0) as (client, batch_id):
         interactive = client.chat.completions.create(**_chat("interactive", 120))
         assert interactive.usage is not None and interactive.usage.completion_tokens == 120
         # The batch's requests left the engine as it was admitted, before it reached the
@@ -528,7 +538,7 @@ def test_the_lane_yields_to_interactive_requests(tmp_path: Path) -> None:
         assert engine.at_start == [0]
         assert engine.beside == [0] * 120, engine.beside
         engine.step_delay = 0  # the yield is proved: the rest of the batch at once
-        ended = _ended(client, batch.id)
+        ended = _ended(client, batch_id)
         # The ones taken off ran again: each answered once all the same.
         ran = [r for r in engine.requests if r.priority == BATCH_PRIORITY]
         assert len(ran) >= 30 + 6
@@ -560,26 +570,13 @@ def test_the_lane_keeps_its_oldest_running_as_it_narrows(tmp_path: Path) -> None
     requests are admitted while the others unwind (two at once here: `n` = 2). Counted
     twice, the leaving would take the oldest too, to start others from nothing."""
     engine = LeavingWatched()
-    settings = Settings(
-        model="fake",
-        batch_store=str(tmp_path / "b.sqlite3"),
-        batch_max_running=6,
-        batch_busy_running=2,
-    )
-    with uvicorn_in_thread(create_app(settings, engine=engine), lifespan="on") as port:
-        client = _openai(f"http://127.0.0.1:{port}")
-        lines = [_line(f"r{i}", _chat(f"batch {i}", 60)) for i in range(30)]
-        upload = client.files.create(file=("in.jsonl", _jsonl(lines)), purpose="batch")
-        batch = client.batches.create(
-            input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
-        )
-        _until(lambda: len(engine.batch), lambda n: n == 6, "the lane at its width")
+    with _lane_at_its_width(tmp_path, engine, busy_running=2) as (client, batch_id):
         first = {r.request_id for r in engine.requests if r.priority == BATCH_PRIORITY}
         interactive = client.chat.completions.create(**_chat("interactive", 20), n=2)
         assert len(interactive.choices) == 2
         assert len(first & set(engine.left)) == 4, engine.left
         engine.step_delay = 0
-        ended = _ended(client, batch.id)
+        ended = _ended(client, batch_id)
         out = _lines(client, ended.output_file_id)
         assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(30))
 
