@@ -83,6 +83,7 @@ _KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 _AOT_ENV = "VLLM_USE_AOT_COMPILE"
 # Set by the server while its engine starts: "<server pid> <niceness>".
 SESSION_ENV = "SWITCHBOARD_ENGINE_SESSION"
+ENGINE_TITLE = "VLLM::"  # how vLLM names its engine core's and workers' processes
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _AUTOGROUP_TRIES = 10  # of the kernel's one write a tenth of a second: a second in all
 
@@ -136,11 +137,21 @@ def _thread_affinities(process: psutil.Process) -> Iterable[frozenset[int]]:
             continue
 
 
+def _is_engine(process: psutil.Process) -> bool:
+    try:
+        return process.name().startswith(ENGINE_TITLE)
+    except psutil.Error:  # it ended meanwhile
+        return False
+
+
 def engine_cpus(everything: frozenset[int]) -> frozenset[int]:
-    """The cores some thread of a child process of ours is bound to (a thread allowed on
-    every core is not bound and says nothing)."""
+    """The cores some thread of an engine process under ours is bound to (a thread allowed
+    on every core is not bound and says nothing). Only vLLM's: any other child (the body
+    worker) was started by a pinned thread and is bound to the frontend's own cores."""
     bound: set[int] = set()
     for child in psutil.Process().children(recursive=True):
+        if not _is_engine(child):
+            continue
         for cpus in _thread_affinities(child):
             if cpus < everything:
                 bound |= cpus

@@ -13,7 +13,9 @@ import pytest
 
 from app.engine.cpu_host import (
     DEFAULT_KV_CACHE_BYTES,
+    ENGINE_TITLE,
     GiB,
+    engine_cpus,
     kv_cache_default,
     renice_engine,
     without_aot_compile,
@@ -97,3 +99,35 @@ def test_every_thread_of_the_engines_processes_is_niced() -> None:
             process.kill()
         child.kill()
         child.wait()
+
+
+_BOUND = """
+import os, sys, time
+import setproctitle
+setproctitle.setproctitle(sys.argv[1])
+os.sched_setaffinity(0, {int(sys.argv[2])})
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_only_the_engines_cores_are_the_engines() -> None:
+    """A child of the frontend that is no engine (the body worker, started by a pinned
+    thread, so bound to the frontend's core) is not taken for one: counted, the engine's
+    cores were every core, and the frontend was left unpinned."""
+    machine = frozenset(os.sched_getaffinity(0))
+    if len(machine) < 2:
+        pytest.skip("one core: nothing is bound to a proper subset of it")
+    engine_core, other_core = sorted(machine)[:2]
+    children = [
+        subprocess.Popen([sys.executable, "-c", _BOUND, title, str(core)], stdout=subprocess.PIPE)
+        for title, core in ((f"{ENGINE_TITLE}Worker", engine_core), ("worker", other_core))
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline() == b"up\n"
+        assert engine_cpus(machine) == {engine_core}
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
