@@ -139,9 +139,10 @@ def _thread_affinities(process: psutil.Process) -> Iterable[frozenset[int]]:
 
 def _is_engine(process: psutil.Process) -> bool:
     try:
-        return process.name().startswith(ENGINE_TITLE)
+        name: str = process.name()
     except psutil.Error:  # it ended meanwhile
         return False
+    return name.startswith(ENGINE_TITLE)
 
 
 def engine_cpus(everything: frozenset[int]) -> frozenset[int]:
