@@ -48,7 +48,7 @@ from app.protocols.openai.admission_units import admission_units
 from app.protocols.openai.chat import ChatExchange
 from app.protocols.openai.completions import CompletionExchange
 from app.protocols.openai.errors import error_body as openai_error_body
-from app.sessions.calls import Call, collect_call, in_prompt_thread, start_call
+from app.sessions.calls import Call, collect_call, start_call
 from app.sessions.responses import CallLane, Responses
 from app.telemetry.record import RequestRecord
 from app.telemetry.reports import Telemetry
@@ -137,8 +137,7 @@ class Endpoints:
         self.telemetry = telemetry
         self.tenants = tenants
         self._responses = responses
-        self._building = asyncio.Semaphore(BUILDING)
-        self._lane = CallLane(PROTOCOL, BATCH_PRIORITY, self._building)
+        self._lane = CallLane(PROTOCOL, BATCH_PRIORITY, asyncio.Semaphore(BUILDING))
 
     async def answer(self, endpoint: str, body: Any, *, request_id: str, tenant: str) -> Answer:
         """The endpoint's answer to `body`; `Retry` if the server could not give one. It
@@ -248,14 +247,10 @@ class Endpoints:
             units=units,
             priority=BATCH_PRIORITY,
             principal=principal,
-            build=lambda: self._built(build),
+            build=lambda: self._lane.built(lambda: _InLane(build())),
         )
         result: dict[str, Any] = await collect_call(self.engine, call)
         return result
-
-    async def _built(self, build: Callable[[], Exchange]) -> _InLane:
-        async with self._building:
-            return await in_prompt_thread(lambda: _InLane(build()))
 
     async def _response(
         self, body: ResponsesRequest, record: RequestRecord, principal: Principal

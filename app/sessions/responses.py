@@ -31,8 +31,9 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from app.admission import Admission, ProtocolName
 from app.drain import Drain
@@ -61,6 +62,7 @@ from schemas.openai_responses import ResponsesRequest
 
 PROTOCOL = ProtocolName.RESPONSES  # admission's and /metrics' name for this API
 PREVIOUS = "previous_response_id"
+T = TypeVar("T")
 
 
 class CallLane(NamedTuple):
@@ -73,6 +75,11 @@ class CallLane(NamedTuple):
     protocol: ProtocolName
     priority: int
     building: asyncio.Semaphore
+
+    async def built(self, build: Callable[[], T]) -> T:
+        """`build()` in the prompt thread, once the lane's gate lets it through."""
+        async with self.building:
+            return await in_prompt_thread(build)
 
 
 class ConnectionResponses:
@@ -187,8 +194,7 @@ class Responses:
 
             if lane is None:
                 return await in_prompt_thread(exchange)
-            async with lane.building:  # the build alone: never the context's read
-                return await in_prompt_thread(exchange)
+            return await lane.built(exchange)  # the build alone: never the context's read
 
         try:
             return await start_call(
