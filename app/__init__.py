@@ -20,6 +20,8 @@ The modules around them:
 - `config`: `Settings`; `errors`: the one error tree; `wire_text`: text every wire
   format can carry;
 - `admission`: the one queue bound; `drain`: SIGTERM's sequence; `metrics`: /metrics;
+- `pipe_child`: how the server's helper processes (body workers, the render process)
+  start and stop; `heap`: the memory a big request held, given back once it is freed;
 - `auth`: keys -> principals; `tenants`: the principal, roles and per-tenant limits;
 - `tiny_model`, `tiny_vl_model`: the local tiny models the tests and the README run.
 """

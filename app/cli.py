@@ -159,11 +159,17 @@ async def _run(settings: Settings) -> None:
 
     from app.drain import Drain
     from app.engine.vllm.startup import settle_heap, start_engine
+    from app.heap import fix_mmap_threshold
     from app.main import create_app
+    from app.telemetry.tracing import Tracing
 
-    engine = await start_engine(settings)
-    app = create_app(settings, engine=engine)
+    # One tracer for the app and the engine's spans, lent to vLLM before its engine is
+    # built (vLLM's own would otherwise take the process's provider for good).
+    tracing = Tracing.from_settings(settings)
+    engine = await start_engine(settings, tracing)
+    app = create_app(settings, engine=engine, tracing=tracing)
     settle_heap()
+    fix_mmap_threshold()
     drain: Drain = app.state.drain
     loop = asyncio.get_running_loop()
     stopped = False

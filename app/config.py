@@ -88,6 +88,15 @@ class Settings(BaseSettings):
         "a gRPC message costs several times a token's work, so fewer, fuller chunks spend "
         "less CPU per token. 0 sends one as each engine step comes.",
     )
+    grpc_stream_chunks_per_interval: int = Field(
+        default=8,
+        ge=0,
+        description="SMG's gRPC workers: past this many streamed choices live, each "
+        "stream's --grpc-stream-interval-ms grows in proportion (interval x streams / "
+        "this), so that together they send about this many chunks an interval however "
+        "many stream, each with more tokens; fewer streams keep the interval as it is. 0 "
+        "turns the growth off.",
+    )
     lora_modules: list[str] = Field(
         default_factory=list,
         description="Static LoRA adapters as name=path, selected by the `model` field.",
@@ -148,6 +157,26 @@ class Settings(BaseSettings):
         "otherwise stall beside them (a client in another session sat runnable for up to "
         "1.5 s at a time at 16 streams). On a host busy with other work they give way to it "
         "too.",
+    )
+    engine_spin_ms: int | None = Field(
+        default=None,
+        ge=0,
+        description="On vLLM's CPU build, how long the engine's processes busy-wait for each "
+        "other's next message after the last one before they sleep on a socket; unset, "
+        "vLLM's 1000 ms. While the engine steps, messages come every few milliseconds, so a "
+        "few tens of milliseconds keep its speed; every spin past that is a core or two "
+        "taken, after each burst of work, from whatever else runs on the host (at the "
+        "engine's niceness).",
+    )
+    render_process: bool = Field(
+        default=True,
+        description="Template prompts of over a MiB of text in a child process of their own "
+        "(the render process: the engine's renderer, built by vLLM from the engine's "
+        "configuration), started beside the engine, so that a big prompt never holds the "
+        "serving process's interpreter lock while it is templated (a 16 MiB chat took the "
+        "honest clients' TTFT from 1.59x idle's to 1.21x). Its cost: vLLM's import again "
+        "(~15 s of CPU at the engine's start, at niceness 19) and ~540 MiB resident. Off, "
+        "such prompts are templated in the serving process's prompt threads.",
     )
     pin_frontend: bool = Field(
         default=True,
@@ -275,6 +304,20 @@ class Settings(BaseSettings):
         "queued or running (or were, within the last half second): the lane's width under "
         "interactive load. Past it, the newest batch requests are taken off the engine and "
         "run again later.",
+    )
+    batch_recent_running: int = Field(
+        default=16,
+        ge=0,
+        description="Batch requests in the engine at once for --batch-recent-s after "
+        "interactive traffic paused (past the busy width's half second): the first "
+        "interactive requests that come back wait for the engine step in flight, which "
+        "takes longer the more sequences it runs.",
+    )
+    batch_recent_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="How long after interactive traffic paused the lane stays at "
+        "--batch-recent-running before it widens to --batch-max-running (0: at once).",
     )
     batch_lease_s: float = Field(
         default=10.0,

@@ -1,4 +1,4 @@
-"""The application: `create_app(settings, engine=None)` builds the FastAPI app.
+"""The application: `create_app(settings, engine=None, tracing=None)` builds the FastAPI app.
 
 Its objects (`app.objects.AppObjects` on `app.state.objects`: the keyring, the one
 `Admission` every protocol asks before any prompt work, the `Drain` over it that SIGTERM
@@ -50,10 +50,14 @@ from app.routes.raw_send import keep_raw_send
 from app.routes.ws import evergreen, salience
 from app.routes.ws import responses as responses_ws
 from app.telemetry.http import HttpTelemetry
+from app.telemetry.tracing import Tracing
 
 
-def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
-    objects = AppObjects(settings)
+def create_app(
+    settings: Settings, engine: Engine | None = None, tracing: Tracing | None = None
+) -> FastAPI:
+    """`tracing`: the tracer `engine` was started with (`start_engine`'s), the app's own."""
+    objects = AppObjects(settings, tracing)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

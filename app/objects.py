@@ -6,7 +6,7 @@ and nowhere else.
 - `keyring` (`app.auth`: keys to principals), `admission` (the one queue bound),
   `drain` (SIGTERM's sequence over it), `telemetry` (`app.telemetry`: each request's
   record, span, access-log line and metrics), `body_worker` (`app.routes.body_worker`:
-  big bodies parsed in a child process, started with the first).
+  big bodies parsed in child processes, each started with its first).
 
 `build_on(engine)` then builds what runs on the engine, in order, each from the
 settings and the ones before it (`start_engine()` starts the process's engine from the
@@ -62,6 +62,7 @@ from app.sessions.responses import Responses
 from app.sessions.salience import SalienceRunner
 from app.store import open_conversations, open_store
 from app.telemetry.reports import Telemetry
+from app.telemetry.tracing import Tracing
 
 
 class Closable(Protocol):
@@ -80,7 +81,7 @@ class AppObjects:
     responses: Responses
     salience: SalienceRunner
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tracing: Tracing | None = None) -> None:
         self._closing_stack = AsyncExitStack()
         self._stop_engine: Callable[[], None] | None = None
         self.settings = settings
@@ -89,7 +90,7 @@ class AppObjects:
             settings.max_queued_requests or None, settings.max_queued_tokens or None
         )
         self.drain = Drain(self.admission, settings.drain_timeout_s, settings.drain_grace_s)
-        self.telemetry = Telemetry(settings)
+        self.telemetry = Telemetry(settings, tracing)
         self.body_worker = self._closing(BodyWorker())
 
     def build_on(self, engine: Engine) -> None:
@@ -140,9 +141,7 @@ class AppObjects:
         engine stops when these objects close (or at once, if building on it fails)."""
         from app.engine.vllm.startup import start_engine
 
-        if self.telemetry.tracing is not None:
-            self.telemetry.tracing.lend_to_vllm()
-        engine = await start_engine(self.settings)
+        engine = await start_engine(self.settings, self.telemetry.tracing)
         try:
             self.build_on(engine)
         except BaseException:

@@ -27,11 +27,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 if TYPE_CHECKING:  # app modules load lazily here; see the fixtures
     from tests.aborts import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
+# No deadline on any property test's example: Hypothesis' default (200 ms) is a timed
+# assertion, and under the suite's load one example of pure logic took 763 ms (a loaded
+# machine, not a slow path) and failed the run.
+hypothesis_settings.register_profile("switchboard", deadline=None)
+hypothesis_settings.load_profile("switchboard")
 CACHE = Path(os.environ.get("SWITCHBOARD_TEST_CACHE", ROOT / ".cache"))
 os.environ["SWITCHBOARD_GRPC_PORT"] = "0"  # tests that serve gRPC pass a port
 # A drain returns once its work is done, not after a router's probe interval: the tests
@@ -135,6 +141,12 @@ def free_port() -> int:
     from app.fleet.members import free_port as below_ephemeral
 
     return below_ephemeral()
+
+
+# Every engine the suite starts spins 20 ms after its last step, not vLLM's second
+# (`--engine-spin-ms`): the suite keeps both cores busy, and each engine's spin after every
+# call took them from the other lane's tests (tests/engine/test_cpu_host.py).
+ENGINE_SPIN_MS = 20
 
 
 @dataclass
@@ -288,6 +300,7 @@ def live_server() -> Iterator[LiveServer]:
         # Off by default; on here so that the pinning stays tested (tests/engine/
         # test_cpu_host.py) and the suite keeps the geometry it was timed on.
         pin_frontend=True,
+        engine_spin_ms=ENGINE_SPIN_MS,
         # The tiny model's template writes hermes-style calls.
         enable_auto_tool_choice=True,
         tool_call_parser="hermes",
@@ -323,6 +336,8 @@ def vl_server() -> Iterator[LiveServer]:
     settings = Settings(
         model=str(tiny_vl_model_path()),
         served_model_name=VL_MODEL,
+        engine_spin_ms=ENGINE_SPIN_MS,
+        render_process=False,  # no big prompt here: vLLM's import again for nothing
         engine_args={"dtype": "float32", "max_model_len": 512, "enforce_eager": True},
     )
     with serve(settings, VL_MODEL) as live:

@@ -8,7 +8,7 @@ It is launched in the background when the unit tests begin (`tests/conftest.py`)
 run on a fake engine and leave a core idle, so the replicas' engines start meanwhile, and
 the fleet's tests, which run last, find them ready (`started`). Its replicas take the
 flags of the suite's live server (tools, structured outputs, a LoRA adapter) and those of
-the drain test (an 8k context, a 4 s drain, a grace period past it); a prompt bound small
+the drain test (an 8k context, a grace period past its drain); a prompt bound small
 enough that one call can be refused on purpose; every tool's arguments constrained to
 its schema (vLLM's router forwards chat tools without their `strict`). Replicas and
 routers are traced to the suite's OTLP receiver (tests/otlp_receiver.py).
@@ -22,13 +22,17 @@ from pathlib import Path
 
 from app.fleet.fleet import Fleet, RouterSpec
 from app.fleet.routers import SMG, SMG_GRPC, VLLM_ROUTER, Probe
-from tests.conftest import LIVE_LORA, LIVE_MODEL, tiny_lora_path, tiny_model_path
+from tests.conftest import ENGINE_SPIN_MS, LIVE_LORA, LIVE_MODEL, tiny_lora_path, tiny_model_path
 from tests.otlp_receiver import session_receiver
 
 CONTEXT = 8192
+# The replicas drain as a user's would, for serve's 25 s: a drain cuts what outlasts it,
+# and a short stream in flight at the roll's SIGTERM, on an engine the other lane starved
+# of CPU, once took over 6 s (CI). Replica 0 comes back from the roll with the drain
+# test's, whose long streams it cuts (tests/fleet/test_drain.py drains it for good).
 DRAIN_TIMEOUT_S = 4.0
-# Past the drain's end, so that the grace, not the drain, decides when a listener closes
-# (tests/fleet/test_drain.py), and past the routers' probes (PROBE.out_within_s).
+# Past the drain test's drain, so that the grace, not the drain, decides when a listener
+# closes, and past the routers' probes (PROBE.out_within_s).
 GRACE_S = 6.0
 PROBE = Probe(interval_s=1, failures=2, successes=1, timeout_s=2)
 # A call of 2 choices of a prompt over half of it is refused by every replica.
@@ -63,10 +67,14 @@ def _serve_args() -> list[str]:
         # run out, at the default 10 s: a replica the suite's other lane starves of CPU
         # may miss a renewal of a shorter one while it is alive.
         "--batch-busy-running", "2",
+        # No replica meets a prompt of over a MiB: the render process would be vLLM's
+        # import again at each of the fleet's four starts (~16 s of CPU each) for nothing.
+        "--render-process", "false",
         # The engines give way to everything else (their spinning included): a replica
         # restarting beside the other's spinning under the roll's load took minutes to
         # import vLLM at the default niceness (10).
         "--engine-niceness", "19",
+        "--engine-spin-ms", str(ENGINE_SPIN_MS),
         "--log-level", "warning",
     ]  # fmt: skip
 
@@ -87,7 +95,6 @@ def launch() -> Fleet:
             },
             nginx=True,
             probe=PROBE,
-            drain_timeout_s=DRAIN_TIMEOUT_S,
             drain_grace_s=GRACE_S,
             # As a user's replicas would: no KV-cache size set, so serve picks its own on
             # a CPU host, on a page cache the suite has filled.

@@ -35,6 +35,9 @@ class Span:
     status_code: int  # 0 unset, 1 ok, 2 error
     start_ns: int
     end_ns: int
+    # The exporter's end of the connection it came on (gRPC's `peer()`): one per
+    # exporter, so the spans one exporter sent share it.
+    peer: str = ""
 
 
 def _value(value: AnyValue) -> Any:
@@ -56,6 +59,7 @@ class _Service(trace_service_pb2_grpc.TraceServiceServicer):
         self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
     ) -> trace_service_pb2.ExportTraceServiceResponse:
         received = []
+        peer = context.peer()
         for resource_spans in request.resource_spans:
             service = _attributes(resource_spans.resource.attributes).get("service.name", "")
             for scope_spans in resource_spans.scope_spans:
@@ -73,6 +77,7 @@ class _Service(trace_service_pb2_grpc.TraceServiceServicer):
                             status_code=span.status.code,
                             start_ns=span.start_time_unix_nano,
                             end_ns=span.end_time_unix_nano,
+                            peer=peer,
                         )
                     )
         self._receiver._add(received)

@@ -12,10 +12,14 @@ Batch requests run at `BATCH_PRIORITY`, after every priority a client may ask fo
 
 What the scheduler does not do is make room in the running batch: an interactive request
 shares every engine step with the batch requests running, and each makes the step
-longer (on a CPU engine, 8 sequences step in ~3 ms, 32 in ~6). So the lane's width
-follows interactive traffic: `max_running` while no interactive request is in flight (on
-this replica: queued or running), `busy_running` while one is, and for `hold_s` after
-the last one ended (a client's next request follows its last closely); past the width,
+longer (vLLM 0.32's CPU engine, the tiny model, 2 cores: 4-6 ms at 2 sequences, 6.5 at
+16, 11-13 at 32, 25 at 128). So the lane's width follows interactive traffic:
+`busy_running` while an interactive request is in flight (on this replica: queued or
+running) and for `hold_s` after the last one ended (a client's next request follows its
+last closely); `recent_running` for `recent_s` after that (traffic that paused comes
+back, and its first requests wait for the engine step in flight: no one width keeps
+that step short and the idle batch's pace up, docs/batches.md); `max_running` once no
+interactive request has been in flight for longer; past the width,
 the runner takes the newest batch requests off the engine (`excess`), to run again later
 (their tokens so far are lost; the newest have made the least). It does so the moment an
 interactive request is admitted (`Admission.on_admit`), before that request's prompt is
@@ -68,14 +72,22 @@ class Lane:
         max_running: int,
         busy_running: int,
         hold_s: float = 0.5,
+        recent_running: int | None = None,
+        recent_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.admission = admission
         self.max_running = max_running
         self.busy_running = busy_running
         self.hold_s = hold_s
+        # After the hold, for `recent_s`: at most this many (interactive traffic that
+        # paused is likely to come back, and its first requests wait for the step in
+        # flight, whose length grows with the width), between the busy and idle widths.
+        recent = max_running if recent_running is None else recent_running
+        self.recent_running = min(max_running, max(busy_running, recent))
+        self.recent_s = recent_s
         self._clock = clock
-        self._busy_until = 0.0
+        self._busy_until = float("-inf")  # never busy yet
         # Batch requests in the engine, less those being taken off (the runner counts).
         self.running = 0
         # Called (by admission, synchronously) when an interactive request is admitted
@@ -96,7 +108,11 @@ class Lane:
         now = self._clock()
         if self.admission.in_flight_before(BATCH_PRIORITY):
             self._busy_until = now + self.hold_s
-        return self.busy_running if now < self._busy_until else self.max_running
+        if now < self._busy_until:
+            return self.busy_running
+        if now < self._busy_until + self.recent_s:
+            return self.recent_running
+        return self.max_running
 
     def room(self) -> int:
         """How many more may start now."""

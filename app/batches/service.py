@@ -90,6 +90,8 @@ class Batches:
             admission,
             max_running=idle_width(settings.batch_max_running, engine.info.max_num_seqs),
             busy_running=settings.batch_busy_running,
+            recent_running=settings.batch_recent_running,
+            recent_s=settings.batch_recent_s,
         )
         runner = BatchRunner(
             store,

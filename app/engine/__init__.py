@@ -15,5 +15,7 @@ vLLM (`vllm/`, with `readout_worker`, which runs inside vLLM's workers).
 - `cpu_host`: what a CPU build needs of its host (KV cache, niceness, pinning, the
   compile cache); `announce`: what the server tells the engine's processes as they start;
 - `runtime_lora`: which LoRA adapters the control plane may load while the server runs;
+- `turn`: the prompt turn, one build at a time, first come first served, given up while a
+  build waits on another process;
 - `vllm/`: `VllmEngine` over vLLM's `AsyncLLM`, split by concern.
 """

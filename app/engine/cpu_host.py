@@ -43,11 +43,21 @@ every process outside a cgroup of its own) a server started in a session of its 
 service, `setsid`, bench/harness.py) faces a client in another one at the group's full
 weight. So the engine core takes a session of its own (`engine_session`, a vLLM general
 plugin run in each engine process as it starts, before it starts its workers, which join
-it), whose group runs at the same niceness: the engine then gives way to every other
+it; `own_session`, which the body worker's children take too), whose group runs at the
+same niceness: the engine then gives way to every other
 session on the host, the frontend's included. Out of the server's session and process
 group it no longer gets the signals sent to them, and could outlive a server killed
 outright: it asks the kernel for SIGTERM when the server's thread that started it ends,
 which the engine obeys once the server is gone (app/engine/vllm/hold.py).
+
+Engine spin: the waits described above are vLLM's shared-memory queues between the
+engine core and its workers (`SpinCondition`): a reader busy-waits for a second after its
+last message before it sleeps on the queue's socket, a value vLLM does not let one set.
+While the engine steps, messages come every few milliseconds and the spin saves a wake-up
+each; after the last step of a burst it is a second of a core or two for nothing, which on
+a host shared with other work (a test suite, a load client, another server) is taken from
+that work. `--engine-spin-ms` sets it (`engine_spin`, in each engine process as it
+starts, before its queues are made); unset, vLLM's second stands.
 
 Compilation: vLLM 0.32 with torch 2.10 or later saves each compiled model as an AOT
 artifact and loads it at the next start, but on the CPU build (no inductor) the loaded
@@ -83,6 +93,9 @@ _KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 _AOT_ENV = "VLLM_USE_AOT_COMPILE"
 # Set by the server while its engine starts: "<server pid> <niceness>".
 SESSION_ENV = "SWITCHBOARD_ENGINE_SESSION"
+# Set by the server while its engine starts: the seconds the engine's processes spin.
+SPIN_ENV = "SWITCHBOARD_ENGINE_SPIN_S"
+_VLLM_SPIN_S = 1  # vLLM 0.32's SpinCondition(busy_loop_s=1)
 ENGINE_TITLE = "VLLM::"  # how vLLM names its engine core's and workers' processes
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _AUTOGROUP_TRIES = 10  # of the kernel's one write a tenth of a second: a second in all
@@ -198,6 +211,31 @@ def engine_session_announced(niceness: int) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def engine_spin_announced(spin_ms: int | None) -> Iterator[None]:
+    """While the engine's processes start: their spin to be `spin_ms` (`engine_spin`);
+    None leaves vLLM's."""
+    if spin_ms is None:
+        yield
+        return
+    with announced(SPIN_ENV, str(spin_ms / 1000)):
+        yield
+
+
+def engine_spin(seconds: float) -> bool:
+    """The busy-wait of every vLLM shared-memory queue this process reads from then on:
+    `seconds` after the last message instead of vLLM's second. False, and vLLM's left as
+    it is, when its `SpinCondition` no longer takes the default this was written for."""
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    init = shm_broadcast.SpinCondition.__init__
+    if init.__defaults__ != (_VLLM_SPIN_S,):
+        logger.warning("vLLM's SpinCondition changed; --engine-spin-ms is not applied")
+        return False
+    init.__defaults__ = (seconds,)
+    return True
+
+
 def _nice_autogroup(niceness: str) -> bool:
     """Set this session's group (autogroup) to `niceness`; False on a kernel without them.
     Without CAP_SYS_ADMIN the kernel takes one such write a tenth of a second host-wide and
@@ -219,31 +257,45 @@ def engine_session() -> None:
     engine core and the core's workers, as each starts), the starting thread at the
     announced niceness, so that every thread it starts from then on is born at it (the
     sweep after startup, `renice_engine`, can miss a thread started while it walks);
-    in the engine core (the server's child, before it starts its workers) also a session
-    of its own, its group at that niceness, and SIGTERM when the server's thread that
-    started it ends. The server itself, and any process started without the
-    announcement, are left alone."""
+    in the engine core (the server's child, before it starts its workers, which join it)
+    also `own_session`. The server itself, and any process started without the
+    announcement, are left alone. The engine's spin too, when announced (`engine_spin`)."""
+    spin = os.environ.get(SPIN_ENV)
+    if spin:
+        engine_spin(float(spin))
     server, _, niceness = os.environ.get(SESSION_ENV, "").partition(" ")
     if not niceness or os.getpid() == int(server):
         return
     os.setpriority(os.PRIO_PROCESS, 0, int(niceness))  # this thread: Linux nices threads
     if os.getppid() != int(server):
         return
+    own_session(int(niceness), int(server), "the engine core")
+
+
+def own_session(niceness: int, server: int, who: str) -> None:
+    """This process, a child of `server`, out of the server's session into one of its own
+    whose group (autogroup) runs at `niceness`, so that it gives way to every other
+    session on the host, the server's included (a niceness weighs only within a group).
+    Out of the server's session and process group it no longer gets the signals sent to
+    them, so first it asks the kernel for SIGTERM when the server's thread that started
+    it ends: it ends with the server, however the server ends. Used by the engine core
+    (`engine_session`) and the body worker's children (`app.routes.body_worker`); `who`
+    names it in the log."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != int(server):  # the server ended before the kernel could tell
+    if os.getppid() != server:  # the server ended before the kernel could tell
         signal.raise_signal(signal.SIGTERM)
         return
     try:
         os.setsid()
     except OSError:  # a process group's leader already: it stays where it is
-        logger.warning("the engine core could not take a session of its own")
+        logger.warning("%s could not take a session of its own", who)
         return
-    if not _nice_autogroup(niceness):
-        logger.info("engine core in a session of its own (no autogroup to nice)")
+    if not _nice_autogroup(str(niceness)):
+        logger.info("%s in a session of its own (no autogroup to nice)", who)
         return
-    logger.info("engine core in a session of its own, its group at niceness %s", niceness)
+    logger.info("%s in a session of its own, its group at niceness %s", who, niceness)
 
 
 def pin_frontend() -> frozenset[int] | None:

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.config import Settings
 from app.errors import ConfigError
 from app.fleet.members import (
     START_TIMEOUT_S,
@@ -39,6 +40,8 @@ from app.fleet.routers import (
 
 # What a replica's own stop may take past its drain: the engine's shutdown.
 _STOP_SLACK_S = 30.0
+# A replica's drain where nothing sets one: serve's own.
+_SERVE_DRAIN_S: float = Settings.model_fields["drain_timeout_s"].default
 _FRONT_STOP_S = 10.0
 
 
@@ -64,7 +67,7 @@ class Fleet:
     nginx_ports: tuple[int, int] | None = None  # HTTP and gRPC; free ones if None
     shared_store: bool = True
     probe: Probe = field(default_factory=Probe)
-    drain_timeout_s: float = 25.0
+    drain_timeout_s: float = _SERVE_DRAIN_S
     drain_grace_s: float | None = None
     # On a CPU build, bind each replica's engine to a core of its own, in turn.
     bind_cores: bool = True
@@ -78,11 +81,11 @@ class Fleet:
         self.redis = RedisServer("redis", self.workdir) if self.shared_store else None
         store = self.redis.url if self.redis is not None else None
         cores = sorted(machine_cpus())
-        # The replica's own drain flags (its grace covers the routers' probes), and traces.
+        # The replica's own drain (its grace covers the routers' probes), and traces.
         grace = self.drain_grace_s
         if grace is None:
             grace = self.probe.out_within_s + self.probe.interval_s
-        own = ["--drain-timeout-s", str(self.drain_timeout_s)]
+        own: list[str] = []
         if self.otlp_traces_endpoint is not None:
             own += ["--otlp-traces-endpoint", self.otlp_traces_endpoint]
         self.replicas = [
@@ -92,6 +95,7 @@ class Fleet:
                 serve_args=own + self.serve_args,
                 store=store,
                 cpu_core=cores[i % len(cores)] if self.bind_cores else None,
+                drain_timeout_s=self.drain_timeout_s,
                 drain_grace_s=grace,
                 env=self.replica_env,
             )
@@ -183,26 +187,31 @@ class Fleet:
         for replica in self.replicas:
             replica.terminate()
         for replica in self.replicas:
-            replica.stop(self._replica_stop_s)
+            replica.stop(_stop_s(replica))
         if self.redis is not None:
             self.redis.stop(_FRONT_STOP_S)
 
-    def restart(self, i: int, *, kill: bool = False, group: bool = False) -> None:
+    def restart(
+        self,
+        i: int,
+        *,
+        kill: bool = False,
+        group: bool = False,
+        drain_timeout_s: float | None = None,
+    ) -> None:
         """Replica `i` drains (SIGTERM, to its whole process group with `group`) or dies
-        (SIGKILL to its group), then starts again on the same ports; returns once it
+        (SIGKILL to its group), then starts again on the same ports, with
+        `drain_timeout_s` as its drain's timeout from then on if given; returns once it
         answers ready."""
         replica = self.replicas[i]
         if kill:
             replica.kill()
         else:
-            replica.stop(self._replica_stop_s, group)
+            replica.stop(_stop_s(replica), group)
+        if drain_timeout_s is not None:
+            replica.drain_timeout_s = drain_timeout_s
         replica.start()
         replica.wait_ready()
-
-    @property
-    def _replica_stop_s(self) -> float:
-        grace = self.replicas[0].drain_grace_s or 0.0
-        return max(self.drain_timeout_s, grace) + _STOP_SLACK_S
 
     def _router_argv(self, spec: RouterSpec, port: int) -> list[str]:
         if spec.kind == VLLM_ROUTER:
@@ -229,3 +238,9 @@ def running(fleet: Fleet) -> Iterator[Fleet]:
         yield fleet
     finally:
         fleet.stop()
+
+
+def _stop_s(replica: Replica) -> float:
+    """How long `replica`'s drain may take, its engine's shutdown included."""
+    drain = _SERVE_DRAIN_S if replica.drain_timeout_s is None else replica.drain_timeout_s
+    return max(drain, replica.drain_grace_s or 0.0) + _STOP_SLACK_S

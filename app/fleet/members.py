@@ -204,6 +204,9 @@ class Replica(Member):
     port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     kv_events_port: int = field(default_factory=free_port)
+    # Its drain's flags (None: serve's defaults). A restart may change them: the new
+    # process takes what they are when it starts.
+    drain_timeout_s: float | None = None
     drain_grace_s: float | None = None
     # The environment's changes for this replica (None: unset the variable).
     env: dict[str, str | None] = field(default_factory=dict)
@@ -237,6 +240,8 @@ class Replica(Member):
         ]  # fmt: skip
         if self.store is not None:
             args += ["--responses-store", self.store]  # Salience's store follows it
+        if self.drain_timeout_s is not None:
+            args += ["--drain-timeout-s", str(self.drain_timeout_s)]
         if self.drain_grace_s is not None:
             args += ["--drain-grace-s", str(self.drain_grace_s)]
         if self.cpu_core is not None:

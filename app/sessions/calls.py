@@ -7,11 +7,11 @@ In this order:
 1. `start_call`: admission (`app.admission`), one unit per engine request the call will
    make, each with a bound of its prompt tokens, before any prompt work (a refusal is
    raised, for the transport to answer in the API's shape); then `build`, which makes
-   the exchange: off the event loop, in the one prompt thread (`in_prompt_thread`),
-   where templating, tokenizing, compiling a constraint's grammar and decoding images
-   block, so that they never stall the streams. A build that fails gives its admission
-   places back. Work that builds a prompt and runs nothing (the render routes,
-   /tokenize, count_tokens) is admitted alike, for as long as it builds
+   the exchange: off the event loop, in a prompt thread holding the one prompt turn
+   (`in_prompt_thread`), where templating, tokenizing, compiling a constraint's grammar
+   and decoding images block, so that they never stall the streams. A build that fails
+   gives its admission places back. Work that builds a prompt and runs nothing (the
+   render routes, /tokenize, count_tokens) is admitted alike, for as long as it builds
    (`admitted_in_prompt_thread`).
 2. `stream_call`: the exchange's events handed to `emit` as they come: `opening()`, then
    the events of each engine event, pushed from the engine's own loop
@@ -49,6 +49,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from app.admission import Admission, ProtocolName, Tickets
 from app.engine.base import Engine, GenerationRequest, TokenEvent
+from app.engine.turn import PROMPT_TURN
 from app.errors import SwitchboardError, client_error
 from app.protocols.exchange import Event
 from app.sessions.generations import run_generations
@@ -69,14 +70,25 @@ class Planned(Protocol):
 C = TypeVar("C", bound=Planned)
 Emit = Callable[[list[Event]], None]
 
-# One thread, so that prompts are templated in arrival order and the tokenizer is never
-# entered from two threads at once (HF's fast tokenizers are not reentrant).
-_PROMPT_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt")
+# Prompt threads, one build at a time among them: each holds the prompt turn
+# (`app.engine.turn`) while it builds, so prompts are built in arrival order and the
+# tokenizer is never entered from two threads at once (HF's fast tokenizers are not
+# reentrant). More than one thread so that a build waiting on another process (a big
+# prompt templated in the render process, its turn given up) leaves the others a thread;
+# enough for the big prompts waiting at once (each waits in the render process's queue)
+# to leave the others threads; an idle thread costs nothing, a waiting one one wake-up.
+PROMPT_THREADS = 16
+_PROMPT_THREADS = ThreadPoolExecutor(max_workers=PROMPT_THREADS, thread_name_prefix="prompt")
+
+
+def _in_turn(build: Callable[[], T]) -> T:
+    with PROMPT_TURN:
+        return build()
 
 
 async def in_prompt_thread(build: Callable[[], T]) -> T:
-    """`build()` in the prompt thread."""
-    return await asyncio.get_running_loop().run_in_executor(_PROMPT_THREAD, build)
+    """`build()` in a prompt thread, in the prompt turn."""
+    return await asyncio.get_running_loop().run_in_executor(_PROMPT_THREADS, _in_turn, build)
 
 
 async def admitted_in_prompt_thread(

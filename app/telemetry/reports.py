@@ -45,8 +45,10 @@ def epoch_ns(monotonic_s: float) -> int:
 
 
 class Telemetry:
-    def __init__(self, settings: Settings) -> None:
-        self.tracing = Tracing.from_settings(settings)
+    def __init__(self, settings: Settings, tracing: Tracing | None = None) -> None:
+        """`tracing`: the tracer made for these settings before the app (the one lent to
+        the engine `switchboard serve` starts first); else made here."""
+        self.tracing = tracing if tracing is not None else Tracing.from_settings(settings)
         self.metrics = RequestMetrics()
         self._access = AccessLog(settings.access_log)
         self._model = settings.model_name

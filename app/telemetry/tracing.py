@@ -138,8 +138,8 @@ class Tracing:
         the resource vLLM gives them: one batching thread, one encoding (`otlp.encode`,
         far cheaper than the SDK's) and one channel for both. vLLM makes its spans with
         the process's global tracer provider, which it sets to its own when its engine
-        starts unless one is set already: this sets it first (call it before the engine
-        starts). vLLM's own provider is still made, and stays idle."""
+        starts unless one is set already: this sets it first (`start_engine` calls it before
+        it builds the engine). vLLM's own provider is still made, and stays idle."""
         provider = _KeptTracers(resource=_vllm_resource())
         provider.add_span_processor(self._processor)
         set_tracer_provider(provider)

@@ -1,10 +1,12 @@
 """What an operator sees, on the live server (real vLLM, traced to the suite's OTLP
 receiver, tests/otlp_receiver.py): each surface's request (the HTTP APIs, GraphPipe, a
-Responses-websocket response, a Salience Generate over gRPC, an Evergreen GENERATE over
-the websocket) one SERVER span under its caller's `traceparent`, with the GenAI
-attributes and the engine's stages, and vLLM's own span of each of its engine requests
-(`llm_request`) under it, naming an engine request id
-that begins with the request's `x-request-id`; the access log's fields of a real
+Responses-websocket response, a Salience Generate over gRPC and over the websocket, an
+Evergreen GENERATE over the websocket and over gRPC, SMG's gRPC Generate) one SERVER span
+under its caller's `traceparent`, with the GenAI attributes and the engine's stages, and
+vLLM's own span of each of its engine requests (`llm_request`) under it, sent by the
+server's exporter, naming an engine request id
+that begins with the request's `x-request-id` (as vLLM's own log line of the request
+does); the access log's fields of a real
 request, its cached tokens included. The fake engine's finer points (errors, minted ids,
 metrics): tests/unit/test_telemetry.py."""
 
@@ -22,10 +24,13 @@ import numpy as np
 import pytest
 import websockets.sync.client
 from google.protobuf import json_format
+from smg_grpc_proto.generated import vllm_engine_pb2 as smg_pb
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as smg_grpc
 
 from app.telemetry.access_log import LOGGER
 from app.telemetry.ids import REQUEST_ID_HEADER
 from schemas import evergreen_service_pb2 as service_pb
+from schemas import evergreen_service_pb2_grpc as evergreen_grpc
 from schemas import salience_pb2 as pb
 from schemas import salience_pb2_grpc as salience_grpc
 from tests.conftest import LiveServer
@@ -59,6 +64,19 @@ def _ours_and_vllms(trace_id: str, engine_requests: int) -> tuple[Span, list[Spa
     return ours, [s for s in spans if s.name == ENGINE_SPAN]
 
 
+def _one_call(trace_id: str, request_id: str, calls: int) -> tuple[Span, list[Span]]:
+    """Our span of the call `request_id` among a socket's `calls` spans of the trace, and
+    vLLM's of its one engine request."""
+
+    def complete(spans: list[Span]) -> bool:
+        engine = [s for s in spans if s.name == ENGINE_SPAN]
+        return len(spans) - len(engine) == calls and len(engine) == 1
+
+    spans = session_receiver().trace(trace_id, "the calls' spans and vLLM's", complete)
+    (ours,) = [s for s in spans if s.attributes.get("switchboard.request_id") == request_id]
+    return ours, [s for s in spans if s.name == ENGINE_SPAN]
+
+
 def _check(
     ours: Span,
     engine: list[Span],
@@ -89,6 +107,8 @@ def _check(
     assert ours.start_ns <= times[0] and times[-1] <= ours.end_ns
     for span in engine:  # vLLM's own, for each engine request, under ours
         assert span.parent_id == ours.span_id, (span, ours)
+        # Sent by the server's exporter (`Tracing.lend_to_vllm`), not vLLM's own.
+        assert span.peer == ours.peer, "vLLM's span came through an exporter of its own"
         assert span.attributes["gen_ai.request.id"].startswith(f"{request_id}-")
         assert span.attributes["gen_ai.usage.completion_tokens"] > 0
     ids = {span.attributes["gen_ai.request.id"] for span in engine}
@@ -249,6 +269,41 @@ def test_the_access_log_of_real_requests(
     assert second["cached_tokens"] >= 256  # every whole block of the first prompt
 
 
+def test_the_request_id_begins_the_engines_in_vllms_own_log(live_server: LiveServer) -> None:
+    """vLLM's own line of each request it adds (`--enable-log-requests`: "Added request
+    ID.") names it by an id that begins with the caller's `x-request-id`, so an operator
+    finds the request in the engine's log by the id the client sent."""
+    from vllm.v1.engine.async_llm import logger as vllm_logger
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    llm = live_server.engine._llm  # vLLM's AsyncLLM, which --enable-log-requests sets
+    handler, level = Keep(), vllm_logger.level
+    vllm_logger.setLevel(logging.INFO)
+    vllm_logger.addHandler(handler)
+    llm.log_requests = True
+    request_id = f"vlog-{secrets.token_hex(4)}"
+    try:
+        body = {"model": "tiny", "prompt": "def main():", "max_tokens": 2}
+        answer = httpx.post(
+            f"{live_server.base_url}/v1/completions",
+            json=body,
+            headers={"x-request-id": request_id},
+            timeout=60,
+        )
+        assert answer.status_code == 200
+    finally:  # written as the engine took the request, before its answer
+        llm.log_requests = False
+        vllm_logger.removeHandler(handler)
+        vllm_logger.setLevel(level)
+    added = [line for line in lines if line.startswith(f"Added request {request_id}-")]
+    assert len(added) == 1, lines
+
+
 def test_a_salience_generate_over_grpc(live_server: LiveServer) -> None:
     trace_id, headers = _caller()
     metadata = tuple(headers.items())
@@ -291,3 +346,62 @@ def test_an_evergreen_generate_over_the_websocket(live_server: LiveServer) -> No
         name="text_completion tiny",
         operation="text_completion",
     )
+
+
+def test_a_salience_generate_over_the_websocket(live_server: LiveServer) -> None:
+    """The socket's calls are numbered after it: its OpenSession `.1`, its Generate `.2`."""
+    trace_id, headers = _caller()
+    with websockets.sync.client.connect(
+        f"{live_server.ws_url}/salience/ws", additional_headers=headers
+    ) as socket:
+        opened = {"id": "o", "method": "OpenSession", "request": {"model": "tiny"}}
+        socket.send(json.dumps(opened))
+        session = json.loads(socket.recv(timeout=60))["response"]["sessionId"]
+        request = {"sessionId": session, "appendTokens": [5, 6, 7], "maxTokens": 4}
+        socket.send(json.dumps({"id": "g", "method": "Generate", "request": request}))
+        while "done" not in json.loads(socket.recv(timeout=60)).get("event", {}):
+            pass
+    ours, engine = _one_call(trace_id, f"{headers['x-request-id']}.2", 2)
+    _check(
+        ours,
+        engine,
+        f"{headers['x-request-id']}.2",
+        name="text_completion tiny",
+        operation="text_completion",
+    )
+
+
+def test_an_evergreen_generate_and_an_smg_generate_over_grpc(live_server: LiveServer) -> None:
+    with grpc.insecure_channel(live_server.grpc_target) as channel:
+        trace_id, headers = _caller()
+        evergreen = evergreen_grpc.EvergreenServiceStub(channel)
+        sent = iter([message(generate("p1", "r1", max_tokens=4) + leaf("p1", "hi"))])
+        replies = evergreen.StartSession(sent, metadata=tuple(headers.items()), timeout=60)
+        assert any(reply.node_fragments for reply in replies)
+        ours, engine = _ours_and_vllms(trace_id, 1)
+        _check(
+            ours,
+            engine,
+            f"{headers['x-request-id']}.1",
+            name="text_completion tiny",
+            operation="text_completion",
+        )
+        trace_id, headers = _caller()
+        smg = smg_grpc.VllmEngineStub(channel)  # SMG's gRPC worker protocol
+        asked = smg_pb.GenerateRequest(
+            request_id="smg-1",
+            tokenized=smg_pb.TokenizedInput(input_ids=[5, 6, 7]),
+            sampling_params=smg_pb.SamplingParams(max_tokens=4),
+            stream=True,
+        )
+        generated = smg.Generate(asked, metadata=tuple(headers.items()), timeout=60)
+        assert list(generated)[-1].HasField("complete")
+        ours, engine = _ours_and_vllms(trace_id, 1)
+        _check(
+            ours,
+            engine,
+            headers["x-request-id"],
+            name="text_completion tiny",
+            operation="text_completion",
+        )
+        assert ours.attributes["switchboard.api"] == "smg"

@@ -1,18 +1,22 @@
 """On vLLM's CPU build: with `--pin-frontend`, the frontend keeps off the engine's cores (the
 live server, started with it, pinned this process once its engine had started); the
 engine's processes run niced (`--engine-niceness`, 10 by default), this one does not, in
-a session of their own whose group runs at that niceness too."""
+a session of their own whose group runs at that niceness too; they stop spinning soon after
+their last step (`--engine-spin-ms`)."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
 from app.engine.cpu_host import engine_cpus
 from tests.conftest import LiveServer
+from tests.waits import until_sync
 
 pytestmark = pytest.mark.engine
 
@@ -67,3 +71,22 @@ def test_prompts_are_prefilled_whole(live_server: LiveServer) -> None:
     config = live_server.engine._llm.vllm_config
     assert config.scheduler_config.enable_chunked_prefill is False
     assert config.scheduler_config.max_num_batched_tokens >= config.model_config.max_model_len
+
+
+def test_the_worker_sleeps_soon_after_the_last_step(live_server: LiveServer) -> None:
+    """The suite's servers spin 20 ms (`--engine-spin-ms`, tests/conftest.py): from 0.2 s
+    after a request's end to 0.4 s, the worker is asleep on its queue's socket, where
+    with vLLM's second of spin it would be runnable the whole time (sched_yield in a
+    loop), taking a core from the machine's other work."""
+    assert live_server.app.state.settings.engine_spin_ms == 20
+    workers = [p for p in _engine_processes() if p.name().startswith("VLLM::Worker")]
+    assert workers, "no worker process"
+    body = {"model": live_server.model, "prompt": "hello", "max_tokens": 4}
+    httpx.post(f"{live_server.base_url}/v1/completions", json=body, timeout=60).raise_for_status()
+    until_sync(lambda: live_server.engine_requests() == 0, "the engine to hold no request", 30)
+    time.sleep(0.2)
+    states: list[str] = []
+    for _ in range(10):
+        states.extend(worker.status() for worker in workers)
+        time.sleep(0.02)
+    assert psutil.STATUS_RUNNING not in states, states

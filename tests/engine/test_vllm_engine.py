@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from app.engine.base import GenerationRequest, SamplingOptions, TokenEvent
+from app.engine.base import (
+    OPEN_REQUESTS,
+    GenerationRequest,
+    OpenRequests,
+    SamplingOptions,
+    TokenEvent,
+)
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from tests.aborts import AbortWatch, Workload
 from tests.conftest import LiveServer
@@ -209,6 +215,55 @@ def test_cancelling_the_consumers_aborts(
         await watch.idle()
 
     live_server.call(cancel_midway())
+
+
+@pytest.mark.parametrize("pushed", [False, True])
+def test_a_tasks_open_requests_abort_ahead_of_its_cancel(
+    live_server: LiveServer, abort_workload: Workload, pushed: bool
+) -> None:
+    """A task that sets `OPEN_REQUESTS` (the batch lane's) can abort its engine requests
+    before it cancels the task: vLLM drops them at once. A pushed request (`run`) then
+    hands on nothing more, its task waiting for the cancel (which the lane spreads over
+    a few turns); a pulled one's events end with the abort. Asked and cancelled in the
+    same turn, they leave vLLM all the same, the unwinding awaiting the abort sent."""
+    engine = live_server.engine
+
+    async def consume(request: GenerationRequest, held: OpenRequests) -> list[TokenEvent]:
+        OPEN_REQUESTS.set(held)
+        if not pushed:
+            return await _run(engine, request)
+        events: list[TokenEvent] = []
+        await engine.run(request, events.append)
+        return events
+
+    async def take_off(cancel_at_once: bool) -> None:
+        watch = await AbortWatch.start(engine, abort_workload)
+        helds = [OpenRequests() for _ in abort_workload.prompts]
+        tag = f"eng-open-{pushed}-{cancel_at_once}"
+        tasks = [
+            asyncio.create_task(consume(r, held))
+            for r, held in zip(_workload(abort_workload, tag), helds, strict=True)
+        ]
+        await watch.all_in_engine()
+        for held in helds:
+            held.abort()
+        if not cancel_at_once:
+            await watch.idle()  # vLLM dropped them, uncancelled
+            if pushed:  # nothing handed on since: each still waits for its cancel
+                assert not any(task.done() for task in tasks)
+        for task in tasks:
+            task.cancel()
+        ended = await asyncio.wait_for(
+            asyncio.gather(*tasks, return_exceptions=True), abort_workload.bound
+        )
+        if pushed or cancel_at_once:
+            assert all(isinstance(e, asyncio.CancelledError) for e in ended), ended
+        else:  # each pulled call ended by itself, its last event the abort
+            assert all(isinstance(e, list) and e[-1].finish_reason == "abort" for e in ended), ended
+        await watch.idle()
+
+    live_server.call(take_off(cancel_at_once=False))
+    live_server.call(take_off(cancel_at_once=True))
 
 
 def test_priority_and_lora_requests(live_server: LiveServer) -> None:

@@ -1,7 +1,8 @@
 """SIGTERM during streams on every protocol, against a real `switchboard serve` process:
 the fleet's replica 0 (tests/fleet_setup.py: the tiny model at an 8k context, no
 `VLLM_CPU_KVCACHE_SPACE` in its environment, so it also proves that serve starts on a CPU
-host on a page cache the suite has filled; a 4 s drain; a grace past it), drained last
+host on a page cache the suite has filled; back from the roll with a 4 s drain; a grace
+past it), drained last
 of the fleet's tests.
 
 The signal goes to the server's whole process group, as a terminal's Ctrl-C or systemd's
@@ -104,8 +105,12 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(fleet: Fleet) -> Server:
-    """The fleet's replica 0, the last of its tests: drained here, it does not come back."""
+    """The fleet's replica 0, the last of its tests: drained here, it does not come back.
+    The roll (test_rolling_restart.py) brings it back with this module's drain; run
+    alone, the module restarts it so."""
     replica = fleet.replica(0)
+    if replica.drain_timeout_s != DRAIN_TIMEOUT_S:
+        fleet.restart(0, drain_timeout_s=DRAIN_TIMEOUT_S)
     assert replica.process is not None and replica.ready()
     return Server(replica.process, replica.port, replica.grpc_port, replica.log)
 

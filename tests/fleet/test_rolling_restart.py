@@ -48,7 +48,7 @@ from app.fleet.fleet import Fleet
 from app.fleet.load import SteadyLoad
 from app.fleet.members import Replica
 from tests.conftest import LIVE_MODEL
-from tests.fleet_setup import PROBE
+from tests.fleet_setup import DRAIN_TIMEOUT_S, PROBE
 from tests.salience_client import ENDLESS, JsonClient, decoded, open_session
 
 pytestmark = pytest.mark.e2e
@@ -222,7 +222,8 @@ def rolled(fleet: Fleet) -> dict[str, Any]:
         smg = fleet.router("smg-grpc").url
         watch = _Watch(smg, fleet.replica(ROLLED))
         try:
-            fleet.restart(ROLLED, group=True)
+            # Back with the drain test's drain, which drains it for good after.
+            fleet.restart(ROLLED, group=True, drain_timeout_s=DRAIN_TIMEOUT_S)
         finally:
             seen["smg_healthy_and_ready"] = watch.stop()
         seen["rejoined_s"] = _serving(fleet.replica(ROLLED), REJOIN_S)

@@ -8,7 +8,9 @@ the replica's request id and begins the engine's.
 How these fail: a router that starts a new trace, drops the context or sends the caller's
 own on (our span's parent is not the router's span), a router whose spans never reach the
 receiver (SMG's log filter at warn made none: app/fleet/routers.py `smg_env`), a replica
-that does not take the context, an engine span missing or not under ours.
+that does not take the context, an engine span missing or not under ours, or sent by an
+exporter of vLLM's own (a replica that started its engine before lending it its tracer:
+`Tracing.lend_to_vllm`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ def _check(router_spans: list[Span], ours: Span, engine: Span, request_id: str) 
     assert ours.name == f"chat {LIVE_MODEL}" and ours.kind == SERVER
     assert ours.attributes["switchboard.request_id"] == request_id
     assert engine.parent_id == ours.span_id
+    # The replica (`switchboard serve`) lent its exporter to vLLM before its engine
+    # started: vLLM's span came through it, not through an exporter of vLLM's own.
+    assert engine.peer == ours.peer, "vLLM's span came through an exporter of its own"
     assert engine.attributes["gen_ai.request.id"].startswith(f"{request_id}-")
     return chain[0]
 

@@ -17,6 +17,7 @@ from app.config import Settings
 from app.engine.vllm import startup
 from app.main import create_app
 from app.objects import AppObjects
+from app.telemetry.tracing import Tracing
 from tests.fake_engine import FakeEngine
 
 
@@ -42,7 +43,8 @@ def test_the_lifespan_starts_the_engine_builds_on_it_and_stops_it_last(
 ) -> None:
     engine = StoppedEngine()
 
-    async def start_engine(settings: Settings) -> StoppedEngine:
+    async def start_engine(settings: Settings, tracing: Tracing | None) -> StoppedEngine:
+        assert tracing is None  # untraced: nothing to lend the engine
         return engine
 
     monkeypatch.setattr(startup, "start_engine", start_engine)
@@ -54,6 +56,30 @@ def test_the_lifespan_starts_the_engine_builds_on_it_and_stops_it_last(
         assert client.get("/v1/models").json()["data"][0]["id"] == "fake"
         assert engine.stopped == 0
     assert engine.stopped == 1
+
+
+def test_a_traced_lifespan_lends_the_apps_tracer_to_the_engine_it_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """vLLM's spans go out through the app's exporter only if the engine is started with
+    the app's tracer (`start_engine` lends it to vLLM before it builds the engine)."""
+    engine = StoppedEngine()
+    lent: list[Tracing | None] = []
+
+    async def start_engine(settings: Settings, tracing: Tracing | None) -> StoppedEngine:
+        lent.append(tracing)
+        return engine
+
+    monkeypatch.setattr(startup, "start_engine", start_engine)
+    traced = {"otlp_traces_endpoint": "127.0.0.1:9"}  # nothing is exported: no request
+    settings = Settings(
+        model="fake", engine_args=traced, responses_store=str(tmp_path / "r.sqlite3")
+    )
+    app = create_app(settings)
+    with TestClient(app):
+        pass
+    tracing = app.state.telemetry.tracing
+    assert tracing is not None and lent == [tracing]
 
 
 def test_an_app_given_an_engine_builds_at_once_opens_nothing_and_leaves_it_running(

@@ -3,10 +3,12 @@ needed: a child process stands for it)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -16,6 +18,7 @@ from app.engine.cpu_host import (
     ENGINE_TITLE,
     GiB,
     engine_cpus,
+    engine_spin,
     kv_cache_default,
     renice_engine,
     without_aot_compile,
@@ -131,3 +134,19 @@ def test_only_the_engines_cores_are_the_engines() -> None:
         for child in children:
             child.kill()
             child.wait()
+
+
+def test_the_engine_spin_is_what_was_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue made after `engine_spin` busy-waits that long, where vLLM's would for a
+    second: its default, read without opening a queue's sockets (the engine's own
+    processes: tests/engine/test_cpu_host.py)."""
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    def spin() -> Any:
+        return inspect.signature(SpinCondition).parameters["busy_loop_s"].default
+
+    # Put back what engine_spin changes, for the tests that follow in this process.
+    monkeypatch.setattr(SpinCondition.__init__, "__defaults__", SpinCondition.__init__.__defaults__)
+    assert spin() == 1
+    assert engine_spin(0.02)
+    assert spin() == 0.02

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from app.fleet.fleet import Fleet
-from app.fleet.members import Member, machine_cpus
+from app.fleet.members import Member, Replica, machine_cpus
 
 MULTICORE = pytest.mark.skipif(
     len(machine_cpus()) < 2, reason="a pinned caller needs a machine of two CPUs or more"
@@ -86,3 +86,23 @@ def test_a_member_has_a_process_group_of_its_own_in_the_fleets_session(tmp_path:
         assert os.getsid(pid) == os.getsid(0)
     finally:
         member.kill()
+
+
+def _flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_a_restart_may_change_a_replicas_drain_and_only_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suite's replicas drain for serve's 25 s; the roll brings one back with the
+    drain test's 4 s (tests/fleet_setup.py)."""
+    fleet = Fleet(workdir=tmp_path, serve_args=[], count=2, drain_timeout_s=25.0)
+    started: list[list[str]] = []
+    monkeypatch.setattr(Replica, "stop", lambda self, timeout_s, group=False: 0)
+    monkeypatch.setattr(Replica, "start", lambda self: started.append(self.command()))
+    monkeypatch.setattr(Replica, "wait_ready", lambda self, *args: None)
+    assert _flag(fleet.replica(0).command(), "--drain-timeout-s") == "25.0"
+    fleet.restart(0, group=True, drain_timeout_s=4.0)
+    assert [_flag(command, "--drain-timeout-s") for command in started] == ["4.0"]
+    assert _flag(fleet.replica(1).command(), "--drain-timeout-s") == "25.0"

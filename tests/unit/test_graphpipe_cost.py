@@ -128,6 +128,7 @@ async def client() -> AsyncIterator[tuple[httpx.AsyncClient, LoopWatchingEngine]
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
         yield c, engine
+    await app.state.objects.body_worker.close()  # its child, started by a big body
 
 
 async def test_over_http_a_shared_string_is_a_413_infer_response(
@@ -152,7 +153,7 @@ async def test_decoding_the_constraint_and_tokenizing_run_off_the_event_loop(
         decoded_in.append(threading.current_thread().name)
         return decode_request(buf, max_bytes=max_bytes)
 
-    monkeypatch.setattr("app.routes.apis.graphpipe.decode_request", watched_decode)
+    monkeypatch.setattr("app.protocols.graphpipe.decode.decode_request", watched_decode)
     prompts = np.empty(2, dtype=object)
     prompts[:] = [b"ab", b"cd"]
     config = '{"max_tokens": 2, "constraint": {"regex": "[a-z]+"}}'

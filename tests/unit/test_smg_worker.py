@@ -14,6 +14,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -112,6 +113,45 @@ def test_a_streams_chunks_carry_what_came_in_the_interval(interval_ms: float, fe
     assert len(chunks[0].token_ids) == 1  # the first token at once
     if fewer:
         assert len(chunks) < 10, [len(c.token_ids) for c in chunks]
+
+
+def test_the_interval_grows_with_the_streams_past_the_chunks_an_interval() -> None:
+    """Past --grpc-stream-chunks-per-interval streamed choices, each stream's interval
+    grows in proportion: 8 streams of 30 tokens 10 ms apart at 1 chunk an interval of
+    20 ms pause 160 ms between chunks, so a few chunks each (at 20 ms, 16); a lone stream
+    keeps 20 ms; every token comes, in order, either way."""
+    engine = FakeEngine(step_delay=0.01)
+    settings: dict[str, Any] = {
+        "grpc_stream_interval_ms": 20.0,
+        "grpc_stream_chunks_per_interval": 1,
+    }
+
+    def chunks(stub: pb_grpc.VllmEngineStub, index: int) -> list[list[int]]:
+        call = stub.Generate(request([65], max_tokens=30, request_id=f"r{index}"), timeout=30)
+        return [list(r.chunk.token_ids) for r in call if r.HasField("chunk")]
+
+    with worker(engine, **settings) as (stub, _, _):
+        with ThreadPoolExecutor(8) as pool:
+            streams = list(pool.map(lambda index: chunks(stub, index), range(8)))
+        alone = chunks(stub, 8)
+    for stream in [*streams, alone]:
+        assert [t for chunk in stream for t in chunk] == list(range(66, 96))
+        assert len(stream[0]) == 1  # the first token at once
+    sent = sum(len(stream) for stream in streams)
+    assert sent < 8 * 8, [[len(chunk) for chunk in stream] for stream in streams]
+    assert len(alone) >= 8, [len(chunk) for chunk in alone]  # fewer only on a slow host
+
+
+def test_a_streams_end_does_not_wait_out_the_interval() -> None:
+    """A choice's last token and its Complete go as they come, not after the interval
+    under way: with a 10-minute interval, a stream of 5 tokens ends well within its
+    deadline."""
+    engine = FakeEngine(step_delay=0.01)
+    with worker(engine, grpc_stream_interval_ms=600_000.0) as (stub, _, _):
+        replies = list(stub.Generate(request([65], max_tokens=5), timeout=30))
+    chunks = [r.chunk for r in replies if r.HasField("chunk")]
+    assert [t for c in chunks for t in c.token_ids] == [66, 67, 68, 69, 70]
+    assert replies[-1].complete.finish_reason == "length"
 
 
 def test_unstreamed_generate_answers_one_complete_per_choice() -> None:

@@ -17,6 +17,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from smg_grpc_proto.generated import vllm_engine_pb2 as smg_pb
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as smg_grpc
 
 from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
@@ -483,11 +485,28 @@ def test_grpc_calls_are_spans_under_their_metadata(receiver: OtlpReceiver) -> No
         sent = iter([message(generate("p1", "r1") + leaf("p1", "hi"))])
         replies = evergreen.StartSession(sent, metadata=metadata, timeout=10)
         assert any(m.node_fragments for m in replies)
-    spans = _by_request(_traced(app, receiver, trace_id, 3))
+        smg = smg_grpc.VllmEngineStub(channel)  # SMG's gRPC worker protocol
+        metadata = (("traceparent", traceparent(trace_id, CALLER_SPAN)), ("x-request-id", "g-4"))
+        asked = smg_pb.GenerateRequest(
+            request_id="smg-1",
+            tokenized=smg_pb.TokenizedInput(input_ids=[65, 66]),
+            sampling_params=smg_pb.SamplingParams(max_tokens=3),
+            stream=True,
+        )
+        generated = smg.Generate(asked, metadata=metadata, timeout=10)
+        assert list(generated)[-1].HasField("complete")
+        assert ("x-request-id", "g-4") in generated.initial_metadata()
+    spans = _by_request(_traced(app, receiver, trace_id, 4))
     assert spans["g-1"].name == "salience.v1.Salience/OpenSession"
     assert spans["g-2"].name == "text_completion fake"
     assert spans["g-2"].attributes["gen_ai.usage.output_tokens"] == 2
     assert spans["g-3.1"].attributes["switchboard.api"] == "evergreen"
+    assert spans["g-4"].name == "text_completion fake"
+    assert spans["g-4"].attributes["switchboard.api"] == "smg"
+    assert spans["g-4"].attributes["gen_ai.usage.input_tokens"] == 2
+    assert spans["g-4"].attributes["gen_ai.usage.output_tokens"] == 3
+    assert "engine.first_token" in spans["g-4"].events
     assert all(span.parent_id == CALLER_SPAN for span in spans.values())
     ids = sorted(request.request_id for request in engine.requests)
     assert ids[0].startswith("g-2-sal-") and ids[1].startswith("g-3.1-evg-")
+    assert ids[2].startswith("g-4-")

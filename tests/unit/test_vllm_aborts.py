@@ -3,7 +3,9 @@ vLLM in one call, as a lane's cancelled requests ask for theirs.
 
 How these fail: one `AsyncLLM.abort` call per request (the engine core then hears of a
 lane's requests one message at a time, while it steps them); a waiter that returns
-before the call carrying its id has returned; a failed call that some waiter never sees.
+before the call carrying its id has returned; a failed call that some waiter never sees;
+a call's waiters all resumed in one turn of the event loop (what arrives meanwhile, the
+interactive requests a take-off made room for, waits for every one to unwind).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 import pytest
 
-from app.engine.vllm.aborts import Aborts
+from app.engine.vllm.aborts import RESUMED_PER_TURN, Aborts
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -82,6 +84,39 @@ def test_the_aborts_of_one_turn_go_to_vllm_in_one_call() -> None:
             task.cancel()
         await asyncio.gather(*later)
         assert llm.calls == [ids, ["s0", "s1"]]
+
+    asyncio.run(main())
+
+
+def test_a_calls_waiters_resume_a_few_per_turn() -> None:
+    """What becomes ready while a lane's cancelled requests unwind (a socket read: the
+    interactive requests that came with the one that took them off) runs after a few of
+    them, not after all 190."""
+
+    async def main() -> None:
+        llm = StubLLM()
+        aborts = _aborts(llm)
+        loop = asyncio.get_running_loop()
+        order: list[str] = []
+
+        async def request(internal_id: str) -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await aborts.abort(internal_id)
+                if not order:  # the first to resume: a request arrives now
+                    loop.call_soon(order.append, "arrived")
+                order.append(internal_id)
+
+        ids = [f"r{i}" for i in range(190)]
+        tasks = [asyncio.create_task(request(i)) for i in ids]
+        await asyncio.sleep(0)  # each waiting
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert llm.calls == [ids]  # still one call
+        assert sorted(order) == sorted([*ids, "arrived"])
+        assert order.index("arrived") <= 2 * RESUMED_PER_TURN, order.index("arrived")
 
     asyncio.run(main())
 

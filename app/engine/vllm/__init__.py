@@ -13,6 +13,9 @@
 - `convert`: AsyncLLM's `RequestOutput` deltas -> neutral `TokenEvent`s (logprobs
   included), and vLLM's logprobs as the seam's.
 - `tokenizer`: the engine's tokenizer and vLLM's chat renderer behind `Tokenizer`.
+- `render_process`, `render_child`: a prompt of over a MiB of text templated in a process
+  of its own by the same renderer, off the serving process's lock (the server's end, the
+  child's).
 - `stats`: the engine core's own request counts, from its scheduler stats.
 - `vision`: how a vision-language model lays images into its prompt.
 - `structured`, `tools`: vLLM's structured-output backends and tool parsers;

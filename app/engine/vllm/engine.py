@@ -43,9 +43,11 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from app.engine.base import (
+    OPEN_REQUESTS,
     EngineInfo,
     GenerationRequest,
     LoraAdapter,
+    OpenRequests,
     SamplingOptions,
     TokenEvent,
 )
@@ -101,6 +103,7 @@ class VllmEngine:
 
     def shutdown(self) -> None:
         self._hold.release()  # or the engine's processes would ignore vLLM's SIGTERM
+        self._tokenizer.close()
         self._llm.shutdown()
 
     @property
@@ -280,8 +283,12 @@ class VllmEngine:
         internal_id: str | None = None
         first, finished = True, False
 
+        opened: _Opened | None = None
+
         def hand_on(delta: Delta) -> None:
             nonlocal first, finished
+            if opened is not None and opened.sent is not None:
+                return  # taken off (`OpenRequests.abort`): its task waits for its cancel
             event = merge_deltas([delta], prepared.prompt_ids if first else None)
             first = False
             finished = event.finish_reason is not None
@@ -290,6 +297,7 @@ class VllmEngine:
         try:
             with map_engine_errors():
                 internal_id = await self._add(prepared, request, sink)
+            opened = _Opened.of(internal_id, self._aborts)
             sink.push(hand_on)
             # Only the calls into vLLM are mapped: a receiver's exception (a bug of ours)
             # is raised as it is.
@@ -298,8 +306,8 @@ class VllmEngine:
         finally:
             try:
                 self._running.discard(request.request_id)
-                if internal_id is not None and not finished:
-                    await self._aborts.abort(internal_id)
+                if internal_id is not None:
+                    await self._ended(internal_id, opened, finished)
             finally:
                 release()
 
@@ -323,6 +331,7 @@ class VllmEngine:
         sink = Sink()
         with map_engine_errors():
             internal_id = await self._add(prepared, request, sink)
+        opened = _Opened.of(internal_id, self._aborts)
         first, finished = True, False
         try:
             while not finished:
@@ -333,8 +342,19 @@ class VllmEngine:
                 finished = event.finish_reason is not None
                 yield event
         finally:
-            if not finished:
-                await self._aborts.abort(internal_id)
+            await self._ended(internal_id, opened, finished)
+
+    async def _ended(self, internal_id: str, opened: _Opened | None, finished: bool) -> None:
+        """A request's end as it unwinds: out of its task's `OpenRequests`, and, unless it
+        finished, aborted: by the abort that `OpenRequests` sent already, or its own."""
+        if opened is not None:
+            opened.close()
+        if finished:
+            return
+        if opened is None or opened.sent is None:
+            await self._aborts.abort(internal_id)
+        else:  # its waiter may be cancelled; the call goes on
+            await asyncio.shield(opened.sent)
 
     async def _converted_events(
         self, prepared: _Prepared, request: GenerationRequest
@@ -410,6 +430,28 @@ class VllmEngine:
         # Every tensor-parallel rank computes the same residual stream; rank 0's suffices.
         taken: dict[str, list[tuple[int, bytes]]] = per_worker[0]
         return taken
+
+
+class _Opened:
+    """A request registered with its task's `OpenRequests` while it runs: the abort that
+    sends `sent` ahead of the task's cancel."""
+
+    def __init__(self, held: OpenRequests, internal_id: str, aborts: Aborts) -> None:
+        self.held, self.internal_id, self._aborts = held, internal_id, aborts
+        self.sent: asyncio.Future[None] | None = None
+        held.opened(internal_id, self._send)
+
+    @classmethod
+    def of(cls, internal_id: str, aborts: Aborts) -> _Opened | None:
+        held = OPEN_REQUESTS.get()
+        return None if held is None else cls(held, internal_id, aborts)
+
+    def _send(self) -> None:
+        if self.sent is None:
+            self.sent = self._aborts.soon(self.internal_id)
+
+    def close(self) -> None:
+        self.held.closed(self.internal_id)
 
 
 class _Prepared(NamedTuple):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from smg_grpc_servicer.vllm.kv_transfer import pairing_fields
@@ -37,6 +37,7 @@ from app.engine.base import EngineInfo, ReadoutManifest
 from app.engine.concepts import Concepts
 from app.engine.cpu_host import (
     engine_session_announced,
+    engine_spin_announced,
     pin_frontend,
     renice_engine,
     with_cpu_kv_cache,
@@ -49,12 +50,16 @@ from app.engine.vllm.engine import VllmEngine
 from app.engine.vllm.errors import map_engine_errors
 from app.engine.vllm.hold import EngineHold
 from app.engine.vllm.params import model_sampling_defaults
+from app.engine.vllm.render_process import RenderProcess
 from app.engine.vllm.stats import SchedulerCounts
 from app.engine.vllm.structured import constraint_checker
 from app.engine.vllm.tokenizer import HfTokenizer
 from app.engine.vllm.tools import VllmToolSupport
 from app.engine.vllm.vision import vision_info
 from app.errors import ConfigError, InvalidRequest
+
+if TYPE_CHECKING:
+    from app.telemetry.tracing import Tracing
 
 READOUT_EXTENSION = f"{ReadoutWorkerExtension.__module__}.{ReadoutWorkerExtension.__name__}"
 
@@ -91,9 +96,11 @@ def settle_heap() -> None:
     gc.set_threshold(YOUNG_THRESHOLD, middle, oldest)
 
 
-async def start_engine(settings: Settings) -> VllmEngine:
+async def start_engine(settings: Settings, tracing: Tracing | None = None) -> VllmEngine:
     """The process's engine, started from `settings`; a flag or file that cannot work is a
-    `ConfigError`, raised before the engine starts where it can."""
+    `ConfigError`, raised before the engine starts where it can. `tracing` (the server's
+    tracer, with --otlp-traces-endpoint) is lent to vLLM before its engine is built
+    (`Tracing.lend_to_vllm`): vLLM's spans then go out through the server's exporter."""
     # This start reads the environment as it is now (another engine in the process may
     # have frozen it); `_started` freezes it again.
     disable_envs_cache()
@@ -123,12 +130,43 @@ async def start_engine(settings: Settings) -> VllmEngine:
         concepts.check_model(
             model_config.get_hidden_size(), model_config.get_total_num_hidden_layers()
         )
+    # Big prompts' templating (app.engine.vllm.render_process), started now, before the
+    # engine's processes learn what the environment announces to them: its import of
+    # vLLM runs beside the engine's start, with what CPU that leaves over.
+    render_process = None
+    if settings.render_process:
+        render_process = RenderProcess(vllm_config, int(vllm_config.model_config.max_model_len))
+        render_process.start()
+    try:
+        return await _start(settings, args, vllm_config, concepts, render_process, tracing)
+    except BaseException:
+        if render_process is not None:
+            render_process.close()
+        raise
+
+
+async def _start(
+    settings: Settings,
+    args: dict[str, Any],
+    vllm_config: VllmConfig,
+    concepts: Concepts | None,
+    render_process: RenderProcess | None,
+    tracing: Tracing | None,
+) -> VllmEngine:
+    cpu = current_platform.is_cpu()
     counts = SchedulerCounts()
     # The engine's processes learn of the hold from the environment they start with.
     hold = EngineHold()
+    if tracing is not None:
+        tracing.lend_to_vllm()
     try:
         niceness = settings.engine_niceness if cpu else 0
-        with hold.announced(), engine_session_announced(niceness):
+        spin_ms = settings.engine_spin_ms if cpu else None
+        with (
+            hold.announced(),
+            engine_session_announced(niceness),
+            engine_spin_announced(spin_ms),
+        ):
             llm = AsyncLLM.from_vllm_config(
                 vllm_config,
                 stat_loggers=[lambda _config, _index: counts],
@@ -139,7 +177,7 @@ async def start_engine(settings: Settings) -> VllmEngine:
         hold.release()
         raise
     try:
-        return await _started(llm, settings, concepts, counts, hold)
+        return await _started(llm, settings, concepts, counts, hold, render_process)
     except BaseException:
         hold.release()
         llm.shutdown()
@@ -152,6 +190,7 @@ async def _started(
     concepts: Concepts | None,
     counts: SchedulerCounts,
     hold: EngineHold,
+    render_process: RenderProcess | None,
 ) -> VllmEngine:
     if current_platform.is_cpu():
         renice_engine(settings.engine_niceness)
@@ -162,7 +201,8 @@ async def _started(
     # the cache is on, as vLLM's own engine processes turn it on once started.
     enable_envs_cache()
     model_config = llm.model_config
-    tokenizer = HfTokenizer(llm.get_tokenizer(), llm.renderer, int(model_config.max_model_len))
+    max_model_len = int(model_config.max_model_len)
+    tokenizer = HfTokenizer(llm.get_tokenizer(), llm.renderer, max_model_len, render_process)
     eos = tokenizer.eos_token_id
     lora_config = llm.vllm_config.lora_config
     max_logprobs = int(model_config.max_logprobs)

@@ -17,7 +17,10 @@ the longest entry of the vocabulary (in UTF-8 bytes, which a token's text never
 undercounts: byte-level and SentencePiece alphabets spell each byte with at least one),
 so a text of more characters than the context times that length holds more tokens than
 the context. Tokenizing costs time in proportion to the text (16 MiB took 15 s), and one
-thread builds every prompt: a text that could never run must not hold it.
+thread builds every prompt: a text that could never run must not hold it. Templating
+such a text costs the interpreter's lock tens of milliseconds before that refusal: a
+prompt of more than `IN_PROCESS_CHARS` of text is templated (and refused) in the render
+process (`app.engine.vllm.render_process`) by this same class over the same renderer.
 
 Images: vLLM's parser records each image part and leaves the model's placeholder in the
 text, so each image comes out as its block with one pad token (`VisionInfo`); vLLM's own
@@ -34,6 +37,7 @@ from vllm.renderers.params import ChatParams, merge_kwargs
 
 from app.engine.base import ChatMessage, ChatPrompt, ImagePart, TextPart
 from app.engine.vllm.errors import map_engine_errors
+from app.engine.vllm.render_process import IN_PROCESS_CHARS, RenderProcess, text_chars
 from app.errors import ContextLengthExceeded, InvalidRequest
 
 
@@ -76,12 +80,24 @@ def _message(message: ChatMessage) -> dict[str, Any]:
 class HfTokenizer:
     """The engine's own tokenizer and chat renderer, behind the neutral `Tokenizer`."""
 
-    def __init__(self, tokenizer: Any, renderer: Any, max_model_len: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        renderer: Any,
+        max_model_len: int,
+        render_process: RenderProcess | None = None,
+    ) -> None:
         self._tok = tokenizer
         self._renderer = renderer
+        # Where a prompt over `IN_PROCESS_CHARS` of text is templated; None: here.
+        self._render_process = render_process
         self.token_to_str = lru_cache(maxsize=1 << 16)(self._token_to_str)
         self._max_model_len = max_model_len
         self._longest_token = max((len(t.encode()) for t in tokenizer.get_vocab()), default=1)
+
+    def close(self) -> None:
+        if self._render_process is not None:
+            self._render_process.close()
 
     @property
     def eos_token_id(self) -> int | None:
@@ -112,6 +128,10 @@ class HfTokenizer:
     def apply_chat_template(self, prompt: ChatPrompt) -> list[int]:
         if not self.has_chat_template:
             raise InvalidRequest("This model has no chat template", param="messages")
+        if self._render_process is not None and text_chars(prompt) > IN_PROCESS_CHARS:
+            ids = self._render_process.render(prompt)
+            if ids is not None:
+                return ids
         # As vLLM's chat serving merges them: the server's defaults (tools, text out),
         # then the client's kwargs, then the request's own switches.
         kwargs = merge_kwargs(

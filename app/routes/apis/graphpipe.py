@@ -3,13 +3,13 @@ adapter) take exactly one flatbuffer `Request` and answer an `InferResponse` or 
 `MetadataResponse` flatbuffer; `GET` on the same paths answers the metadata as JSON with
 a description of how to call them.
 
-Thin adapter: body (at most `settings.graphpipe_max_request_bytes`) -> decode (in a worker
-thread, in the body worker's process past `IN_CHILD_BYTES`: a body decodes to at most its
-own size, shared strings counted per reference) -> admission (one unit per batch row,
-bounded from the input tensor alone; the whole batch is admitted or refused, 503 +
-Retry-After) -> exchange (in the prompt thread: config, constraint, tokenizing, every prompt's
-fit) -> engine, one generation per prompt, all at once -> exchange (encode). Nothing of a
-request's size runs on the event loop.
+Thin adapter: body (at most `settings.graphpipe_max_request_bytes`) -> decode (the body
+worker's rule, `app.routes.http.bodies.parsed`: in a worker thread, in a child process
+when big; a body decodes to at most its own size, shared strings counted per reference)
+-> admission (one unit per batch row, bounded from the input tensor alone; the whole
+batch is admitted or refused, 503 + Retry-After) -> exchange (in the prompt thread:
+config, constraint, tokenizing, every prompt's fit) -> engine, one generation per prompt,
+all at once -> exchange (encode). Nothing of a request's size runs on the event loop.
 Every failure of a POST, authentication included, answers an `InferResponse` carrying
 one `Error` whose code is also the HTTP status (`graphpipe_error`, the responder this
 API's routes carry): never FastAPI's JSON error body, never a bare 500. A prompt that
@@ -19,7 +19,6 @@ fails, or a client that disconnects, closes every generation of its batch
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -33,19 +32,17 @@ from app.admission import ProtocolName, Tickets
 from app.engine.base import Engine
 from app.engine.models import served_by
 from app.errors import SwitchboardError
-from app.protocols.graphpipe.decode import InferCall, MetadataCall, decode_request
+from app.protocols.graphpipe.decode import InferCall, MetadataCall
 from app.protocols.graphpipe.encode import encode_errors, encode_infer_response, encode_metadata
 from app.protocols.graphpipe.inference import InferExchange, admission_units
 from app.protocols.graphpipe.model import describe
-from app.routes.body_worker import IN_CHILD_BYTES
 from app.routes.deps import (
     EngineDep,
     SettingsDep,
     get_admission,
-    get_objects,
     principal_of,
 )
-from app.routes.http.bodies import documented, read_bytes
+from app.routes.http.bodies import documented, parsed, read_bytes
 from app.routes.http.disconnect import CLIENT_GONE, ClientGone, unless_disconnected
 from app.routes.http.errors import api_router, retry_headers
 from app.routes.http.json import OrjsonResponse
@@ -89,25 +86,13 @@ def _octet(body: bytes | memoryview, status_code: int = 200) -> Response:
     return Response(body, status_code=status_code, media_type=OCTET_STREAM)
 
 
-async def _decoded(request: Request, body: bytearray, limit: int) -> InferCall | MetadataCall:
-    """`body` decoded off the event loop: in a worker thread, or in the body worker's
-    process when it is big (its Python loops would hold the interpreter lock the event
-    loop needs for their whole run)."""
-    if len(body) > IN_CHILD_BYTES:
-        call: InferCall | MetadataCall = await get_objects(request.app).body_worker.run(
-            "graphpipe", body, max_bytes=limit
-        )
-        return call
-    return await asyncio.to_thread(decode_request, body, max_bytes=limit)
-
-
 async def _post(request: Request, engine: Engine, limit: int, model: str | None) -> Response:
     """Errors are raised for the route's responder (`graphpipe_error`)."""
     try:
         principal = principal_of(request)
         name, lora = _target(engine, model)
         body = await read_bytes(request, limit)
-        call = await _decoded(request, body, limit)
+        call: InferCall | MetadataCall = await parsed(request, "graphpipe", body, max_bytes=limit)
         if isinstance(call, MetadataCall):
             return _octet(encode_metadata(describe(name, __version__, engine.info)))
         units = admission_units(call)

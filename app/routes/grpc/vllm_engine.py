@@ -11,8 +11,10 @@ adapter: the protocol is `app.protocols.smg`'s, the road `app.sessions.calls`'.
   client), then the engine's events
   pushed from its loop into an outbox the call's writer empties: a stream's first chunk
   goes at once, then at most one every `--grpc-stream-interval-ms` (10), each with every
-  token made meanwhile, since a gRPC message costs several times a token's own work
-  (~160 us against ~35 measured here, a loaded host, the fake engine).
+  token made meanwhile, since a gRPC message costs the worker 90-135 us, about the
+  rest of a token's work at 64 streams (docs/grpc.md); past `--grpc-stream-chunks-per-interval`
+  (8) streamed choices the interval grows in proportion, so the worker's chunks a
+  second stay about the same however many stream.
   A client that cancels the call (SMG drops a stream whose client left) aborts its
   engine requests; a drain's cut ends the call UNAVAILABLE.
 - `Abort`: the engine requests running under the named `request_id`s end with finish
@@ -104,14 +106,16 @@ MAX_KV_SUBSCRIBERS = 8
 
 class _Outbox:
     """A call's engine events, per choice, until its writer takes them. Filled from the
-    engine's loop; `ready` wakes the writer (streamed: on every event; not streamed:
-    only when a choice ends, the only time there is something to send)."""
+    engine's loop; `ready` wakes the writer (streamed: on every event but while it
+    holds; not streamed: only when a choice ends, the only time there is something to
+    send)."""
 
     def __init__(self, stream: bool) -> None:
         self.pending: dict[int, list[TokenEvent]] = {}
         self.ready = asyncio.Event()
         self.ending = False  # a choice's last event is pending: send it without waiting
         self._stream = stream
+        self._holding = False
 
     def put(self, index: int, event: TokenEvent) -> None:
         events = self.pending.get(index)
@@ -122,8 +126,21 @@ class _Outbox:
         if event.finish_reason is not None:
             self.ending = True
             self.ready.set()
-        elif self._stream:
+        elif self._stream and not self._holding:
             self.ready.set()
+
+    async def hold(self, seconds: float) -> None:
+        """Let events gather for `seconds`, or until a choice ends (or the run does: its
+        done callback sets `ready`), whichever comes first: a stream's last chunk and
+        its Complete never wait out an interval (a grown one reaches 100 ms and more)."""
+        self._holding = True
+        self.ready.clear()
+        timer = asyncio.get_running_loop().call_later(seconds, self.ready.set)
+        try:
+            await self.ready.wait()
+        finally:
+            timer.cancel()
+            self._holding = False
 
     def take(self) -> dict[int, list[TokenEvent]]:
         taken, self.pending = self.pending, {}
@@ -166,10 +183,13 @@ class _VllmEngine:
         named: NamedRequests,
         config: dict[str, Any],
         interval_s: float,
+        chunks_per_interval: int,
         telemetry: Telemetry,
     ) -> None:
         self._telemetry = telemetry
         self._interval_s = interval_s
+        self._chunks_per_interval = chunks_per_interval
+        self._streaming = 0  # the streamed choices of the calls now writing
         self._engine = engine
         self._admission = admission
         self._drain = drain
@@ -247,17 +267,19 @@ class _VllmEngine:
                 )
             )
             runner.add_done_callback(lambda _: outbox.ready.set())
-            interval = self._interval_s if exchange.stream else 0.0
+            paced = exchange.stream and self._interval_s > 0
+            choices = len(exchange.requests) if paced else 0
+            self._streaming += choices
             sent = False
             try:
                 while True:
                     await outbox.ready.wait()
-                    if sent and interval and not (outbox.ending or runner.done()):
+                    if sent and paced and not (outbox.ending or runner.done()):
                         # A whole interval from the wake-up, not what is left of it since
                         # the last chunk: steps about as long as the interval then share a
                         # chunk (a pace from the last chunk sent one a step, each token
                         # alone: 1.5x the CPU a token at 16 streams, measured).
-                        await asyncio.sleep(interval)  # what comes meanwhile goes too
+                        await outbox.hold(self._interval())  # what comes meanwhile goes too
                     sent = True
                     done = runner.done()
                     for index, events in outbox.take().items():
@@ -271,10 +293,22 @@ class _VllmEngine:
                 record.failed(client_error(exc))
                 await abort(context, exc)
             finally:
+                self._streaming -= choices
                 if not runner.done():
                     runner.cancel()
                 with contextlib.suppress(BaseException):
                     await runner
+
+    def _interval(self) -> float:
+        """A stream's pause between chunks: `--grpc-stream-interval-ms`, grown in
+        proportion past `chunks_per_interval` streamed choices, so that all of them
+        together send about that many chunks an interval however many stream: each
+        chunk carries more tokens as the server fills (a message costs about the rest
+        of a token's work), while a few streams still get theirs as they come."""
+        limit = self._chunks_per_interval
+        if not limit or self._streaming <= limit:
+            return self._interval_s
+        return self._interval_s * self._streaming / limit
 
     async def abort(self, data: bytes, context: Context) -> pb.AbortResponse:
         try:
@@ -454,6 +488,7 @@ def _add(server: grpc.aio.Server, objects: AppObjects) -> None:
         objects.named_requests,
         config,
         interval,
+        objects.settings.grpc_stream_chunks_per_interval,
         objects.telemetry,
     )
     register(server, _SERVICE, servicer.behaviours())

@@ -9,9 +9,10 @@ flatbuffers) or `read_json` / `read_body` (every JSON API). Bounded before the w
   `--graphpipe-max-request-bytes`) is `PayloadTooLarge` (413 in the API's shape) before
   any of it is read when its Content-Length says so, and as soon as the count passes the
   limit when it is chunked; nothing past the limit is ever held;
-- parsed off the event loop when big: a body over `IN_CHILD_BYTES` is parsed in the
-  body worker's process (`app.routes.body_worker`), whose parsing holds no lock the
-  serving process needs;
+- parsed off the event loop when big: `parsed` hands every body to the body worker
+  (`app.routes.body_worker`), whose rule puts one over `IN_CHILD_BYTES` in a child
+  process (holding no lock the serving process needs), fairly per client (the peer's
+  address);
 - declared type: a JSON API's body must say `application/json` (or `application/*+json`;
   parameters such as charset allowed), else `UnsupportedMediaType` (415): a web page may
   POST `text/plain`, a form, or a body with no type to any server without the browser
@@ -34,8 +35,8 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 
 from app.errors import PayloadTooLarge, UnsupportedMediaType
-from app.protocols.bodies import parse_json, validate
-from app.routes.body_worker import IN_CHILD_BYTES
+from app.protocols.bodies import validate
+from app.routes.body_worker import client_of
 from app.routes.deps import get_objects
 
 M = TypeVar("M", bound=BaseModel)
@@ -83,14 +84,20 @@ def check_json_type(request: Request) -> None:
     )
 
 
+async def parsed(request: Request, job: str, raw: bytearray, **arguments: Any) -> Any:
+    """`raw`, a body read from `request`, parsed by the body worker's `job` (off the
+    event loop when big) in its client's turn (its tenant's, else its peer's: the
+    principal its route's key check put on the request, where it has one)."""
+    peer = request.client.host if request.client is not None else None
+    client = client_of(getattr(request.state, "principal", None), peer)
+    return await get_objects(request.app).body_worker.parse(job, raw, client=client, **arguments)
+
+
 async def read_json(request: Request) -> Any:
     """A JSON API's body: declared JSON, within the body limit and `MAX_JSON_VALUES`,
-    parsed (in the body worker's process when it is over `IN_CHILD_BYTES`)."""
+    parsed (`parsed`)."""
     check_json_type(request)
-    raw = await read_bytes(request, body_limit(request))
-    if len(raw) > IN_CHILD_BYTES:
-        return await get_objects(request.app).body_worker.run("json", raw)
-    return parse_json(raw)
+    return await parsed(request, "json", await read_bytes(request, body_limit(request)))
 
 
 async def read_body(request: Request, model: type[M]) -> M:

@@ -7,10 +7,11 @@ One connection carries many responses, one after the other. The client sends
 "response.create"` (`stream` is implied and ignored; `background` is refused: a
 background run belongs to HTTP). Each is answered with the events its SSE stream would
 carry, in the same order, each as one JSON text frame; frames that arrive while a
-response runs wait their turn (up to `MAX_WAITING`, past which one is refused).
-`generate: false` plans the response (every check) and completes it with no output,
-without the engine: a warm-up to continue from. A turn continues the last with
-`previous_response_id` and only its new input, from the connection's own responses
+response runs wait their turn (up to `MAX_WAITING`, past which one is refused). A frame
+is parsed as an HTTP body is (`app.routes.body_worker`: over 256 KiB in a child process,
+off the event loop). `generate: false` plans the response (every check) and completes it
+with no output, without the engine: a warm-up to continue from. A turn continues the
+last with `previous_response_id` and only its new input, from the connection's own responses
 (`store: false` ones included, up to `--responses-ws-kept` of them) or the store.
 
 Errors before a response starts (a frame that is not a `response.create`, a bad body, an
@@ -45,9 +46,10 @@ from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from app.errors import InvalidRequest, ResourceExhausted, SwitchboardError, client_error
-from app.protocols.bodies import parse_json, validate
+from app.protocols.bodies import validate
 from app.protocols.exchange import Event
 from app.protocols.openai.errors import error_body
+from app.routes.body_worker import client_of
 from app.routes.deps import get_drain, get_engine, get_objects, get_settings
 from app.routes.http.errors import retry_headers
 from app.routes.http.json import OrjsonResponse, dump_json
@@ -79,9 +81,8 @@ def error_event(error: SwitchboardError) -> dict[str, Any]:
     return {"type": "error", "status": error.http_status, "error": payload}
 
 
-def read_create(frame: bytes | str) -> tuple[ResponsesRequest, bool]:
-    """A `response.create` frame's body, and whether to generate."""
-    data = parse_json(frame)
+def read_create(data: Any) -> tuple[ResponsesRequest, bool]:
+    """A `response.create` frame's body (parsed), and whether to generate."""
     if not isinstance(data, dict) or data.get("type") != CREATE:
         raise InvalidRequest(
             f"Each client event is a JSON object with type {CREATE!r}", param="type"
@@ -140,6 +141,9 @@ class _Connection:
         self.waiting: asyncio.Queue[bytes | str] = asyncio.Queue()
         self.caller = caller_of(websocket)
         self.telemetry: Telemetry = websocket.app.state.telemetry
+        self.body_worker = get_objects(websocket.app).body_worker
+        peer = websocket.client.host if websocket.client is not None else None
+        self.client = client_of(principal, peer)  # whose turn its big frames are parsed in
 
     def emit(self, events: list[Event]) -> None:
         if self.pump.open:
@@ -186,7 +190,10 @@ class _Connection:
 
     async def _answer(self, frame: bytes | str, record: RequestRecord) -> None:
         try:
-            body, generate = read_create(frame)
+            # A frame is parsed as an HTTP body is (the body worker's rule: a big one
+            # in a child, off the event loop).
+            data = await self.body_worker.parse("json", frame, client=self.client)
+            body, generate = read_create(data)
             call = await self.responses.start(
                 self.principal, body, record, kept=self.kept, generate=generate
             )

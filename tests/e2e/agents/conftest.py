@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import CACHE, LiveServer, serve
+from tests.conftest import CACHE, ENGINE_SPIN_MS, LiveServer, serve
 
 LONG_MODEL = "tiny-long"
 POSITIONS = 65_536
@@ -52,6 +52,8 @@ def long_server() -> Iterator[LiveServer]:
         model=str(tiny_long_model_path()),
         served_model_name=LONG_MODEL,
         pin_frontend=True,  # as the live server runs (tests/conftest.py)
+        engine_spin_ms=ENGINE_SPIN_MS,
+        render_process=False,  # no big prompt here: vLLM's import again for nothing
         enable_auto_tool_choice=True,
         tool_call_parser="hermes",
         engine_args={

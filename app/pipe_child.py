@@ -1,0 +1,47 @@
+"""Children of the server that answer over their pipes (the body worker's children,
+`app.routes.body_worker`; the render process, `app.engine.vllm.render_process`): each
+end's one rule for how such a child begins and how it is stopped.
+
+A child takes a session of its own at its niceness (on Linux: `app.engine.cpu_host.
+own_session`, which also ties its SIGTERM to the server), and owns its stdout for its
+answers, whatever a library prints going to stderr instead. The server stops one by
+closing its pipes (the child ends at its stdin's end) and waiting a few seconds, then
+killing it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import BinaryIO
+
+from app.heap import fix_mmap_threshold
+
+# How long a child may take to end once its pipes are closed, before it is killed.
+_STOP_S = 5.0
+
+
+def child_outbox(niceness: int, server: int, who: str) -> BinaryIO:
+    """In a child of `server`: its own session at `niceness` (`who` names it in the log),
+    then the stream its answers go to (its stdout as it was; stdout itself now stderr)."""
+    if sys.platform == "linux":
+        from app.engine.cpu_host import own_session
+
+        own_session(niceness, server, who)
+    os.setpriority(os.PRIO_PROCESS, 0, niceness)  # within its group; where none, all
+    fix_mmap_threshold()  # what a big job held, returned (`app.heap`)
+    outbox = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    return outbox
+
+
+def stop_child(process: subprocess.Popen[bytes]) -> None:
+    """Close `process`'s pipes, then wait for it to end, killing it past `_STOP_S`."""
+    for pipe in (process.stdin, process.stdout):
+        if pipe is not None:
+            pipe.close()
+    try:
+        process.wait(timeout=_STOP_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
