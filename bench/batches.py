@@ -6,13 +6,18 @@ tokens under `ignore_eos`), one JSONL line each, as `vllm run-batch -i` reads it
 openai SDK uploads it.
 
 Per start of `switchboard serve` (as a user starts it, the lane's defaults unless
-`--busy` gives `--batch-busy-running` values, one target each), after one warm request:
+`--busy` / `--idle` give `--batch-busy-running` / `--batch-max-running` values, one
+target each), after one warm request:
 
 1. alone: the file uploaded (`files.create`), then `batches.create` to `completed` (the
    client polling every 0.1 s): the batch's output tok/s, from its output file's usage;
 2. interactive alone: `--streams` clients streaming chat completions of
    `--interactive-tokens` tokens (`ignore_eos`), one after the other, for `--duration`
-   s: TTFT p50/p99 and their output tok/s;
+   s, in spells of `--spell` s with every client idle `--gap` s between them (longer than
+   the lane's hold: a spell's first requests are what come to a server whose batch has
+   the engine to itself, the rest come to one already busy): TTFT p50/p99 and their
+   output tok/s; every request's TTFT is kept, and the table's p99 is that of every
+   round's requests together, with how many it rests on;
 3. the same interactive load while the same batch runs (created first, running before
    the load starts): the same figures, and the batch's tok/s meanwhile (its results
    counted by its `request_counts`); the batch is cancelled after.
@@ -30,7 +35,7 @@ process alive at a time, rounds alternating the order. Writes bench/results/batc
 and the table between the `bench:batches` markers (docs/batches.md).
 
     /work/bin/heavy --exclusive .venv/bin/python bench/batches.py [--rounds 3] \
-        [--requests 2000] [--tokens 64] [--duration 20] [--busy 2 0]
+        [--requests 1500] [--tokens 64] [--duration 25] [--busy 2] [--idle 0]
 """
 
 from __future__ import annotations
@@ -153,36 +158,61 @@ async def _stream(http: httpx.AsyncClient, url: str, tokens: int, n: int) -> tup
     return ttft, count
 
 
-async def _interactive(server: Server, streams: int, tokens: int, duration_s: float) -> Figures:
+def _percentile(values: Sequence[float], q: int) -> float:
+    return statistics.quantiles(values, n=100)[q - 1]
+
+
+async def _interactive(
+    server: Server, streams: int, tokens: int, duration_s: float, spell_s: float, gap_s: float
+) -> Figures:
+    """`streams` clients, back to back within spells of `spell_s` s, all idle for `gap_s`
+    between spells (longer than the lane's hold, so each spell's first requests arrive on
+    a lane back at its idle width): every request's send time (s into the load), TTFT (ms)
+    and whether it opened its client's spell."""
     url = f"{server.url}{CHAT}"
-    ttfts: list[float] = []
+    samples: list[tuple[float, float, bool]] = []
     total = 0
-    deadline = time.perf_counter() + duration_s
+    started = time.perf_counter()
+    deadline = started + duration_s
 
     async def client(http: httpx.AsyncClient, index: int) -> None:
         nonlocal total
         n = 0
-        while time.perf_counter() < deadline:
+        spell, opened = 0, -1
+        while (now := time.perf_counter()) < deadline:
+            spell_start = started + spell * (spell_s + gap_s)
+            if now >= spell_start + spell_s:  # this spell is over: wait for the next
+                spell += 1
+                await asyncio.sleep(max(0.0, spell_start + spell_s + gap_s - now))
+                continue
+            first, opened = opened != spell, spell
             ttft, count = await _stream(http, url, tokens, index * 1_000_000 + n)
-            ttfts.append(ttft)
+            samples.append((now - started, ttft * 1e3, first))
             total += count
             n += 1
 
-    started = time.perf_counter()
     async with httpx.AsyncClient(timeout=600) as http:
         await asyncio.gather(*(client(http, i) for i in range(streams)))
     wall_s = time.perf_counter() - started
-    cuts = statistics.quantiles(ttfts, n=100)
+    ttfts = [ttft for _, ttft, _ in samples]
+    firsts = [ttft for _, ttft, first in samples if first]
     return {
-        "ttft_p50_ms": statistics.median(ttfts) * 1e3,
-        "ttft_p99_ms": cuts[98] * 1e3,
+        "ttft_p50_ms": statistics.median(ttfts),
+        "ttft_p99_ms": _percentile(ttfts, 99),
+        "first_ttft_p50_ms": statistics.median(firsts),
         "output_tok_s": total / wall_s,
         "requests": len(ttfts),
+        "firsts": len(firsts),
+        "samples": [[round(t, 3), round(ttft, 2), first] for t, ttft, first in samples],
     }
 
 
 def interactive(server: Server, args: argparse.Namespace) -> Figures:
-    return asyncio.run(_interactive(server, args.streams, args.interactive_tokens, args.duration))
+    return asyncio.run(
+        _interactive(
+            server, args.streams, args.interactive_tokens, args.duration, args.spell, args.gap
+        )
+    )
 
 
 def _answered(batch: Any) -> int:
@@ -196,6 +226,9 @@ def interactive_beside_a_batch(server: Server, upload_id: str, args: argparse.Na
     client = _client(server)
     batch_id = _created(client, upload_id)
     _wait(client, batch_id, lambda b: b.status in ENDED or _answered(b) > 0)
+    # The first spell's first requests come to the batch at its idle width (the lane
+    # narrowed by the interactive load alone has widened again).
+    time.sleep(args.quiet)
     before = _answered(client.batches.retrieve(batch_id))
     started = time.perf_counter()
     figures = interactive(server, args)
@@ -211,6 +244,7 @@ def interactive_beside_a_batch(server: Server, upload_id: str, args: argparse.Na
 def measure(args: argparse.Namespace, file: Path) -> Callable[[Server, Round], Figures]:
     def one_start(server: Server, round_: Round) -> Figures:
         server.warm(CHAT)
+        time.sleep(args.quiet)  # the warm request was interactive traffic: the lane widens
         client = _client(server)
         with file.open("rb") as data:
             upload_id = client.files.create(file=(file.name, data), purpose="batch").id
@@ -285,21 +319,61 @@ def table(results: Results, args: argparse.Namespace, names: Sequence[str]) -> s
             harness.ratios(results.per_round(target, a, key), results.per_round(target, b, key))
         )
 
+    def samples(target: str, phase: str) -> list[tuple[float, float, bool]]:
+        """Every round's requests of a phase: (s into the load, TTFT ms, opened a spell)."""
+        return [
+            (at, ttft, first)
+            for starts in results.raw[target]
+            for figures in starts
+            for at, ttft, first in figures[phase]["samples"]
+        ]
+
+    def pooled(target: str, phase: str, *, firsts: bool = False) -> list[float]:
+        """Every round's TTFTs (ms) of a phase (`firsts`: those opening a spell)."""
+        return [ttft for _, ttft, first in samples(target, phase) if first or not firsts]
+
+    def tail(target: str, phase: str) -> str:
+        """What the phase's p99 rests on: the requests above it, how many opened a spell."""
+        every = samples(target, phase)
+        slowest = sorted(((ttft, first) for _, ttft, first in every), reverse=True)[
+            : len(every) // 100
+        ]
+        opened = sum(first for _, _, first in every)
+        quiet = [ttft for at, ttft, first in every if first and at < args.spell]
+        return (
+            f"{phase.replace('_', ' ')}: p99 of {len(every)} requests, the {len(slowest)} "
+            f"slowest above it ({sum(first for _, first in slowest)} of them opening a spell, "
+            f"as {opened} of all did); the first spell's {len(quiet)} first requests "
+            f"{statistics.median(quiet):.0f} ms (max {max(quiet):.0f})"
+        )
+
     rows: list[list[object]] = []
+    tails: list[str] = []
     for name in names:
         alone, beside = "interactive_alone", "interactive_with_batch"
+        p99 = [_percentile(pooled(name, phase), 99) for phase in (alone, beside)]
+        firsts = [statistics.median(pooled(name, phase, firsts=True)) for phase in (alone, beside)]
         rows.append(
             [
                 name,
                 f"{med(name, alone, 'ttft_p50_ms'):.0f} / {med(name, beside, 'ttft_p50_ms'):.0f}"
                 f" (**{ratio(beside, alone, name, 'ttft_p50_ms'):.2f}x**)",
-                f"{med(name, alone, 'ttft_p99_ms'):.0f} / {med(name, beside, 'ttft_p99_ms'):.0f}"
-                f" (**{ratio(beside, alone, name, 'ttft_p99_ms'):.2f}x**)",
+                f"{p99[0]:.0f} / {p99[1]:.0f} (**{p99[1] / p99[0]:.2f}x**; by round "
+                + ", ".join(
+                    f"{r:.2f}x"
+                    for r in harness.ratios(
+                        results.per_round(name, beside, "ttft_p99_ms"),
+                        results.per_round(name, alone, "ttft_p99_ms"),
+                    )
+                )
+                + ")",
+                f"{firsts[0]:.0f} / {firsts[1]:.0f} (**{firsts[1] / firsts[0]:.2f}x**)",
                 f"{med(name, alone, 'output_tok_s'):.0f} / {med(name, beside, 'output_tok_s'):.0f}"
                 f" (**{ratio(beside, alone, name, 'output_tok_s'):.2f}x**)",
                 f"{med(name, beside, 'batch_tok_s'):.0f}",
             ]
         )
+        tails.append(f"{name}: " + "; ".join(tail(name, phase) for phase in (alone, beside)))
     alone_rows: list[list[object]] = []
     for name in [*names, RUN_BATCH]:
         tok_s = results.per_round(name, "batch_alone", "output_tok_s")
@@ -309,20 +383,26 @@ def table(results: Results, args: argparse.Namespace, names: Sequence[str]) -> s
         [
             f"Tiny model; a batch of {args.requests} chat completions of {args.tokens} tokens "
             f"(`ignore_eos`); interactive: {args.streams} clients streaming chats of "
-            f"{args.interactive_tokens} tokens one after the other for {args.duration:.0f} s; "
-            f"medians of {args.rounds} alternating round(s) (ratios round by round). "
-            "Alone / with the batch running:",
+            f"{args.interactive_tokens} tokens one after the other for {args.duration:.0f} s, "
+            f"in spells of {args.spell:.0f} s all idle {args.gap:.1f} s between them (each "
+            "spell's first requests come to a lane back at its idle width); "
+            f"{args.rounds} alternating round(s): p50 and tok/s medians of the rounds' "
+            "(ratios round by round), p99 of every round's requests together (ratio of the "
+            "two; by round). Alone / with the batch running:",
             "",
             *markdown_table(
                 [
                     "server",
                     "TTFT p50 ms",
                     "TTFT p99 ms",
+                    "TTFT p50 ms, a spell's first",
                     "interactive tok/s",
                     "batch tok/s meanwhile",
                 ],
                 rows,
             ),
+            "",
+            *(f"- {tail}" for tail in tails),
             "",
             "The batch alone on an idle server (Switchboard: create to completed; `vllm "
             "run-batch`: its runner, reading the file to writing the output):",
@@ -338,13 +418,29 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--tokens", type=int, default=64, help="a batch request's output")
     parser.add_argument("--streams", type=int, default=4, help="interactive clients")
-    parser.add_argument("--interactive-tokens", type=int, default=32)
-    parser.add_argument("--duration", type=float, default=20.0, help="s of interactive load")
+    parser.add_argument("--interactive-tokens", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=25.0, help="s of interactive load")
+    parser.add_argument("--spell", type=float, default=5.0, help="s of clients back to back")
+    parser.add_argument("--gap", type=float, default=1.5, help="s all clients idle after a spell")
     parser.add_argument(
-        "--busy", type=int, nargs="+", default=[2, 0], help="--batch-busy-running values"
+        "--quiet",
+        type=float,
+        default=11.0,
+        help="s without interactive traffic before a batch alone and before the load beside "
+        "one (past the server's --batch-recent-s: the lane at its idle width)",
+    )
+    parser.add_argument(
+        "--busy", type=int, nargs="+", default=[2], help="--batch-busy-running values"
+    )
+    parser.add_argument(
+        "--idle",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="--batch-max-running values (0: the server's default)",
     )
     args = parser.parse_args()
     harness.tiny_model()
@@ -352,12 +448,16 @@ def main() -> None:
     file = batch_file(work / "in.jsonl", args.requests, args.tokens, "tiny")
     # Each target's batches on a store of its own: none left active by an earlier run.
     switchboards: Mapping[str, Target] = {
-        f"switchboard busy={busy}": harness.switchboard(
-            f"switchboard busy={busy}",
+        (
+            name := f"switchboard busy={busy}" + (f" idle={idle}" if idle else "")
+        ): harness.switchboard(
+            name,
             *("--batch-busy-running", str(busy)),
-            *("--batch-store", str(work / f"store-{busy}.sqlite3")),
+            *("--batch-max-running", str(idle)),
+            *("--batch-store", str(work / f"store-{busy}-{idle}.sqlite3")),
         )
         for busy in args.busy
+        for idle in args.idle
     }
     targets = [*switchboards.values(), run_batch_target(file, args.requests)]
     results = harness.run_rounds(targets, measure(args, file), rounds=args.rounds, name="batches")

@@ -21,12 +21,18 @@ request for as long as the phase lasts:
 
 Figures per phase: the honest TTFT p50 and p99, their ratio to idle's (goal: within
 1.5x), the honest requests served and failed, the hostile answers by status, and the
-peak growth of the server's memory (frontend and engine) over idle's. Between phases the
+server's memory (`Memory`: RSS and PSS of each of its processes by role, the serving
+process, Switchboard's render process and body worker's children, vLLM's engine), its
+peak over the phase and what is left 3 s after the phase settled, each against
+idle's after (flat: a peak bounded by what the request itself holds, and nothing left
+that grows phase after phase). Between phases the
 server settles: honest chats until one starts within 1.5x idle's p50 (at most 120 s; what
 a hostile phase left running, a `vllm serve` tokenization of 16 MiB say, ends first), the
-seconds it took kept as `settle_s`. Writes bench/results/hostile.json and the table
+seconds it took kept as `settle_s`. Before the idle phase, each server's process tree
+goes quiet (what it starts in the background once it answers /health is over; the
+seconds kept as idle's `quiet_s`). Writes bench/results/hostile.json and the table
 between the `bench:hostile` markers. Several alternating rounds, one server alive at a
-time (about 30 minutes with the defaults; `--smoke`: one round of 3 s phases, nothing
+time (about 20 minutes with the defaults; `--smoke`: one round of 3 s phases, nothing
 published, about 6 minutes):
 
     PYTHONPATH=$PWD .venv/bin/python bench/hostile.py [--rounds 3] [--phase 15]
@@ -48,7 +54,6 @@ from typing import Any
 
 import aiohttp
 import harness
-import httpx
 import psutil
 from harness import Round, Server, Target, markdown_table, publish
 
@@ -72,6 +77,12 @@ HONEST_CHAT = {
     "stream": True,
 }
 SETTLE_S = 120.0
+# A server whose processes used less CPU than this in a second has finished starting.
+QUIET_CPU_S = 0.1
+QUIET_S = 180.0
+# Once a phase has settled, its memory is read this much later (past `app.heap`'s trim,
+# a second after big requests end): what the server keeps.
+AFTER_S = 3.0
 
 
 def _first_token(line: bytes) -> bool:
@@ -220,25 +231,65 @@ def hostiles(server: Server) -> dict[str, Hostile]:
     return found
 
 
+# The server's processes, as their memory is reported: its own (the frontend: Switchboard's
+# serving process, `vllm serve`'s API server), Switchboard's render process and body
+# worker's children, and vLLM's engine (its core and worker; whatever else runs below).
+ROLES = ("serving", "render", "body workers", "engine")
+_CHILD_ROLES = {"app.engine.vllm.render_child": "render", "app.routes.body_worker": "body workers"}
+
+
+def _role(process: psutil.Process, root: psutil.Process) -> str:
+    if process.pid == root.pid:
+        return "serving"
+    with contextlib.suppress(psutil.Error):
+        command = process.cmdline()
+        for module, role in _CHILD_ROLES.items():
+            if module in command:
+                return role
+    return "engine"
+
+
+def _pss(pid: int) -> int:
+    """`pid`'s proportional set size (its private pages, and its share of those it maps
+    with others: the libraries every process of the server maps), in bytes; 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 class Memory:
-    """The peak RSS of the server's process tree, sampled every 0.2 s in a thread."""
+    """The memory of the server's process tree, per role (`ROLES`) and in all, sampled
+    every 0.2 s in a thread: RSS and PSS, the peak over the block and the last sample."""
 
     def __init__(self, pid: int) -> None:
         self.root = psutil.Process(pid)
-        self.peak = 0
+        self.peak: dict[str, float] = {}
+        self.last: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
-    def _rss(self) -> int:
-        total = 0
+    def sample(self) -> dict[str, float]:
+        """One sample, in MiB: `<role> rss`, `<role> pss` for each role, `rss` and `pss`
+        of the whole tree."""
+        now = {f"{role} {kind}": 0.0 for role in ROLES for kind in ("rss", "pss")}
         for process in (self.root, *self.root.children(recursive=True)):
             with contextlib.suppress(psutil.Error):
-                total += process.memory_info().rss
-        return total
+                role = _role(process, self.root)
+                now[f"{role} rss"] += process.memory_info().rss / MIB
+                now[f"{role} pss"] += _pss(process.pid) / MIB
+        now["rss"] = sum(now[f"{role} rss"] for role in ROLES)
+        now["pss"] = sum(now[f"{role} pss"] for role in ROLES)
+        return now
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self._rss())
+            self.last = self.sample()
+            self.peak = {k: max(v, self.peak.get(k, 0.0)) for k, v in self.last.items()}
             time.sleep(0.2)
 
     def __enter__(self) -> Memory:
@@ -275,47 +326,102 @@ async def _phase(server: Server, hostile: Hostile | None, seconds: float) -> dic
         "served": len(ttfts),
         "failed": dict(failed),
         "hostile_answers": dict(seen),
-        "peak_rss_mib": memory.peak / MIB,
+        "peak_mib": memory.peak,
     }
 
 
-def _settle(server: Server, idle_ms: float) -> float:
+async def _settle(server: Server, idle_ms: float) -> float:
     """Seconds until one honest chat starts within 1.5x idle's p50 TTFT (at most
     `SETTLE_S`): what a phase left running (a cut reader's request, a flood's, a
-    tokenization no client waits for any more) ends before the next phase starts."""
+    tokenization no client waits for any more) ends before the next phase starts. Sent
+    by the honest clients' own client (aiohttp), as they send theirs: httpx's, one new
+    connection a chat, never started within 1.5x on Switchboard (120 s after every phase
+    of the run of 2026-11-28, while `vllm serve`, with a slower idle, settled in 0-2 s)."""
     start = time.perf_counter()
     url = f"{server.url}/v1/chat/completions"
-    while time.perf_counter() - start < SETTLE_S:
-        sent = time.perf_counter()
-        try:
-            with httpx.stream("POST", url, json=HONEST_CHAT, timeout=SETTLE_S) as response:
-                for line in response.iter_lines():
-                    if _first_token(line.encode()):
-                        if (time.perf_counter() - sent) * 1e3 <= 1.5 * idle_ms:
-                            return time.perf_counter() - start
-                        break
-        except httpx.HTTPError:
-            time.sleep(0.5)
+    timeout = aiohttp.ClientTimeout(total=SETTLE_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        while time.perf_counter() - start < SETTLE_S:
+            sent = time.perf_counter()
+            try:
+                async with session.post(url, json=HONEST_CHAT) as response:
+                    async for line in response.content:
+                        if _first_token(line):
+                            if (time.perf_counter() - sent) * 1e3 <= 1.5 * idle_ms:
+                                return time.perf_counter() - start
+                            break
+            except (TimeoutError, aiohttp.ClientError):
+                await asyncio.sleep(0.5)
     return time.perf_counter() - start
 
 
+def _quiet(server: Server) -> float:
+    """Seconds until the server's whole process tree is idle (at most `QUIET_S`): what it
+    starts in the background once it answers /health is over before the idle phase
+    (Switchboard's render process, vLLM's import at niceness 19, ~15 s of CPU; its
+    memory is then in idle's)."""
+    root = psutil.Process(server.pid)
+
+    def cpu() -> float:
+        total = 0.0
+        for process in (root, *root.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
+
+    start = time.perf_counter()
+    before = cpu()
+    while time.perf_counter() - start < QUIET_S:
+        time.sleep(1.0)
+        now = cpu()
+        if now - before < QUIET_CPU_S:
+            break
+        before = now
+    return time.perf_counter() - start
+
+
+def _after(server: Server) -> dict[str, float]:
+    """The server's memory once a phase is over (`Memory.sample`), `AFTER_S` later."""
+    time.sleep(AFTER_S)
+    return Memory(server.pid).sample()
+
+
 def measure(server: Server, round_: Round, seconds: float) -> dict[str, Any]:
+    quiet_s = _quiet(server)
     server.warm("/v1/chat/completions")
     figures: dict[str, Any] = {"idle": asyncio.run(_phase(server, None, seconds))}
+    figures["idle"]["quiet_s"] = quiet_s
+    figures["idle"]["after_mib"] = _after(server)
     for name, hostile in hostiles(server).items():
         figures[name] = asyncio.run(_phase(server, hostile, seconds))
-        figures[name]["settle_s"] = _settle(server, figures["idle"]["ttft_p50_ms"])
+        figures[name]["settle_s"] = asyncio.run(_settle(server, figures["idle"]["ttft_p50_ms"]))
+        figures[name]["after_mib"] = _after(server)
     return figures
 
 
-def table(results: harness.Results, names: list[str]) -> str:
-    rows = []
+def _growth(results: harness.Results, name: str, phase: str, key: str) -> str:
+    """`key`'s peak over the phase and its value after it, each over idle's after, MiB
+    (the median of the rounds)."""
+    idle = results.per_round(name, "idle", "after_mib", key)
+    peak = results.per_round(name, phase, "peak_mib", key)
+    after = results.per_round(name, phase, "after_mib", key)
+    grown = [statistics.median(a - b for a, b in zip(x, idle, strict=True)) for x in (peak, after)]
+    return f"{grown[0]:+.0f} / {grown[1]:+.0f}"
+
+
+def _phases(results: harness.Results, names: list[str]) -> list[str]:
     phases: list[str] = []
     for name in names:
         for starts in results.raw[name]:
             for figures in starts:
                 phases += [p for p in figures if p not in phases and p != "idle"]
-    for phase in ["idle", *phases]:
+    return ["idle", *phases]
+
+
+def table(results: harness.Results, names: list[str]) -> str:
+    rows = []
+    for phase in _phases(results, names):
         row: list[object] = [phase]
         for name in names:
             if not any(phase in f for starts in results.raw[name] for f in starts):
@@ -325,25 +431,26 @@ def table(results: harness.Results, names: list[str]) -> str:
             p99 = results.per_round(name, phase, "ttft_p99_ms")
             idle50 = results.per_round(name, "idle", "ttft_p50_ms")
             idle99 = results.per_round(name, "idle", "ttft_p99_ms")
-            growth = [
-                a - b
-                for a, b in zip(
-                    results.per_round(name, phase, "peak_rss_mib"),
-                    results.per_round(name, "idle", "peak_rss_mib"),
-                    strict=True,
-                )
-            ]
             row += [
                 f"{statistics.median(p50):.0f} / {statistics.median(p99):.0f}",
                 f"{statistics.median(harness.ratios(p50, idle50)):.2f}x / "
                 f"{statistics.median(harness.ratios(p99, idle99)):.2f}x",
-                f"{statistics.median(growth):+.0f}",
+                _growth(results, name, phase, "rss"),
             ]
         rows.append(row)
     header = ["hostile client"]
     for name in names:
-        header += [f"{name}: honest TTFT p50 / p99 (ms)", "against idle", "memory (MiB)"]
-    return "\n".join(markdown_table(header, rows))
+        header += [f"{name}: honest TTFT p50 / p99 (ms)", "against idle", "RSS peak / after (MiB)"]
+    lines = markdown_table(header, rows)
+    # Switchboard's memory process by process (PSS: a page shared by n processes counts
+    # 1/n in each, so the libraries every process maps are not counted n times).
+    first = names[0]
+    rows = [
+        [phase, *(_growth(results, first, phase, f"{role} pss") for role in ROLES)]
+        for phase in _phases(results, [first])
+    ]
+    header = [f"{first}: PSS peak / after (MiB)", *ROLES]
+    return "\n".join([*lines, "", *markdown_table(header, rows)])
 
 
 def main() -> None:

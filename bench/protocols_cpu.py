@@ -23,7 +23,7 @@ round, then their median over rounds is reported (the other figures are medians 
 
 One server alive at a time; rounds alternate which server goes first, and rotate the order
 of the protocols within a server. Writes bench/results/protocols.json and the table in
-docs/benchmarks.md between the `bench:protocols` markers.
+docs/grpc.md between the `bench:protocols` markers.
 
     flock /tmp/switchboard-engine.lock .venv/bin/python bench/protocols_cpu.py \
         [--rounds 3] [--concurrency 1 16] [--requests 96]

@@ -25,7 +25,7 @@ gRPC's over the websocket's bounds how close Salience or Evergreen over gRPC can
 the same protocol over the websocket; the SSE floor plus the bare engine's output path
 (bench/frontends.py's bare engine) bounds Switchboard's OpenAI CPU per token from below.
 
-Writes bench/results/transport_floor.json and the table in docs/benchmarks.md between
+Writes bench/results/transport_floor.json and the table in docs/grpc.md between
 the `bench:floor` markers.
 
     .venv/bin/python bench/transport_floor.py [--rounds 3] [--messages 6000]
