@@ -134,11 +134,10 @@ def _sockets_ended() -> Iterator[None]:
 
 
 def free_port() -> int:
-    """A port below the kernel's ephemeral range, as the fleet's members take theirs: a
-    live server binds its ports only once its engine has started, tens of seconds after
-    they are chosen, and an ephemeral one may meanwhile be taken by any outgoing
-    connection (one took the image server's port in a whole-suite run)."""
-    from app.fleet.members import free_port as below_ephemeral
+    """A port as the fleet's members take theirs (app/fleet/ports.py): a live server binds
+    its ports only once its engine has started, tens of seconds after they are chosen, and
+    meanwhile no outgoing connection nor the other lane may take them."""
+    from app.fleet.ports import free_port as below_ephemeral
 
     return below_ephemeral()
 

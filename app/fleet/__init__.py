@@ -9,6 +9,7 @@ starts one for a dev box; the fleet tests (tests/fleet/) and benchmarks (bench/f
 start theirs with the same code, so what a user runs is what is tested.
 
 - `members`: the processes (replicas, Redis, routers, nginx): start, ready, drain, kill.
+- `ports`: ports chosen now and bound later, claimed across the machine's processes.
 - `routers`: each router's command line and nginx's configuration: one place for their
   flags.
 - `fleet`: `Fleet`, the whole, started and stopped in order, with rolling restarts.

@@ -31,7 +31,6 @@ import contextlib
 import functools
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -47,31 +46,12 @@ from pathlib import Path
 import httpx
 
 from app.errors import ConfigError
+from app.fleet.ports import free_port
 
 # How long a member may take to become ready; an engine's first start compiles.
 START_TIMEOUT_S = 600.0
 _POLL_S = 0.1
 _LOG_TAIL = 3000  # characters of a failed member's log quoted in the error
-
-
-# Below the kernel's ephemeral range (32768 and up by default): a member keeps its ports
-# for the fleet's life, restarts included, and an ephemeral port may meanwhile be taken
-# by any outgoing connection on the machine (one took a replica's gRPC port as it
-# started, once).
-_PORTS = range(20000, 32000)
-_random = random.Random()
-
-
-def free_port() -> int:
-    """A port below the ephemeral range that nothing listens on now."""
-    while True:
-        port = _random.choice(_PORTS)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 @functools.cache

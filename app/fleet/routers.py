@@ -18,7 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.fleet.members import Replica, free_port
+from app.fleet.members import Replica
+from app.fleet.ports import free_port
 
 VLLM_ROUTER = "vllm-router"
 SMG = "smg"
