@@ -115,6 +115,18 @@ def _check(
     assert len(ids) == len(engine)
 
 
+def _check_completion(ours: Span, engine: list[Span], request_id: str, built: bool = True) -> None:
+    """`_check` of a text completion of the tiny model (most surfaces' calls)."""
+    _check(
+        ours,
+        engine,
+        request_id,
+        name="text_completion tiny",
+        operation="text_completion",
+        built=built,
+    )
+
+
 def test_completions_with_choices(live_server: LiveServer) -> None:
     trace_id, headers = _caller()
     body = {"model": "tiny", "prompt": "def main():", "max_tokens": 6, "n": 2}
@@ -122,13 +134,7 @@ def test_completions_with_choices(live_server: LiveServer) -> None:
     assert answer.status_code == 200
     assert answer.headers["x-request-id"] == headers["x-request-id"]
     ours, engine = _ours_and_vllms(trace_id, 2)
-    _check(
-        ours,
-        engine,
-        headers["x-request-id"],
-        name="text_completion tiny",
-        operation="text_completion",
-    )
+    _check_completion(ours, engine, headers["x-request-id"])
     assert (
         ours.attributes["gen_ai.usage.output_tokens"] == answer.json()["usage"]["completion_tokens"]
     )
@@ -176,14 +182,7 @@ def test_graphpipe_batch(live_server: LiveServer) -> None:
     assert answer.status_code == 200
     assert not read_infer_response(answer.content).errors
     ours, engine = _ours_and_vllms(trace_id, 2)
-    _check(
-        ours,
-        engine,
-        headers["x-request-id"],
-        name="text_completion tiny",
-        operation="text_completion",
-        built=False,
-    )
+    _check_completion(ours, engine, headers["x-request-id"], built=False)
 
 
 def test_a_responses_websocket_response(live_server: LiveServer) -> None:
@@ -317,13 +316,7 @@ def test_a_salience_generate_over_grpc(live_server: LiveServer) -> None:
         assert list(stream)[-1].HasField("done")
         assert (REQUEST_ID_HEADER, headers["x-request-id"]) in stream.initial_metadata()
     ours, engine = _ours_and_vllms(trace_id, 1)
-    _check(
-        ours,
-        engine,
-        headers["x-request-id"],
-        name="text_completion tiny",
-        operation="text_completion",
-    )
+    _check_completion(ours, engine, headers["x-request-id"])
 
 
 def test_an_evergreen_generate_over_the_websocket(live_server: LiveServer) -> None:
@@ -339,13 +332,7 @@ def test_an_evergreen_generate_over_the_websocket(live_server: LiveServer) -> No
             json_format.Parse(socket.recv(timeout=60), frame)
             final = any(not f.continued for f in frame.node_fragments if f.id == "r1")
     ours, engine = _ours_and_vllms(trace_id, 1)
-    _check(
-        ours,
-        engine,
-        f"{headers['x-request-id']}.1",
-        name="text_completion tiny",
-        operation="text_completion",
-    )
+    _check_completion(ours, engine, f"{headers['x-request-id']}.1")
 
 
 def test_a_salience_generate_over_the_websocket(live_server: LiveServer) -> None:
@@ -362,13 +349,7 @@ def test_a_salience_generate_over_the_websocket(live_server: LiveServer) -> None
         while "done" not in json.loads(socket.recv(timeout=60)).get("event", {}):
             pass
     ours, engine = _one_call(trace_id, f"{headers['x-request-id']}.2", 2)
-    _check(
-        ours,
-        engine,
-        f"{headers['x-request-id']}.2",
-        name="text_completion tiny",
-        operation="text_completion",
-    )
+    _check_completion(ours, engine, f"{headers['x-request-id']}.2")
 
 
 def test_an_evergreen_generate_and_an_smg_generate_over_grpc(live_server: LiveServer) -> None:
@@ -379,13 +360,7 @@ def test_an_evergreen_generate_and_an_smg_generate_over_grpc(live_server: LiveSe
         replies = evergreen.StartSession(sent, metadata=tuple(headers.items()), timeout=60)
         assert any(reply.node_fragments for reply in replies)
         ours, engine = _ours_and_vllms(trace_id, 1)
-        _check(
-            ours,
-            engine,
-            f"{headers['x-request-id']}.1",
-            name="text_completion tiny",
-            operation="text_completion",
-        )
+        _check_completion(ours, engine, f"{headers['x-request-id']}.1")
         trace_id, headers = _caller()
         smg = smg_grpc.VllmEngineStub(channel)  # SMG's gRPC worker protocol
         asked = smg_pb.GenerateRequest(
@@ -397,11 +372,5 @@ def test_an_evergreen_generate_and_an_smg_generate_over_grpc(live_server: LiveSe
         generated = smg.Generate(asked, metadata=tuple(headers.items()), timeout=60)
         assert list(generated)[-1].HasField("complete")
         ours, engine = _ours_and_vllms(trace_id, 1)
-        _check(
-            ours,
-            engine,
-            headers["x-request-id"],
-            name="text_completion tiny",
-            operation="text_completion",
-        )
+        _check_completion(ours, engine, headers["x-request-id"])
         assert ours.attributes["switchboard.api"] == "smg"
