@@ -41,7 +41,9 @@ def free_port() -> int:
             continue
         with socket.socket() as sock:
             try:
-                sock.bind(("127.0.0.1", port))
+                # Every address: a router may bind its metrics port on all of them, which
+                # fails where anything holds the port on any one.
+                sock.bind(("0.0.0.0", port))
             except OSError:
                 continue  # kept claimed: something else holds it
         return port
