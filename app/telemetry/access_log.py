@@ -46,6 +46,25 @@ def fields(record: RequestRecord, model: str | None) -> dict[str, Any]:
     }
 
 
+def text(record: RequestRecord, model: str | None) -> str:
+    """The text form's line: `fields` but the time (the handler's format writes it),
+    written out at once rather than through the dict (with `_write`'s record: a line
+    cost 16-18 us through `logger.info` and the dict, 10 this way, measured alone, the
+    handler's formatting and write included)."""
+    ttft = record.ttft_s
+    error = record.error
+    return (
+        f'{record.client or "-"} "{record.name}" {record.status} '
+        f"request_id={record.request_id} tenant={_text(record.tenant)} "
+        f"api={_text(record.api)} model={_text(model)} outcome={record.outcome} "
+        f"error={type(error).__name__ if error is not None else '-'} "
+        f"input_tokens={record.input_tokens} output_tokens={record.output_tokens} "
+        f"cached_tokens={record.cached_tokens} "
+        f"ttft_s={'-' if ttft is None else round(ttft, 6)} "
+        f"duration_s={round(record.duration_s, 6)}"
+    )
+
+
 class AccessLog:
     def __init__(self, form: str) -> None:
         self._form = form
@@ -53,20 +72,16 @@ class AccessLog:
     def write(self, record: RequestRecord, model: str | None) -> None:
         if self._form == "off" or not logger.isEnabledFor(logging.INFO):
             return
-        line = fields(record, model)
         if self._form == "json":
-            logger.info(orjson.dumps(line).decode())
-            return
-        logger.info(
-            '%s "%s" %s %s',
-            line["client"] or "-",
-            line["call"],
-            line["status"],
-            " ".join(f"{k}={_text(v)}" for k, v in line.items() if k not in _IN_FRONT),
-        )
+            _write(orjson.dumps(fields(record, model)).decode())
+        else:
+            _write(text(record, model))
 
 
-_IN_FRONT = ("client", "call", "status", "time")
+def _write(line: str) -> None:
+    # The record made here rather than by `logger.info`, which walks the stack for the
+    # caller's file and line: no access-log format shows them.
+    logger.handle(logger.makeRecord(LOGGER, logging.INFO, "", 0, line, (), None))
 
 
 def _text(value: Any) -> str:

@@ -24,7 +24,7 @@ from app.config import Settings
 from app.engine.base import GenerationRequest, TokenEvent
 from app.errors import EngineError
 from app.main import create_app
-from app.telemetry.access_log import LOGGER
+from app.telemetry.access_log import LOGGER, fields, text
 from app.telemetry.logs import RequestIdFilter
 from app.telemetry.metrics import MAX_TENANTS, OTHER_TENANT, RequestMetrics
 from app.telemetry.record import RequestRecord
@@ -199,6 +199,21 @@ async def test_access_log_off_writes_nothing(caplog: pytest.LogCaptureFixture) -
         async with _client(_app(FakeEngine(), access_log="off")) as client:
             await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1})
     assert not [r for r in caplog.records if r.name == LOGGER]
+
+
+def test_the_text_line_has_every_field_of_the_json_one() -> None:
+    """The text form writes its line out by hand (`access_log.text`), beside `fields`:
+    the same fields, the time left to the handler's format, the first three unnamed."""
+    record = RequestRecord("r-1", name="POST /v1/chat/completions", client="10.0.0.1:9")
+    record.status, record.tenant, record.api, record.ended = 200, "acme", "chat", 1.0
+    line = text(record, "tiny")
+    named = dict(pair.split("=", 1) for pair in line.split(" ")[4:])
+    every = fields(record, "tiny")
+    in_front = [every.pop(key) for key in ("client", "call", "status")]
+    every.pop("time")
+    assert line.startswith(f'{in_front[0]} "{in_front[1]}" {in_front[2]} ')
+    assert list(named) == list(every)
+    assert named == {k: "-" if v is None else str(v) for k, v in every.items()}
 
 
 # -- metrics ---------------------------------------------------------------------------
