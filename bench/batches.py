@@ -35,7 +35,10 @@ process alive at a time, rounds alternating the order. Writes bench/results/batc
 and the table between the `bench:batches` markers (docs/batches.md).
 
     /work/bin/heavy --exclusive .venv/bin/python bench/batches.py [--rounds 3] \
-        [--requests 1500] [--tokens 64] [--duration 25] [--busy 2] [--idle 0]
+        [--requests 1500] [--tokens 64] [--duration 25] [--busy 2] [--idle 0] [--alone]
+
+`--alone`: step 1 only, against run-batch, its table printed and nothing written (for
+trying a change to the batch's own pace).
 """
 
 from __future__ import annotations
@@ -248,11 +251,11 @@ def measure(args: argparse.Namespace, file: Path) -> Callable[[Server, Round], F
         client = _client(server)
         with file.open("rb") as data:
             upload_id = client.files.create(file=(file.name, data), purpose="batch").id
-        return {
-            "batch_alone": batch_alone(server, upload_id, args.requests),
-            "interactive_alone": interactive(server, args),
-            "interactive_with_batch": interactive_beside_a_batch(server, upload_id, args),
-        }
+        figures = {"batch_alone": batch_alone(server, upload_id, args.requests)}
+        if not args.alone:
+            figures["interactive_alone"] = interactive(server, args)
+            figures["interactive_with_batch"] = interactive_beside_a_batch(server, upload_id, args)
+        return figures
 
     return one_start
 
@@ -308,6 +311,21 @@ def run_batch_child(argv: Sequence[str]) -> None:
 
 
 # -- the table ----------------------------------------------------------------------------
+
+
+def alone_table(results: Results, names: Sequence[str]) -> list[str]:
+    """The batch alone: each runner's tok/s, and its ratio to run-batch's round by round."""
+    rows: list[list[object]] = []
+    for name in [*names, RUN_BATCH]:
+        tok_s = results.per_round(name, "batch_alone", "output_tok_s")
+        versus = harness.ratios(tok_s, results.per_round(RUN_BATCH, "batch_alone", "output_tok_s"))
+        rows.append([name, harness.spread(tok_s), f"**{statistics.median(versus):.2f}x**"])
+    return [
+        "The batch alone on an idle server (Switchboard: create to completed; `vllm "
+        "run-batch`: its runner, reading the file to writing the output):",
+        "",
+        *markdown_table(["runner", "output tok/s", "vs vllm run-batch"], rows),
+    ]
 
 
 def table(results: Results, args: argparse.Namespace, names: Sequence[str]) -> str:
@@ -374,11 +392,6 @@ def table(results: Results, args: argparse.Namespace, names: Sequence[str]) -> s
             ]
         )
         tails.append(f"{name}: " + "; ".join(tail(name, phase) for phase in (alone, beside)))
-    alone_rows: list[list[object]] = []
-    for name in [*names, RUN_BATCH]:
-        tok_s = results.per_round(name, "batch_alone", "output_tok_s")
-        versus = harness.ratios(tok_s, results.per_round(RUN_BATCH, "batch_alone", "output_tok_s"))
-        alone_rows.append([name, harness.spread(tok_s), f"**{statistics.median(versus):.2f}x**"])
     return "\n".join(
         [
             f"Tiny model; a batch of {args.requests} chat completions of {args.tokens} tokens "
@@ -404,10 +417,7 @@ def table(results: Results, args: argparse.Namespace, names: Sequence[str]) -> s
             "",
             *(f"- {tail}" for tail in tails),
             "",
-            "The batch alone on an idle server (Switchboard: create to completed; `vllm "
-            "run-batch`: its runner, reading the file to writing the output):",
-            "",
-            *markdown_table(["runner", "output tok/s", "vs vllm run-batch"], alone_rows),
+            *alone_table(results, names),
         ]
     )
 
@@ -442,6 +452,11 @@ def main() -> None:
         default=[0],
         help="--batch-max-running values (0: the server's default)",
     )
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="the batch alone only (no interactive load): its table printed, nothing written",
+    )
     args = parser.parse_args()
     harness.tiny_model()
     work = Path(tempfile.mkdtemp(prefix="batches-"))
@@ -461,6 +476,10 @@ def main() -> None:
     }
     targets = [*switchboards.values(), run_batch_target(file, args.requests)]
     results = harness.run_rounds(targets, measure(args, file), rounds=args.rounds, name="batches")
+    if args.alone:
+        print(f"A batch of {args.requests} requests, {args.rounds} alternating round(s):")
+        print("\n".join(alone_table(results, list(switchboards))))
+        return
     figures = {"settings": vars(args), **results.record()}
     publish("batches", figures, table(results, args, list(switchboards)))
 
