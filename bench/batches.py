@@ -18,9 +18,11 @@ target each), after one warm request:
    the engine to itself, the rest come to one already busy): TTFT p50/p99 and their
    output tok/s; every request's TTFT is kept, and the table's p99 is that of every
    round's requests together, with how many it rests on;
-3. the same interactive load while the same batch runs (created first, running before
-   the load starts): the same figures, and the batch's tok/s meanwhile (its results
-   counted by its `request_counts`); the batch is cancelled after.
+3. the same interactive load while a batch runs (created first, running before the load
+   starts; a file of `--beside-requests`, so that it outlasts the quiet before the load
+   and the load: at the idle width, 1,500 requests end within the quiet): the same
+   figures, and the batch's tok/s meanwhile (its results counted by its
+   `request_counts`); the batch is cancelled after.
 
 `vllm run-batch`: vLLM's own runner (`vllm.entrypoints.launchers.run_batch`, the code
 behind `vllm run-batch -i IN -o OUT --model M`) in a process of its own, timed inside
@@ -237,14 +239,16 @@ def interactive_beside_a_batch(server: Server, upload_id: str, args: argparse.Na
     figures = interactive(server, args)
     during = _answered(client.batches.retrieve(batch_id)) - before
     wall_s = time.perf_counter() - started
+    if during >= args.beside_requests - before:
+        raise RuntimeError("the batch ended within the load: use more --beside-requests")
     client.batches.cancel(batch_id)
-    ended = _wait(client, batch_id, lambda b: b.status in ENDED)
-    if during >= args.requests - before:
-        print(f"the batch ended ({ended.status}) within the load: use more --requests")
+    _wait(client, batch_id, lambda b: b.status in ENDED)
     return {**figures, "batch_tok_s": during * args.tokens / wall_s}
 
 
-def measure(args: argparse.Namespace, file: Path) -> Callable[[Server, Round], Figures]:
+def measure(
+    args: argparse.Namespace, file: Path, beside: Path
+) -> Callable[[Server, Round], Figures]:
     def one_start(server: Server, round_: Round) -> Figures:
         server.warm(CHAT)
         time.sleep(args.quiet)  # the warm request was interactive traffic: the lane widens
@@ -254,7 +258,9 @@ def measure(args: argparse.Namespace, file: Path) -> Callable[[Server, Round], F
         figures = {"batch_alone": batch_alone(server, upload_id, args.requests)}
         if not args.alone:
             figures["interactive_alone"] = interactive(server, args)
-            figures["interactive_with_batch"] = interactive_beside_a_batch(server, upload_id, args)
+            with beside.open("rb") as data:
+                beside_id = client.files.create(file=(beside.name, data), purpose="batch").id
+            figures["interactive_with_batch"] = interactive_beside_a_batch(server, beside_id, args)
         return figures
 
     return one_start
@@ -429,6 +435,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument(
+        "--beside-requests",
+        type=int,
+        default=5000,
+        help="the batch beside interactive load (it must outlast the quiet and the load)",
+    )
     parser.add_argument("--tokens", type=int, default=64, help="a batch request's output")
     parser.add_argument("--streams", type=int, default=4, help="interactive clients")
     parser.add_argument("--interactive-tokens", type=int, default=16)
@@ -461,6 +473,7 @@ def main() -> None:
     harness.tiny_model()
     work = Path(tempfile.mkdtemp(prefix="batches-"))
     file = batch_file(work / "in.jsonl", args.requests, args.tokens, "tiny")
+    beside = batch_file(work / "beside.jsonl", args.beside_requests, args.tokens, "tiny")
     # Each target's batches on a store of its own: none left active by an earlier run.
     switchboards: Mapping[str, Target] = {
         (
@@ -475,7 +488,9 @@ def main() -> None:
         for idle in args.idle
     }
     targets = [*switchboards.values(), run_batch_target(file, args.requests)]
-    results = harness.run_rounds(targets, measure(args, file), rounds=args.rounds, name="batches")
+    results = harness.run_rounds(
+        targets, measure(args, file, beside), rounds=args.rounds, name="batches"
+    )
     if args.alone:
         print(f"A batch of {args.requests} requests, {args.rounds} alternating round(s):")
         print("\n".join(alone_table(results, list(switchboards))))
