@@ -5,7 +5,8 @@ requests where they apply.
 Per start: `HONEST` clients each stream one chat after another (a short prompt, 8 output
 tokens), and their TTFT (the first content chunk) is taken over `--phase` seconds, first
 with nothing else (idle), then beside each hostile client in turn, which repeats its
-request for as long as the phase lasts:
+request for as long as the phase lasts, from a process of its own (beside the honest
+clients in their event loop it delayed their reading: `_Hostile`):
 
 - a 16 MiB chat body (one message of 8 Mi words; refused on Switchboard before it is
   tokenized, being longer than the context);
@@ -44,12 +45,15 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import socket
 import statistics
 import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 import aiohttp
@@ -63,7 +67,18 @@ HONEST = 4
 MIB = 1 << 20
 BIG_TEXT = "x " * (8 * MIB)
 TEMPLATE = "{% for i in range(2000) %}{% for j in range(2000) %}{% endfor %}{% endfor %}"
-Hostile = Callable[[aiohttp.ClientSession, Server, Counter[str]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class _Where:
+    """What a hostile client needs of the server it is sent to (`hostiles`)."""
+
+    url: str
+    port: int
+    switchboard: bool
+
+
+Hostile = Callable[[aiohttp.ClientSession, _Where, Counter[str]], Awaitable[None]]
 
 
 def targets() -> list[Target]:
@@ -131,13 +146,13 @@ async def _repeat(
 def _posting(path: str, body: Callable[[], bytes], kind: str = "application/json") -> Hostile:
     data = body()
 
-    async def hostile(session: aiohttp.ClientSession, server: Server, seen: Counter[str]) -> None:
+    async def hostile(session: aiohttp.ClientSession, server: _Where, seen: Counter[str]) -> None:
         await _repeat(session, server.url + path, data, seen, kind)
 
     return hostile
 
 
-async def _urgent_flood(session: aiohttp.ClientSession, server: Server, seen: Counter[str]) -> None:
+async def _urgent_flood(session: aiohttp.ClientSession, server: _Where, seen: Counter[str]) -> None:
     body = json.dumps(
         {"model": "tiny", "prompt": "a", "max_tokens": 256, "ignore_eos": True, "priority": -1000}
     ).encode()
@@ -150,7 +165,7 @@ Talk = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 async def _raw_clients(
-    server: Server, seen: Counter[str], count: int, talk: Talk, limit: int = 1 << 16
+    server: _Where, seen: Counter[str], count: int, talk: Talk, limit: int = 1 << 16
 ) -> None:
     """`count` clients on raw sockets, each connecting again and again and running
     `talk` on its connection (a connection refused or reset counted in `seen`)."""
@@ -172,7 +187,7 @@ async def _raw_clients(
     await asyncio.gather(*(one() for _ in range(count)))
 
 
-async def _half_heads(session: aiohttp.ClientSession, server: Server, seen: Counter[str]) -> None:
+async def _half_heads(session: aiohttp.ClientSession, server: _Where, seen: Counter[str]) -> None:
     async def talk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-")
         await writer.drain()
@@ -184,7 +199,7 @@ async def _half_heads(session: aiohttp.ClientSession, server: Server, seen: Coun
 
 
 async def _stalled_readers(
-    session: aiohttp.ClientSession, server: Server, seen: Counter[str]
+    session: aiohttp.ClientSession, server: _Where, seen: Counter[str]
 ) -> None:
     request = json.dumps(
         {"model": "tiny", "prompt": "a", "max_tokens": 900, "ignore_eos": True, "stream": True}
@@ -202,7 +217,7 @@ async def _stalled_readers(
     await _raw_clients(server, seen, 8, talk, limit=1024)
 
 
-def hostiles(server: Server) -> dict[str, Hostile]:
+def hostiles(server: _Where) -> dict[str, Hostile]:
     chat = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": BIG_TEXT}]})
     found: dict[str, Hostile] = {
         "16 MiB chat body": _posting("/v1/chat/completions", lambda: chat.encode()),
@@ -224,7 +239,7 @@ def hostiles(server: Server) -> dict[str, Hostile]:
         "64 half-sent heads": _half_heads,
         "8 readers that stop reading": _stalled_readers,
     }
-    if server.target.name.startswith("switchboard"):
+    if server.switchboard:
         found["GraphPipe string shared 4,096 times"] = _posting(
             "/graphpipe", lambda: shared_string(4096, 256 * 1024), "application/octet-stream"
         )
@@ -301,33 +316,86 @@ class Memory:
         self._thread.join()
 
 
-async def _phase(server: Server, hostile: Hostile | None, seconds: float) -> dict[str, Any]:
+async def _phase(server: Server, hostile: str | None, seconds: float) -> dict[str, Any]:
+    """The honest clients for `seconds`, beside the hostile client named `hostile` (in a
+    process of its own: `_Hostile`)."""
     ttfts: list[float] = []
     failed: Counter[str] = Counter()
-    seen: Counter[str] = Counter()
     timeout = aiohttp.ClientTimeout(total=120)
     connector = aiohttp.TCPConnector(limit=0)
+    beside = _Hostile(server, hostile, seconds) if hostile is not None else None
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        if beside is not None:
+            await asyncio.to_thread(beside.ready)
         tasks = [
             asyncio.ensure_future(_honest(session, server.url, ttfts, failed))
             for _ in range(HONEST)
         ]
-        if hostile is not None:
-            tasks.append(asyncio.ensure_future(hostile(session, server, seen)))
         with Memory(server.pid) as memory:
+            if beside is not None:
+                beside.go()
             await asyncio.sleep(seconds)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    seen = await asyncio.to_thread(beside.seen) if beside is not None else {}
     quantiles = statistics.quantiles(ttfts, n=100) if len(ttfts) > 1 else [float("nan")] * 99
     return {
         "ttft_p50_ms": statistics.median(ttfts) * 1e3 if ttfts else float("nan"),
         "ttft_p99_ms": quantiles[98] * 1e3,
         "served": len(ttfts),
         "failed": dict(failed),
-        "hostile_answers": dict(seen),
+        "hostile_answers": seen,
         "peak_mib": memory.peak,
     }
+
+
+class _Hostile:
+    """A hostile client in a process of its own, so that the honest clients' measurement
+    is not its victim: beside them in one event loop, a client that sends a refused
+    request back to back (~1,400 a second) delayed the honest clients' own reading, and
+    the faster the server refused it the worse the honest TTFT read (a probe: 24-36 ms
+    against 10-13 when each refusal took the prompt thread's turn)."""
+
+    def __init__(self, server: Server, name: str, seconds: float) -> None:
+        where = _Where(server.url, server.port, server.target.name.startswith("switchboard"))
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child = context.Pipe()
+        self._process = context.Process(target=_hostile_child, args=(where, name, seconds, child))
+        self._process.start()
+        child.close()
+
+    def ready(self) -> None:
+        """Once its request is built (a 16 MiB body takes a while)."""
+        self._pipe.recv()
+
+    def go(self) -> None:
+        self._pipe.send("go")
+
+    def seen(self) -> dict[str, int]:
+        """The answers it got, once its phase is over."""
+        seen: dict[str, int] = self._pipe.recv()
+        self._process.join()
+        return seen
+
+
+def _hostile_child(where: _Where, name: str, seconds: float, pipe: Connection) -> None:
+    hostile = hostiles(where)[name]
+    seen: Counter[str] = Counter()
+
+    async def run() -> None:
+        timeout = aiohttp.ClientTimeout(total=120)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            pipe.send("ready")
+            await asyncio.to_thread(pipe.recv)
+            task = asyncio.ensure_future(hostile(session, where, seen))
+            await asyncio.sleep(seconds)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(run())
+    pipe.send(dict(seen))
 
 
 async def _settle(server: Server, idle_ms: float) -> float:
@@ -393,8 +461,9 @@ def measure(server: Server, round_: Round, seconds: float) -> dict[str, Any]:
     figures: dict[str, Any] = {"idle": asyncio.run(_phase(server, None, seconds))}
     figures["idle"]["quiet_s"] = quiet_s
     figures["idle"]["after_mib"] = _after(server)
-    for name, hostile in hostiles(server).items():
-        figures[name] = asyncio.run(_phase(server, hostile, seconds))
+    where = _Where(server.url, server.port, server.target.name.startswith("switchboard"))
+    for name in hostiles(where):
+        figures[name] = asyncio.run(_phase(server, name, seconds))
         figures[name]["settle_s"] = asyncio.run(_settle(server, figures["idle"]["ttft_p50_ms"]))
         figures[name]["after_mib"] = _after(server)
     return figures
