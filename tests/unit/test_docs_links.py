@@ -208,3 +208,10 @@ def test_every_results_file_is_in_the_record() -> None:
         if f"`{path.name}`" not in record
     ]
     assert not absent, f"bench/results/README.md says nothing of {absent}"
+
+
+def test_the_benchmarks_page_stays_short() -> None:
+    """docs/benchmarks.md is the claims that hold now; a run's history goes to
+    bench/results/README.md, its tables to the topic's doc (issue 43: under 300 lines)."""
+    lines = len(BENCHMARKS.read_text().splitlines())
+    assert lines < 300, f"docs/benchmarks.md has {lines} lines: move history or tables out"
