@@ -127,6 +127,18 @@ def _check_completion(ours: Span, engine: list[Span], request_id: str, built: bo
     )
 
 
+def _completed(live_server: LiveServer, body: dict[str, Any], request_id: str) -> httpx.Response:
+    """`body` completed on /v1/completions under the caller's `request_id`."""
+    answer = httpx.post(
+        f"{live_server.base_url}/v1/completions",
+        json=body,
+        headers={"x-request-id": request_id},
+        timeout=60,
+    )
+    assert answer.status_code == 200
+    return answer
+
+
 def test_completions_with_choices(live_server: LiveServer) -> None:
     trace_id, headers = _caller()
     body = {"model": "tiny", "prompt": "def main():", "max_tokens": 6, "n": 2}
@@ -235,14 +247,7 @@ def test_the_access_log_of_real_requests(
     usages, ids = [], []
     for turn in range(2):
         request_id = f"access-{secrets.token_hex(4)}-{turn}"
-        answer = httpx.post(
-            f"{live_server.base_url}/v1/completions",
-            json=body,
-            headers={"x-request-id": request_id},
-            timeout=60,
-        )
-        assert answer.status_code == 200
-        usages.append(answer.json()["usage"])
+        usages.append(_completed(live_server, body, request_id).json()["usage"])
         ids.append(request_id)
 
     def line_of(request_id: str) -> dict[str, Any]:
@@ -288,13 +293,7 @@ def test_the_request_id_begins_the_engines_in_vllms_own_log(live_server: LiveSer
     request_id = f"vlog-{secrets.token_hex(4)}"
     try:
         body = {"model": "tiny", "prompt": "def main():", "max_tokens": 2}
-        answer = httpx.post(
-            f"{live_server.base_url}/v1/completions",
-            json=body,
-            headers={"x-request-id": request_id},
-            timeout=60,
-        )
-        assert answer.status_code == 200
+        _completed(live_server, body, request_id)
     finally:  # written as the engine took the request, before its answer
         llm.log_requests = False
         vllm_logger.removeHandler(handler)
