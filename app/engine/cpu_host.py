@@ -158,12 +158,13 @@ def _is_engine(process: psutil.Process) -> bool:
     return name.startswith(ENGINE_TITLE)
 
 
-def engine_cpus(everything: frozenset[int]) -> frozenset[int]:
-    """The cores some thread of an engine process under ours is bound to (a thread allowed
-    on every core is not bound and says nothing). Only vLLM's: any other child (the body
-    worker) was started by a pinned thread and is bound to the frontend's own cores."""
+def engine_cpus(everything: frozenset[int], parent: psutil.Process | None = None) -> frozenset[int]:
+    """The cores some thread of an engine process under `parent` (this process by default)
+    is bound to (a thread allowed on every core is not bound and says nothing). Only
+    vLLM's: any other child (the body worker) was started by a pinned thread and is bound
+    to the frontend's own cores."""
     bound: set[int] = set()
-    for child in psutil.Process().children(recursive=True):
+    for child in (parent or psutil.Process()).children(recursive=True):
         if not _is_engine(child):
             continue
         for cpus in _thread_affinities(child):

@@ -112,6 +112,20 @@ os.sched_setaffinity(0, {int(sys.argv[2])})
 print("up", flush=True)
 time.sleep(60)
 """
+# A frontend that starts an engine bound to one core and another child bound to another,
+# then says so: only its own tree is read (the test session's other children, such as the
+# fleet's replicas starting beside the unit tests, have engines of their own).
+_FRONTEND_OF_TWO = f"""
+import subprocess, sys, time
+children = [
+    subprocess.Popen([sys.executable, "-c", {_BOUND!r}, title, core], stdout=subprocess.PIPE)
+    for title, core in zip(sys.argv[1::2], sys.argv[2::2])
+]
+for child in children:
+    assert child.stdout.readline() == b"up\\n"
+print("up", flush=True)
+time.sleep(60)
+"""
 
 
 def test_only_the_engines_cores_are_the_engines() -> None:
@@ -122,18 +136,18 @@ def test_only_the_engines_cores_are_the_engines() -> None:
     if len(machine) < 2:
         pytest.skip("one core: nothing is bound to a proper subset of it")
     engine_core, other_core = sorted(machine)[:2]
-    children = [
-        subprocess.Popen([sys.executable, "-c", _BOUND, title, str(core)], stdout=subprocess.PIPE)
-        for title, core in ((f"{ENGINE_TITLE}Worker", engine_core), ("worker", other_core))
-    ]
+    arguments = [f"{ENGINE_TITLE}Worker", str(engine_core), "worker", str(other_core)]
+    frontend = subprocess.Popen(
+        [sys.executable, "-c", _FRONTEND_OF_TWO, *arguments], stdout=subprocess.PIPE
+    )
     try:
-        for child in children:
-            assert child.stdout is not None and child.stdout.readline() == b"up\n"
-        assert engine_cpus(machine) == {engine_core}
+        assert frontend.stdout is not None and frontend.stdout.readline() == b"up\n"
+        assert engine_cpus(machine, psutil.Process(frontend.pid)) == {engine_core}
     finally:
-        for child in children:
-            child.kill()
-            child.wait()
+        for process in psutil.Process(frontend.pid).children(recursive=True):
+            process.kill()
+        frontend.kill()
+        frontend.wait()
 
 
 def test_the_engine_spin_is_what_was_asked(monkeypatch: pytest.MonkeyPatch) -> None:
