@@ -32,7 +32,7 @@ from app.objects import AppObjects
 from app.protocols.bodies import MAX_JSON_VALUES, parse_json
 from app.protocols.graphpipe.decode import InferCall, MetadataCall, decode_request
 from app.protocols.graphpipe.reader import Buffer
-from app.routes.body_worker import CHILD_NICENESS, IN_CHILD_BYTES, BodyWorker
+from app.routes.body_worker import CHILD_NICENESS, IN_CHILD_BYTES, BodyWorker, Pieces
 from tests.fake_engine import FakeEngine
 from tests.graphpipe_client import read_infer_response
 from tests.graphpipe_hostile import shared_string
@@ -117,6 +117,26 @@ async def test_a_child_ends_with_its_server() -> None:
         server.wait()
         if child and psutil.pid_exists(child):
             os.kill(child, 9)
+
+
+async def test_a_body_as_read_reaches_the_child_in_its_pieces(worker: BodyWorker) -> None:
+    """The chunks a transport read, written to the child one after another (never
+    joined in the serving process), parse as the whole body does, big or small; the
+    child's pipes are a MiB wide where the system allows it."""
+    body = json.dumps({"messages": [{"role": "user", "content": "x " * IN_CHILD_BYTES}]})
+    whole = body.encode()
+    cut = [whole[i : i + 65536] for i in range(0, len(whole), 65536)]
+    big = Pieces(tuple(cut), len(whole))
+    assert len(big) > IN_CHILD_BYTES and len(cut) > 1
+    assert await worker.parse("json", big, client=None) == json.loads(body)
+    small = Pieces((b'{"a": ', b"[1]}"), 10)
+    assert await worker.parse("json", small, client=None) == {"a": [1]}
+    child = worker._children[0].process
+    assert child is not None and child.stdin is not None
+    if sys.platform == "linux":
+        import fcntl
+
+        assert fcntl.fcntl(child.stdin.fileno(), fcntl.F_GETPIPE_SZ) == 1 << 20
 
 
 async def test_a_child_gives_back_what_a_big_body_held(

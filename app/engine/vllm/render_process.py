@@ -30,7 +30,6 @@ import logging
 import os
 import pickle
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
@@ -39,7 +38,7 @@ from app.engine.base import ChatPrompt, TextPart
 from app.engine.turn import PROMPT_TURN
 from app.errors import SwitchboardError
 from app.heap import trim_soon
-from app.pipe_child import stop_child
+from app.pipe_child import start_child, stop_child
 
 logger = logging.getLogger(__name__)
 
@@ -135,13 +134,7 @@ class RenderProcess:
 
     def _start(self) -> None:
         try:
-            path = os.pathsep.join(p for p in sys.path if p)
-            process = subprocess.Popen(
-                [sys.executable, "-m", CHILD, str(os.getpid()), str(self._niceness)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env={**os.environ, "PYTHONPATH": path},
-            )
+            process = start_child(CHILD, str(os.getpid()), str(self._niceness))
             assert process.stdin is not None and process.stdout is not None
             try:
                 send(process.stdin, (self._config, self._max_model_len))

@@ -57,7 +57,7 @@ async def create_message_batch(
     # the JSON APIs'), and declared JSON as theirs are.
     check_json_type(request)
     body = await read_bytes(request, batches.files.max_bytes)
-    record = await batches.create_anthropic(principal.tenant, bytes(body))
+    record = await batches.create_anthropic(principal.tenant, body.joined())
     return OrjsonResponse(_object(request, record, Tally()))
 
 

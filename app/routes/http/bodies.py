@@ -36,7 +36,7 @@ from starlette.requests import Request
 
 from app.errors import PayloadTooLarge, UnsupportedMediaType
 from app.protocols.bodies import validate
-from app.routes.body_worker import client_of
+from app.routes.body_worker import Pieces, client_of
 from app.routes.deps import get_objects
 
 M = TypeVar("M", bound=BaseModel)
@@ -56,18 +56,22 @@ def _too_large(size: int, limit: int, *, partial: bool = False) -> PayloadTooLar
     )
 
 
-async def read_bytes(request: Request, limit: int) -> bytearray:
-    """The body, refused (`PayloadTooLarge`) before more than `limit` bytes of it are
-    read: at once when its Content-Length is over, else as soon as the count is."""
+async def read_bytes(request: Request, limit: int) -> Pieces:
+    """The body as it was read (`Pieces`: joined only where a route needs it whole),
+    refused (`PayloadTooLarge`) before more than `limit` bytes of it are read: at once
+    when its Content-Length is over, else as soon as the count is."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)
-    body = bytearray()
+    chunks: list[bytes] = []
+    size = 0
     async for chunk in request.stream():
-        if len(body) + len(chunk) > limit:
-            raise _too_large(len(body) + len(chunk), limit, partial=True)
-        body += chunk
-    return body
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit, partial=True)
+        if chunk:
+            chunks.append(chunk)
+    return Pieces(tuple(chunks), size)
 
 
 def check_json_type(request: Request) -> None:
@@ -84,7 +88,7 @@ def check_json_type(request: Request) -> None:
     )
 
 
-async def parsed(request: Request, job: str, raw: bytearray, **arguments: Any) -> Any:
+async def parsed(request: Request, job: str, raw: Pieces, **arguments: Any) -> Any:
     """`raw`, a body read from `request`, parsed by the body worker's `job` (off the
     event loop when big) in its client's turn (its tenant's, else its peer's: the
     principal its route's key check put on the request, where it has one)."""
