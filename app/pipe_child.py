@@ -37,10 +37,12 @@ def start_child(module: str, *arguments: str) -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": path},
     )
+    widen = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux's alone
     for pipe in (process.stdin, process.stdout):
-        # Not Linux, or past the system's most: the default width, slower, not wrong.
-        with contextlib.suppress(OSError, AttributeError):
-            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # type: ignore[union-attr]
+        if widen is None or pipe is None:
+            continue
+        with contextlib.suppress(OSError):  # past the system's most: the default width
+            fcntl.fcntl(pipe.fileno(), widen, PIPE_BYTES)
     return process
 
 
