@@ -338,6 +338,18 @@ class Settings(BaseSettings):
         "images inline. GraphPipe has its own (--graphpipe-max-request-bytes).",
     )
 
+    big_body_bytes_per_s: int = Field(
+        default=4 * 1024 * 1024,
+        gt=0,
+        description="How fast one client (its tenant, else its address) may send big "
+        "bodies (those over 256 KiB, over HTTP and websockets): each pays for its bytes "
+        "as it is read, from the client's bucket holding 4 s of this pace; past it the "
+        "body waits unread, so a client sending big bodies back to back cannot take the "
+        "CPU the others need. An occasional big body is never delayed. Default 4 MiB/s "
+        "(~0.05 of a core of parsing and templating). Behind a proxy that does not pass "
+        "the client's address, every client is the proxy: raise it, or give tenants keys.",
+    )
+
     max_connections: int = Field(
         default=4096,
         gt=0,

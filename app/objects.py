@@ -6,7 +6,8 @@ and nowhere else.
 - `keyring` (`app.auth`: keys to principals), `admission` (the one queue bound),
   `drain` (SIGTERM's sequence over it), `telemetry` (`app.telemetry`: each request's
   record, span, access-log line and metrics), `body_worker` (`app.routes.body_worker`:
-  big bodies parsed in child processes, each started with its first).
+  big bodies parsed in child processes, each started with its first), `body_pace`
+  (`app.routes.body_pace`: the pace big bodies are taken in at).
 
 `build_on(engine)` then builds what runs on the engine, in order, each from the
 settings and the ones before it (`start_engine()` starts the process's engine from the
@@ -55,6 +56,7 @@ from app.batches.service import Batches
 from app.config import Settings
 from app.drain import Drain
 from app.engine.base import Engine
+from app.routes.body_pace import BodyPace
 from app.routes.body_worker import BodyWorker
 from app.sessions.conversations import Conversations
 from app.sessions.named import NamedRequests
@@ -92,6 +94,7 @@ class AppObjects:
         self.drain = Drain(self.admission, settings.drain_timeout_s, settings.drain_grace_s)
         self.telemetry = Telemetry(settings, tracing)
         self.body_worker = self._closing(BodyWorker())
+        self.body_pace = BodyPace(settings.big_body_bytes_per_s)
 
     def build_on(self, engine: Engine) -> None:
         """What runs on `engine`, built once."""

@@ -28,6 +28,7 @@ in /openapi.json, so the docs show what FastAPI would have shown had it parsed i
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -36,7 +37,8 @@ from starlette.requests import Request
 
 from app.errors import PayloadTooLarge, UnsupportedMediaType
 from app.protocols.bodies import validate
-from app.routes.body_worker import Pieces, client_of
+from app.routes.body_pace import QUANTUM
+from app.routes.body_worker import IN_CHILD_BYTES, Pieces, client_of
 from app.routes.deps import get_objects
 
 M = TypeVar("M", bound=BaseModel)
@@ -59,18 +61,26 @@ def _too_large(size: int, limit: int, *, partial: bool = False) -> PayloadTooLar
 async def read_bytes(request: Request, limit: int) -> Pieces:
     """The body as it was read (`Pieces`: joined only where a route needs it whole),
     refused (`PayloadTooLarge`) before more than `limit` bytes of it are read: at once
-    when its Content-Length is over, else as soon as the count is."""
+    when its Content-Length is over, else as soon as the count is. A big one is read at
+    the server's pace (`app.routes.body_pace`), a quantum paid for before the next is
+    read, in its client's turn."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)
+    pace = get_objects(request.app).body_pace
     chunks: list[bytes] = []
-    size = 0
+    size = paid = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise _too_large(size, limit, partial=True)
         if chunk:
             chunks.append(chunk)
+        while size > IN_CHILD_BYTES and size - paid >= QUANTUM:
+            await pace.take(_client(request), QUANTUM)
+            paid += QUANTUM
+    if size > IN_CHILD_BYTES:
+        await pace.pay(_client(request), size - paid)
     return Pieces(tuple(chunks), size)
 
 
@@ -88,13 +98,18 @@ def check_json_type(request: Request) -> None:
     )
 
 
+def _client(request: Request) -> Hashable:
+    """Whose turn `request`'s body is taken and parsed in: its tenant's, else its peer's
+    (the principal its route's key check put on the request, where it has one)."""
+    peer = request.client.host if request.client is not None else None
+    return client_of(getattr(request.state, "principal", None), peer)
+
+
 async def parsed(request: Request, job: str, raw: Pieces, **arguments: Any) -> Any:
     """`raw`, a body read from `request`, parsed by the body worker's `job` (off the
-    event loop when big) in its client's turn (its tenant's, else its peer's: the
-    principal its route's key check put on the request, where it has one)."""
-    peer = request.client.host if request.client is not None else None
-    client = client_of(getattr(request.state, "principal", None), peer)
-    return await get_objects(request.app).body_worker.parse(job, raw, client=client, **arguments)
+    event loop when big) in its client's turn."""
+    worker = get_objects(request.app).body_worker
+    return await worker.parse(job, raw, client=_client(request), **arguments)
 
 
 async def read_json(request: Request) -> Any:

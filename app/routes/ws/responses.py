@@ -9,9 +9,10 @@ background run belongs to HTTP). Each is answered with the events its SSE stream
 carry, in the same order, each as one JSON text frame; frames that arrive while a
 response runs wait their turn (up to `MAX_WAITING`, past which one is refused). A frame
 is parsed as an HTTP body is (`app.routes.body_worker`: over 256 KiB in a child process,
-off the event loop). `generate: false` plans the response (every check) and completes it
-with no output, without the engine: a warm-up to continue from. A turn continues the
-last with `previous_response_id` and only its new input, from the connection's own responses
+off the event loop, once the pace for big bodies took it in: `app.routes.body_pace`).
+`generate: false` plans the response (every check) and completes it with no output,
+without the engine: a warm-up to continue from. A turn continues the last with
+`previous_response_id` and only its new input, from the connection's own responses
 (`store: false` ones included, up to `--responses-ws-kept` of them) or the store.
 
 Errors before a response starts (a frame that is not a `response.create`, a bad body, an
@@ -49,7 +50,7 @@ from app.errors import InvalidRequest, ResourceExhausted, SwitchboardError, clie
 from app.protocols.bodies import validate
 from app.protocols.exchange import Event
 from app.protocols.openai.errors import error_body
-from app.routes.body_worker import client_of
+from app.routes.body_worker import IN_CHILD_BYTES, client_of
 from app.routes.deps import get_drain, get_engine, get_objects, get_settings
 from app.routes.http.errors import retry_headers
 from app.routes.http.json import OrjsonResponse, dump_json
@@ -142,6 +143,7 @@ class _Connection:
         self.caller = caller_of(websocket)
         self.telemetry: Telemetry = websocket.app.state.telemetry
         self.body_worker = get_objects(websocket.app).body_worker
+        self.body_pace = get_objects(websocket.app).body_pace
         peer = websocket.client.host if websocket.client is not None else None
         self.client = client_of(principal, peer)  # whose turn its big frames are parsed in
 
@@ -191,7 +193,9 @@ class _Connection:
     async def _answer(self, frame: bytes | str, record: RequestRecord) -> None:
         try:
             # A frame is parsed as an HTTP body is (the body worker's rule: a big one
-            # in a child, off the event loop).
+            # in a child, off the event loop), a big one once the pace took it in.
+            if len(frame) > IN_CHILD_BYTES:
+                await self.body_pace.pay(self.client, len(frame))
             data = await self.body_worker.parse("json", frame, client=self.client)
             body, generate = read_create(data)
             call = await self.responses.start(
