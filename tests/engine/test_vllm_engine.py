@@ -44,11 +44,13 @@ def test_events_are_deltas_with_one_final(live_server: LiveServer) -> None:
 
 
 @pytest.mark.parametrize("kind", ["plain", "logprobs", "prompt logprobs"])
-def test_the_consumer_serves_every_kind_of_request(live_server: LiveServer, kind: str) -> None:
+def test_the_consumer_serves_every_kind_of_request(
+    live_server: LiveServer, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Plain requests, logprobs and prompt logprobs alike run on the process's consumer of
     the engine core's outputs (app.engine.vllm.consumer: the request's state in vLLM is a
-    StepState while it runs), and come back as the converter made them on AsyncLLM's
-    path. Its metrics: tests/engine/test_vllm_metrics.py."""
+    StepState when the engine core is given it), and come back as the converter made them
+    on AsyncLLM's path. Its metrics: tests/engine/test_vllm_metrics.py."""
     from app.engine.vllm.consumer import StepState
 
     engine = live_server.engine
@@ -56,6 +58,18 @@ def test_the_consumer_serves_every_kind_of_request(live_server: LiveServer, kind
     options = {"logprobs": {"logprobs": 2}, "prompt logprobs": {"prompt_logprobs": 2}}
     sampling = greedy(7, **options.get(kind, {}))
     states: set[str] = set()
+    core = engine._llm.engine_core
+    add = core.add_request_async
+
+    async def watched(request: Any) -> None:
+        # Read as the core is given the request: read from the stream's reader instead,
+        # a loaded machine let all 7 steps end (and the state go) before it woke.
+        state = engine._llm.output_processor.request_states[request.request_id]
+        if state.external_req_id.startswith("eng-kind-"):
+            states.add(type(state).__name__)
+        await add(request)
+
+    monkeypatch.setattr(core, "add_request_async", watched)
 
     async def run(request_id: str) -> list[TokenEvent]:
         events = []
@@ -63,9 +77,6 @@ def test_the_consumer_serves_every_kind_of_request(live_server: LiveServer, kind
             GenerationRequest(request_id, prompt_token_ids=prompt, sampling=sampling)
         ):
             events.append(event)
-            for state in engine._llm.output_processor.request_states.values():
-                if state.external_req_id == request_id:
-                    states.add(type(state).__name__)
         return events
 
     async def on_asyncllm() -> list[TokenEvent]:
